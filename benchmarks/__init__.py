@@ -1,0 +1,1 @@
+"""fpipe's benchmark workloads (see ``../shared/BENCHMARKS.md``); run ``python -m benchmarks``."""

@@ -1,0 +1,146 @@
+"""Time fpipe against a reference in the same run, and keep the figures.
+
+A workload module registers workloads with :func:`workload`. A workload function takes no
+argument and returns either
+
+* ``Pair(fpipe=..., reference=..., items=...)``: two zero-argument callables doing the same
+  work. They run alternately, after one warm-up each, ``repetitions`` times; the table
+  reports both medians and the ratio ``fpipe / reference`` of throughput (higher is better),
+  or of time for workloads whose target is a time (``kind="time"``);
+* ``Value(value=..., unit=...)``: a measured figure with no reference (memory growth, say).
+
+Targets are written as ``">= 1.5"`` or ``"<= 0.5"`` and checked against the ratio (or value).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["Pair", "Result", "Value", "WORKLOADS", "run", "workload"]
+
+
+@dataclass(frozen=True)
+class Pair:
+    fpipe: Callable[[], object]
+    reference: Callable[[], object]
+    items: int = 1
+    teardown: Callable[[], object] | None = None
+
+
+@dataclass(frozen=True)
+class Value:
+    value: float
+    unit: str
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    reference: str
+    target: str
+    kind: str  # "throughput", "time" or "value"
+    build: Callable[[], Pair | Value]
+
+
+@dataclass
+class Result:
+    name: str
+    description: str
+    reference: str
+    target: str
+    kind: str
+    fpipe_seconds: list[float] = field(default_factory=list)
+    reference_seconds: list[float] = field(default_factory=list)
+    items: int = 1
+    ratio: float | None = None
+    value: float | None = None
+    unit: str = ""
+    met: bool | None = None
+
+
+WORKLOADS: dict[str, Workload] = {}
+
+
+def workload(name: str, *, description: str, reference: str, target: str,
+             kind: str = "throughput") -> Callable:
+    """Register the decorated function as workload ``name``."""
+    if kind not in ("throughput", "time", "value"):
+        raise ValueError(f"kind must be 'throughput', 'time' or 'value'; got kind={kind!r}")
+
+    def register(build: Callable[[], Pair | Value]) -> Callable[[], Pair | Value]:
+        WORKLOADS[name] = Workload(name, description, reference, target, kind, build)
+        return build
+    return register
+
+
+def _seconds(func: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    func()
+    return time.perf_counter() - start
+
+
+def _meets(target: str, figure: float) -> bool:
+    op, bound = target.split()
+    return figure >= float(bound) if op == ">=" else figure <= float(bound)
+
+
+def _time_pair(result: Result, pair: Pair, repetitions: int) -> None:
+    _seconds(pair.fpipe), _seconds(pair.reference)  # warm-up
+    for _ in range(repetitions):
+        result.fpipe_seconds.append(_seconds(pair.fpipe))
+        result.reference_seconds.append(_seconds(pair.reference))
+    fpipe_median = statistics.median(result.fpipe_seconds)
+    reference_median = statistics.median(result.reference_seconds)
+    result.items = pair.items
+    result.ratio = (fpipe_median / reference_median if result.kind == "time"
+                    else reference_median / fpipe_median)
+
+
+def run_one(load: Workload, repetitions: int) -> Result:
+    result = Result(load.name, load.description, load.reference, load.target, load.kind)
+    built = load.build()
+    if isinstance(built, Value):
+        result.value, result.unit = built.value, built.unit
+        result.met = _meets(load.target, built.value)
+        return result
+    try:
+        _time_pair(result, built, repetitions)
+    finally:
+        if built.teardown is not None:
+            built.teardown()
+    result.met = _meets(load.target, result.ratio)
+    return result
+
+
+def _row(result: Result) -> str:
+    if result.value is not None:
+        figure, timing = f"{result.value:.3g} {result.unit}", ""
+    else:
+        fp, ref = (statistics.median(s) for s in (result.fpipe_seconds, result.reference_seconds))
+        figure = f"{result.ratio:.2f}x"
+        timing = f"fpipe {fp * 1e3:.1f} ms, ref {ref * 1e3:.1f} ms"
+    verdict = "met" if result.met else "MISSED"
+    return f"{result.name:<6} {figure:>12}  target {result.target:<8} {verdict:<7} {timing}"
+
+
+def run(names: list[str], repetitions: int = 5, output: str | None = None) -> list[Result]:
+    """Run the named workloads, print a table, and write JSON to ``output`` if given."""
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if unknown:
+        raise SystemExit(f"unknown workload(s) {unknown}; known: {sorted(WORKLOADS)}")
+    results = []
+    for name in names:
+        result = run_one(WORKLOADS[name], repetitions)
+        print(_row(result), flush=True)
+        results.append(result)
+    if output:
+        machine = {"python": platform.python_version(), "machine": platform.machine()}
+        with open(output, "w") as file:
+            json.dump({"machine": machine, "results": [asdict(r) for r in results]}, file, indent=1)
+    return results

@@ -1,0 +1,20 @@
+"""fpipe: packed datasets and lazy, parallel, reproducible batch pipelines for ML training.
+
+Everything is a function: transforms map items, stages map streams, and a pipeline is
+``toolz.pipe(source, *stages)``. The public names of every module are re-exported here.
+
+>>> import fpipe
+>>> fpipe.unpack_args(max)([3, 1, 2])
+3
+"""
+
+from . import errors, functional, random
+from ._version import __version__
+from .errors import *  # noqa: F403
+from .functional import *  # noqa: F403
+from .random import *  # noqa: F403
+
+# Each module that adds public names is imported above and listed here.
+_PUBLIC_MODULES = (errors, functional, random)
+
+__all__ = sorted({"__version__", *(name for module in _PUBLIC_MODULES for name in module.__all__)})

@@ -1,0 +1,140 @@
+"""The exceptions fpipe raises, and how a worker's exception reaches the consumer whole.
+
+Errors refine the built-in they mean, so ``except ValueError`` keeps working:
+
+>>> issubclass(FormatError, ValueError) and issubclass(FormatError, FpipeError)
+True
+
+A worker (thread or process) that fails hands the consumer a :class:`CapturedError`; its
+:meth:`~CapturedError.reraise` raises the original exception, with the worker's formatted
+traceback chained as the cause:
+
+>>> try:
+...     1 / 0
+... except ZeroDivisionError as error:
+...     captured = capture(error)
+>>> try:
+...     captured.reraise()
+... except ZeroDivisionError as error:
+...     print(type(error.__cause__).__name__, "division by zero" in str(error.__cause__))
+RemoteTraceback True
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from typing import NoReturn
+
+__all__ = [
+    "CapturedError",
+    "FormatError",
+    "FpipeError",
+    "MissingParameterError",
+    "RemoteTraceback",
+    "WorkerError",
+    "capture",
+]
+
+
+class FpipeError(Exception):
+    """Base class of every exception that fpipe defines."""
+
+
+class FormatError(FpipeError, ValueError):
+    """A packed dataset is corrupt or truncated.
+
+    Carries ``path`` (the file), ``offset`` (the byte offset, or None) and ``index`` (the
+    sample index, or None), and names them in its message.
+
+    >>> error = FormatError("incomplete sample", path="x.msgpack", offset=1024, index=7)
+    >>> str(error)
+    'x.msgpack: sample 7 at byte 1024: incomplete sample'
+    >>> error.offset, error.index
+    (1024, 7)
+    """
+
+    def __init__(self, message: str, *, path=None, offset: int | None = None,
+                 index: int | None = None) -> None:
+        self.reason, self.path, self.offset, self.index = message, path, offset, index
+        super().__init__(_located(message, path, offset, index))
+
+    def __reduce__(self):
+        return _rebuild_format_error, (self.reason, self.path, self.offset, self.index)
+
+
+def _rebuild_format_error(message, path, offset, index) -> FormatError:
+    return FormatError(message, path=path, offset=offset, index=index)
+
+
+def _located(message: str, path, offset, index) -> str:
+    sample = f"sample {index}" if index is not None else ""
+    byte = f"byte {offset}" if offset is not None else ""
+    where = " at ".join(filter(None, [sample, byte]))
+    return ": ".join(str(part) for part in (path, where, message) if part not in (None, ""))
+
+
+class MissingParameterError(FpipeError, KeyError):
+    """A composed transform needs a parameter that the params mapping does not hold.
+
+    A ``KeyError`` (as in datadings) that names the parameter, the key looked up and the function.
+
+    >>> str(MissingParameterError("size", "mask_size", "resize"))
+    "resize needs parameter 'size': key 'mask_size' is missing from params"
+    """
+
+    def __init__(self, parameter: str, key: str, function: str) -> None:
+        self.parameter, self.key, self.function = parameter, key, function
+        super().__init__(parameter, key, function)
+
+    def __str__(self) -> str:
+        return (f"{self.function} needs parameter {self.parameter!r}: "
+                f"key {self.key!r} is missing from params")
+
+
+class RemoteTraceback(FpipeError):
+    """The formatted traceback of an exception raised in a worker, chained as its cause."""
+
+    def __str__(self) -> str:
+        return "\n\n" + str(self.args[0]) if self.args else ""
+
+
+class WorkerError(FpipeError, RuntimeError):
+    """Stands in for a worker's exception that could not be carried back as itself
+    (it did not pickle); the message names the original type and message."""
+
+
+class CapturedError:
+    """A worker's exception and its formatted traceback, ready to cross a thread or process.
+
+    Use :func:`capture` to make one and :meth:`reraise` in the consumer.
+    """
+
+    __slots__ = ("error", "traceback")
+
+    def __init__(self, error: BaseException, traceback_text: str) -> None:
+        self.error, self.traceback = error, traceback_text
+
+    def __reduce__(self):
+        return CapturedError, (_picklable(self.error), self.traceback)
+
+    def __repr__(self) -> str:
+        return f"CapturedError({self.error!r})"
+
+    def reraise(self) -> NoReturn:
+        """Raise the original exception, the worker's traceback chained as its cause."""
+        raise self.error.with_traceback(None) from RemoteTraceback(self.traceback)
+
+
+def capture(error: BaseException) -> CapturedError:
+    """Wrap ``error`` with its formatted traceback, for :meth:`CapturedError.reraise` elsewhere."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return CapturedError(error, text)
+
+
+def _picklable(error: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return WorkerError(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
+    return error
