@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Pair", "Result", "Value", "WORKLOADS", "run", "workload"]
+__all__ = ["WORKLOADS", "Pair", "Result", "Value", "run", "workload"]
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ Everything is a function: transforms map items, stages map streams, and a pipeli
 
 from . import errors, functional, random
 from ._version import __version__
-from .errors import *  # noqa: F403
-from .functional import *  # noqa: F403
-from .random import *  # noqa: F403
+from .errors import *
+from .functional import *
+from .random import *
 
 # Each module that adds public names is imported above and listed here.
 _PUBLIC_MODULES = (errors, functional, random)

@@ -107,7 +107,12 @@ class WorkerError(FpipeError, RuntimeError):
 class CapturedError:
     """A worker's exception and its formatted traceback, ready to cross a thread or process.
 
-    Use :func:`capture` to make one and :meth:`reraise` in the consumer.
+    Use :func:`capture` to make one and :meth:`reraise` in the consumer. It pickles; an
+    exception that does not is carried as a :class:`WorkerError` naming its type and message.
+
+    >>> import pickle
+    >>> pickle.loads(pickle.dumps(capture(KeyError("k"))))
+    CapturedError(KeyError('k'))
     """
 
     __slots__ = ("error", "traceback")
@@ -127,7 +132,11 @@ class CapturedError:
 
 
 def capture(error: BaseException) -> CapturedError:
-    """Wrap ``error`` with its formatted traceback, for :meth:`CapturedError.reraise` elsewhere."""
+    """Wrap ``error`` with its formatted traceback, for :meth:`CapturedError.reraise` elsewhere.
+
+    >>> capture(ValueError("bad")).error
+    ValueError('bad')
+    """
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     return CapturedError(error, text)
 

@@ -127,12 +127,20 @@ _fallback: dict[int, np.random.Generator] = {}
 
 
 def active_rng() -> np.random.Generator | None:
-    """The generator of the item being processed in this thread, or None outside a seeded stage."""
+    """The generator of the item being processed in this thread, or None outside a seeded stage.
+
+    >>> active_rng() is None
+    True
+    """
     return _active.rng
 
 
 def current_rng() -> np.random.Generator:
-    """The active generator, or else this process's unseeded one (fresh entropy per process)."""
+    """The active generator, or else this process's unseeded one (fresh entropy per process).
+
+    >>> current_rng() is current_rng()
+    True
+    """
     rng = _active.rng
     if rng is not None:
         return rng
