@@ -44,7 +44,7 @@ _ROUNDING = ("balanced", "datadings")
 def _check_integer(name: str, value: Any) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         # ValueError like every other bad shard argument, so one except clause catches them all
-        raise ValueError(  # noqa: TRY004
+        raise ValueError(
             f"{name} must be an integer; got {name}={value!r}")
     return int(value)
 

@@ -61,3 +61,12 @@ def tuples_with_index(draw: st.DrawFn) -> tuple[tuple, int]:
     """A non-empty tuple and a valid (possibly negative) index into it."""
     values = draw(int_tuples)
     return values, draw(st.integers(-len(values), len(values) - 1))
+
+
+# --- orderings and sharding --------------------------------------------------------------
+# Inputs are lists of distinct ints, so "every element exactly once" is checkable by sorting.
+
+sized_inputs = st.integers(0, 60).map(lambda n: list(range(n)))
+shard_counts = st.integers(1, 9)
+evens = st.sampled_from(["drop", "pad"])
+roundings = st.sampled_from(["balanced", "datadings"])
