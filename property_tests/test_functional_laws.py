@@ -18,7 +18,7 @@ from fpipe import (
     unpack_args,
     zip_apply,
 )
-from fpipe.random import item_rng, uniform, using_rng
+from fpipe.random import integers, item_rng, uniform, using_rng
 from property_tests.strategies import (
     composable_funcs,
     int_tuples,
@@ -162,8 +162,9 @@ calls = st.one_of(
         st.builds(multiply, plain_funcs),
         st.just(unpack_args(min, 10**9)))),
     st.builds(lambda c: (c, lambda f, xs, p: f(xs[:1])), st.builds(zip_apply, plain_funcs)),
-    st.builds(lambda c: (c, lambda f, xs, p: f(xs[0])),
-              st.builds(random_apply, st.sampled_from([0.0, 1.0]), plain_funcs)),
+    st.builds(lambda c: (c, lambda f, xs, p: f(xs[0])), st.one_of(
+        st.builds(random_apply, st.sampled_from([0.0, 1.0]), plain_funcs),
+        st.just(sample_args(shift, by=integers(0, 1))))),
 )
 
 

@@ -78,12 +78,16 @@ def test_only_the_torch_adapter_imports_torch_at_module_level():
     assert offenders == []
 
 
-def test_console_script_version_and_help():
-    version = subprocess.run([sys.executable, "-m", "fpipe", "--version"], capture_output=True,
-                             text=True, check=True).stdout
+CONSOLE_SCRIPT = Path(sys.executable).with_name("fpipe")
+
+
+@pytest.mark.parametrize("command", [[str(CONSOLE_SCRIPT)], [sys.executable, "-m", "fpipe"]],
+                         ids=["console-script", "python-m"])
+def test_version_and_help(command):
+    version = subprocess.run([*command, "--version"], capture_output=True, text=True,
+                             check=True).stdout
     assert version.strip() == f"fpipe {fpipe.__version__}"
-    helped = subprocess.run([sys.executable, "-m", "fpipe", "--help"], capture_output=True,
-                            text=True, check=True).stdout
+    helped = subprocess.run([*command, "--help"], capture_output=True, text=True, check=True).stdout
     assert "usage: fpipe" in helped
 
 
