@@ -8,14 +8,15 @@ Everything is a function: transforms map items, stages map streams, and a pipeli
 3
 """
 
-from . import errors, functional, random, sharding
+from . import errors, functional, random, sharding, storage
 from ._version import __version__
 from .errors import *
 from .functional import *
 from .random import *
 from .sharding import *
+from .storage import *
 
 # Each module that adds public names is imported above and listed here.
-_PUBLIC_MODULES = (errors, functional, random, sharding)
+_PUBLIC_MODULES = (errors, functional, random, sharding, storage)
 
 __all__ = sorted({"__version__", *(name for module in _PUBLIC_MODULES for name in module.__all__)})

@@ -1,0 +1,17 @@
+"""Packed datasets: the datadings-compatible format, writers and readers.
+
+>>> import os, tempfile
+>>> from fpipe.storage import FileWriter, MsgpackReader
+>>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+>>> with FileWriter(path) as writer:
+...     writer.write({"key": "a", "label": 0})
+>>> MsgpackReader(path)[0]
+{'key': 'a', 'label': 0}
+"""
+
+from . import format, reader, writer
+from .format import *
+from .reader import *
+from .writer import *
+
+__all__ = sorted({*format.__all__, *reader.__all__, *writer.__all__})  # noqa: PLE0605

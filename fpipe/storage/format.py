@@ -1,0 +1,524 @@
+"""The packed dataset format: file layout, index files, key hashing and the sample codec.
+
+A dataset ``X.msgpack`` is a data file of msgpack messages written back to back, one per
+sample, plus index files next to it (``X.msgpack.offsets``, ``.keys``, ``.key_hashes``,
+``.filter`` and ``.md5``), byte-compatible with datadings. ``docs/format.md`` specifies every
+byte; this module reads and writes them.
+
+Samples pack the way datadings packs them: bin type for bytes, UTF-8 strings, numpy arrays
+and scalars in the msgpack-numpy layout. Tuples come back as lists, and decoded arrays are
+read-only views of the bytes they were decoded from:
+
+>>> import numpy as np
+>>> sample = unpack_sample(pack_sample({"key": "a", "xy": (1, 2), "image": np.eye(2)}))
+>>> sample["key"], sample["xy"], sample["image"].tolist(), sample["image"].flags.writeable
+('a', [1, 2], [[1.0, 0.0], [0.0, 1.0]], False)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import msgpack
+import numpy as np
+
+from ..errors import FormatError
+
+__all__ = [
+    "BloomFilter",
+    "DatasetFiles",
+    "decode_numpy",
+    "encode_numpy",
+    "hash_key",
+    "hash_keys",
+    "key_salt",
+    "md5_file",
+    "new_packer",
+    "pack_sample",
+    "read_key_hashes",
+    "read_keys",
+    "read_legacy_index",
+    "read_md5",
+    "read_offsets",
+    "unpack_sample",
+    "write_index",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: Exceptions that msgpack and the numpy decoder raise on bytes that are not a valid sample.
+DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException, OverflowError, IndexError)
+
+_OFFSET = np.dtype(">u8")
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class DatasetFiles:
+    """The paths of one dataset's files, named after its data file.
+
+    >>> files = DatasetFiles("train.msgpack")
+    >>> files.offsets.name, files.md5.name
+    ('train.msgpack.offsets', 'train.msgpack.md5')
+    >>> [path.name for path in files.index_files]
+    ['train.msgpack.offsets', 'train.msgpack.keys', 'train.msgpack.key_hashes', 'train.msgpack.filter']
+    """
+
+    data: Path
+
+    def __init__(self, data: PathLike) -> None:
+        object.__setattr__(self, "data", Path(data))
+
+    def _sibling(self, suffix: str) -> Path:
+        return self.data.with_name(self.data.name + suffix)
+
+    @property
+    def offsets(self) -> Path:
+        """``n + 1`` big-endian uint64 byte offsets of the samples."""
+        return self._sibling(".offsets")
+
+    @property
+    def keys(self) -> Path:
+        """One msgpack array of the ``n`` keys."""
+        return self._sibling(".keys")
+
+    @property
+    def key_hashes(self) -> Path:
+        """An 8-byte salt followed by ``n`` big-endian uint64 key hashes."""
+        return self._sibling(".key_hashes")
+
+    @property
+    def filter(self) -> Path:
+        """A Bloom filter of the keys in the simplebloom format."""
+        return self._sibling(".filter")
+
+    @property
+    def md5(self) -> Path:
+        """``md5sum -c`` compatible checksums of the data and index files."""
+        return self._sibling(".md5")
+
+    @property
+    def legacy_index(self) -> Path:
+        """The pre-3.1 datadings index: one msgpack map from key to offset (read only)."""
+        return self._sibling(".index")
+
+    @property
+    def index_files(self) -> tuple[Path, Path, Path, Path]:
+        """The four index files, in the order the ``.md5`` file lists them."""
+        return self.offsets, self.keys, self.key_hashes, self.filter
+
+    @property
+    def all_files(self) -> tuple[Path, ...]:
+        """Every file a writer creates: data, index files and ``.md5``."""
+        return self.data, *self.index_files, self.md5
+
+
+# --- the sample codec ------------------------------------------------------------------------
+
+def encode_numpy(obj: Any) -> Any:
+    """msgpack ``default`` hook: numpy arrays and scalars, and complex numbers, as maps.
+
+    The layout is msgpack-numpy's, so datadings reads what fpipe writes. Object arrays would
+    need pickle and are refused.
+
+    >>> sorted(encode_numpy(np.zeros(2, np.int16)))
+    [b'data', b'kind', b'nd', b'shape', b'type']
+    >>> encode_numpy(np.float32(1.5))
+    {b'nd': False, b'type': '<f4', b'data': b'\\x00\\x00\\xc0?'}
+    """
+    if isinstance(obj, np.ndarray):
+        return _encode_array(obj)
+    if isinstance(obj, (np.bool_, np.number, np.datetime64, np.timedelta64)):
+        return {b"nd": False, b"type": obj.dtype.str, b"data": obj.tobytes()}
+    if isinstance(obj, complex):
+        return {b"complex": True, b"data": repr(obj)}
+    raise TypeError(f"cannot pack an object of type {type(obj).__name__}: {obj!r:.80}")
+
+
+def _encode_array(array: np.ndarray) -> dict:
+    if array.dtype.hasobject:
+        raise TypeError(f"cannot pack an array of dtype {array.dtype}: object arrays need pickle")
+    if array.dtype.names is not None:
+        kind, descr = b"V", array.dtype.descr
+    else:
+        kind, descr = b"", array.dtype.str
+    # A flat uint8 view of a contiguous array packs as bin without a copy, for every dtype.
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+    return {b"nd": True, b"type": descr, b"kind": kind, b"shape": array.shape, b"data": data}
+
+
+def decode_numpy(obj: dict) -> Any:
+    """msgpack ``object_hook``: turn maps in the msgpack-numpy layout back into numpy values.
+
+    Arrays are read-only views of the decoded bytes. Other maps pass through unchanged.
+
+    >>> decode_numpy({b"nd": False, b"type": "<i2", b"data": b"\\x07\\x00"})
+    np.int16(7)
+    >>> decode_numpy({"label": 3})
+    {'label': 3}
+    """
+    if b"nd" in obj:
+        return _decode_numpy_value(obj)
+    if b"complex" in obj and b"data" in obj:
+        return complex(_text(obj[b"data"]))
+    return obj
+
+
+def _decode_numpy_value(obj: dict) -> Any:
+    if b"type" not in obj or b"data" not in obj:
+        return obj
+    if obj[b"nd"] is not True:
+        return np.frombuffer(obj[b"data"], dtype=_dtype(obj[b"type"]))[0]
+    kind = obj.get(b"kind", b"")
+    if kind == b"O":
+        raise ValueError("object arrays are pickled by msgpack-numpy; fpipe does not unpickle")
+    return np.ndarray(buffer=obj[b"data"], dtype=_dtype(obj[b"type"]), shape=obj[b"shape"])
+
+
+def _dtype(descr: Any) -> np.dtype:
+    if isinstance(descr, (list, tuple)):
+        return np.dtype([_field(field) for field in descr])
+    return np.dtype(_text(descr))
+
+
+def _field(field: Sequence) -> tuple:
+    name, sub, *shape = field
+    name = tuple(map(_text, name)) if isinstance(name, (list, tuple)) else _text(name)
+    shape = [tuple(s) if isinstance(s, list) else s for s in shape]
+    return (name, _dtype(sub), *shape)
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def new_packer() -> msgpack.Packer:
+    """A msgpack packer configured like datadings's (bin type, UTF-8, numpy support).
+
+    >>> new_packer().pack({"key": "a"})
+    b'\\x81\\xa3key\\xa1a'
+    """
+    return msgpack.Packer(default=encode_numpy, use_bin_type=True)
+
+
+def pack_sample(sample: Any) -> bytes:
+    """Pack one sample into one msgpack message.
+
+    >>> pack_sample({"key": "a", "data": b"\\x00"})
+    b'\\x82\\xa3key\\xa1a\\xa4data\\xc4\\x01\\x00'
+    """
+    return msgpack.packb(sample, default=encode_numpy, use_bin_type=True)
+
+
+def unpack_sample(data: Any, *, path: Any = None, index: int | None = None,
+                  offset: int | None = None) -> Any:
+    """Decode one msgpack message; bytes that are not exactly one sample raise FormatError.
+
+    ``path``, ``index`` and ``offset`` only label the error. The unpacker's size limits are
+    bounded by ``len(data)``, so a corrupt length prefix cannot allocate more than that.
+
+    >>> unpack_sample(b"\\x81\\xa3key\\xa1a")
+    {'key': 'a'}
+    >>> unpack_sample(b"\\x81\\xa3key", path="x.msgpack", index=3, offset=99)
+    Traceback (most recent call last):
+    ...
+    fpipe.errors.FormatError: x.msgpack: sample 3 at byte 99: corrupt sample (Unpack failed: incomplete input)
+    """
+    try:
+        return msgpack.unpackb(data, strict_map_key=False, object_hook=decode_numpy)
+    except DECODE_ERRORS as error:
+        raise FormatError(f"corrupt sample ({error})", path=path, index=index,
+                          offset=offset) from error
+
+
+# --- key hashing -----------------------------------------------------------------------------
+
+def key_salt(attempt: int) -> bytes:
+    """The salt datadings tries at ``attempt``: the first 8 bytes of blake2s of its decimal.
+
+    >>> key_salt(0).hex()
+    '652e530edee5893b'
+    """
+    return hashlib.blake2s(str(attempt).encode()).digest()[:8]
+
+
+def hash_key(key: str, salt: bytes) -> int:
+    """The 64-bit hash of ``key``: blake2s salted with ``salt``, first 8 bytes, big-endian.
+
+    >>> hash_key("a", key_salt(0)) == hash_key("a", key_salt(0)) != hash_key("a", key_salt(1))
+    True
+    """
+    return int.from_bytes(hashlib.blake2s(key.encode(), salt=salt).digest()[:8], "big")
+
+
+def _salted_hashes(keys: Iterable[str], salt: bytes) -> np.ndarray:
+    blake2s = hashlib.blake2s
+    digests = b"".join([blake2s(key.encode(), salt=salt).digest()[:8] for key in keys])
+    return np.frombuffer(digests, dtype=_OFFSET).astype(np.uint64)
+
+
+def hash_keys(keys: Sequence[str], max_tries: int = 1000) -> tuple[bytes, np.ndarray]:
+    """Hash every key with the first salt (in datadings's order) that gives distinct hashes.
+
+    Returns ``(salt, hashes)``, the hashes as a uint64 array in key order.
+
+    >>> salt, hashes = hash_keys(["a", "b"])
+    >>> salt == key_salt(0), hashes.dtype, int(hashes[1]) == hash_key("b", salt)
+    (True, dtype('uint64'), True)
+    """
+    for attempt in range(max_tries):
+        salt = key_salt(attempt)
+        hashes = _salted_hashes(keys, salt)
+        if np.unique(hashes).size == hashes.size:
+            return salt, hashes
+    raise RuntimeError(f"key hashes collide for {max_tries} salts; are the keys unique?")
+
+
+# --- the Bloom filter (simplebloom's file format) --------------------------------------------
+
+_BLOOM_MAGIC = b"SIMPBLOO"
+_BLOOM_HEADER = struct.Struct(">8sQQd")
+_LN2 = 0.6931471805599453
+_LN2_SQUARED = 0.4804530139182015
+_BLOOM_BATCH = 1 << 15
+
+
+class BloomFilter:
+    """A Bloom filter of strings, stored byte for byte as simplebloom stores it.
+
+    Sized for ``num_elements`` with false-positive probability ``false_positive_prob``
+    (default ``1 / num_elements``). Key ``k`` sets bits ``(h1 + i * h2) mod 2**64 mod
+    num_bits`` for ``i < num_hashes``, where ``h1, h2`` are the first two big-endian
+    uint64 of blake2s of its UTF-8 bytes.
+
+    >>> bloom = BloomFilter.build(["cat", "dog"])
+    >>> "cat" in bloom, "cow" in bloom
+    (True, False)
+    >>> BloomFilter.loads(bloom.dumps()).dumps() == bloom.dumps()
+    True
+    """
+
+    def __init__(self, num_elements: int, false_positive_prob: float | None = None,
+                 bits: bytes | None = None) -> None:
+        if num_elements < 2:
+            raise ValueError(f"num_elements must be >= 2; got num_elements={num_elements}")
+        fpp = 1.0 / num_elements if false_positive_prob is None else float(false_positive_prob)
+        if not 0 < fpp < 1:
+            raise ValueError(f"false_positive_prob must be in (0, 1); got {fpp}")
+        self.num_elements, self.false_positive_prob = num_elements, fpp
+        # The same float arithmetic as simplebloom, so that sizes agree to the bit.
+        num_bits = num_elements * math.log(fpp) / -_LN2_SQUARED
+        self.num_bits = int(math.ceil(num_bits / 8) * 8)
+        self.num_hashes = int(round(self.num_bits / num_elements * _LN2))
+        size = self.num_bits >> 3
+        if bits is not None and len(bits) != size:
+            raise ValueError(f"a filter of {num_elements} elements has {size} bytes; got {len(bits)}")
+        self._bits = bytearray(size) if bits is None else bytearray(bits)
+
+    @classmethod
+    def build(cls, keys: Sequence[str]) -> BloomFilter:
+        """The filter datadings writes for ``keys``: ``max(2, len(keys))`` elements."""
+        bloom = cls(max(2, len(keys)))
+        bloom.update(keys)
+        return bloom
+
+    def update(self, keys: Sequence[str]) -> None:
+        """Add every key (vectorised over batches of keys)."""
+        bits = np.frombuffer(self._bits, np.uint8).copy()
+        rounds = np.arange(self.num_hashes, dtype=np.uint64)
+        for start in range(0, len(keys), _BLOOM_BATCH):
+            h1, h2 = _bloom_hashes(keys[start:start + _BLOOM_BATCH])
+            with np.errstate(over="ignore"):
+                positions = (h1[:, None] + rounds[None, :] * h2[:, None]) % np.uint64(self.num_bits)
+            positions = positions.ravel()
+            np.bitwise_or.at(bits, positions >> np.uint64(3),
+                             np.left_shift(1, positions & np.uint64(7)).astype(np.uint8))
+        self._bits = bytearray(bits.tobytes())
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        h1, h2 = struct.unpack_from(">QQ", hashlib.blake2s(key.encode()).digest())
+        bits, num_bits = self._bits, self.num_bits
+        for i in range(self.num_hashes):
+            position = ((h1 + i * h2) & _MASK64) % num_bits
+            if not bits[position >> 3] & (1 << (position & 7)):
+                return False
+        return True
+
+    def dumps(self) -> bytes:
+        """The filter file: ``>8sQQd`` header (magic, total size, elements, fpp) and the bits."""
+        header = _BLOOM_HEADER.pack(_BLOOM_MAGIC, _BLOOM_HEADER.size + len(self._bits),
+                                    self.num_elements, self.false_positive_prob)
+        return header + bytes(self._bits)
+
+    @classmethod
+    def loads(cls, data: bytes) -> BloomFilter:
+        """Read a filter from the bytes of a ``.filter`` file."""
+        if len(data) < _BLOOM_HEADER.size:
+            raise ValueError(f"a Bloom filter has a {_BLOOM_HEADER.size}-byte header; got {len(data)} bytes")
+        magic, size, num_elements, fpp = _BLOOM_HEADER.unpack_from(data)
+        if magic != _BLOOM_MAGIC or size != len(data):
+            raise ValueError("not a simplebloom filter (bad magic or size)")
+        return cls(num_elements, fpp, data[_BLOOM_HEADER.size:])
+
+
+def _bloom_hashes(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    blake2s = hashlib.blake2s
+    digests = b"".join([blake2s(key.encode()).digest()[:16] for key in keys])
+    pairs = np.frombuffer(digests, dtype=_OFFSET).reshape(-1, 2).astype(np.uint64)
+    return pairs[:, 0], pairs[:, 1]
+
+
+# --- index files -----------------------------------------------------------------------------
+
+def read_offsets(path: PathLike) -> np.ndarray:
+    """The sample offsets of a dataset as a uint64 array of ``n + 1`` entries.
+
+    ``path`` is the data file; the ``.offsets`` file next to it is read.
+
+    >>> import tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> write_index(os.path.join(folder, "x.msgpack"), ["a", "b"], [0, 3, 7], "0" * 32)
+    >>> read_offsets(os.path.join(folder, "x.msgpack")).tolist()
+    [0, 3, 7]
+    """
+    offsets = DatasetFiles(path).offsets
+    data = offsets.read_bytes()
+    if len(data) % 8 or not data:
+        raise FormatError(f"an offsets file holds n + 1 uint64; got {len(data)} bytes", path=offsets)
+    return np.frombuffer(data, dtype=_OFFSET).astype(np.uint64)
+
+
+def read_keys(path: PathLike) -> list[str]:
+    """All keys of a dataset, from the ``.keys`` file next to data file ``path``.
+
+    >>> import tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> write_index(os.path.join(folder, "x.msgpack"), ["a", "b"], [0, 3, 7], "0" * 32)
+    >>> read_keys(os.path.join(folder, "x.msgpack"))
+    ['a', 'b']
+    """
+    keys = DatasetFiles(path).keys
+    try:
+        return msgpack.unpackb(keys.read_bytes())
+    except DECODE_ERRORS as error:
+        raise FormatError(f"corrupt keys file ({error})", path=keys) from error
+
+
+def read_key_hashes(path: PathLike) -> tuple[bytes, np.ndarray]:
+    """The salt and uint64 key hashes of a dataset (the ``.key_hashes`` file).
+
+    >>> import tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> write_index(os.path.join(folder, "x.msgpack"), ["a", "b"], [0, 3, 7], "0" * 32)
+    >>> salt, hashes = read_key_hashes(os.path.join(folder, "x.msgpack"))
+    >>> salt == key_salt(0), int(hashes[0]) == hash_key("a", salt)
+    (True, True)
+    """
+    key_hashes = DatasetFiles(path).key_hashes
+    data = key_hashes.read_bytes()
+    if len(data) < 8 or len(data) % 8:
+        raise FormatError(f"a key hashes file holds a salt and n uint64; got {len(data)} bytes",
+                          path=key_hashes)
+    return data[:8], np.frombuffer(data, dtype=_OFFSET, offset=8).astype(np.uint64)
+
+
+def read_legacy_index(path: PathLike) -> tuple[list[str], np.ndarray]:
+    """Keys and ``n + 1`` offsets from a datadings < 3.1 ``.index`` map (the data size ends it).
+
+    >>> import tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> data = os.path.join(folder, "old.msgpack")
+    >>> with open(data, "wb") as file:
+    ...     _ = file.write(pack_sample({"key": "a"}) + pack_sample({"key": "b"}))
+    >>> with open(data + ".index", "wb") as file:
+    ...     _ = file.write(msgpack.packb({"a": 0, "b": 7}))
+    >>> keys, offsets = read_legacy_index(data)
+    >>> keys, offsets.tolist()
+    (['a', 'b'], [0, 7, 14])
+    """
+    files = DatasetFiles(path)
+    try:
+        pairs = msgpack.unpackb(files.legacy_index.read_bytes(), object_pairs_hook=list,
+                                strict_map_key=False)
+        starts = np.array([start for _, start in pairs] + [files.data.stat().st_size], np.uint64)
+    except DECODE_ERRORS as error:
+        raise FormatError(f"corrupt legacy index ({error})", path=files.legacy_index) from error
+    return [key for key, _ in pairs], starts
+
+
+def md5_file(path: PathLike, read_size: int = 1 << 20, progress: bool = False) -> str:
+    """The hexadecimal MD5 of a file, read in ``read_size`` blocks.
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile() as file:
+    ...     md5_file(file.name)
+    'd41d8cd98f00b204e9800998ecf8427e'
+    """
+    md5 = hashlib.md5()
+    with open(path, "rb", buffering=0) as file, _byte_bar(path, progress) as bar:
+        while block := file.read(read_size):
+            md5.update(block)
+            bar.update(len(block))
+    return md5.hexdigest()
+
+
+def _byte_bar(path: PathLike, progress: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=os.stat(path).st_size, unit="B", unit_scale=True, disable=not progress,
+                desc=Path(path).name, leave=False)
+
+
+def read_md5(path: PathLike) -> dict[str, str]:
+    """The checksums of a dataset's ``.md5`` file, as ``{file name: md5 hex}``.
+
+    >>> import tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> write_index(os.path.join(folder, "x.msgpack"), [], [0], "d41d8cd98f00b204e9800998ecf8427e")
+    >>> read_md5(os.path.join(folder, "x.msgpack"))["x.msgpack"]
+    'd41d8cd98f00b204e9800998ecf8427e'
+    """
+    entries = {}
+    for line in DatasetFiles(path).md5.read_text(encoding="utf-8").splitlines():
+        # md5sum writes "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode).
+        digest, _, rest = line.partition(" ")
+        if rest[:1] in (" ", "*") and rest[1:]:
+            entries[rest[1:]] = digest
+    return entries
+
+
+def write_index(path: PathLike, keys: Sequence[str], offsets: Any, data_md5: str) -> None:
+    """Write the four index files and the ``.md5`` file of data file ``path``.
+
+    ``offsets`` holds ``len(keys) + 1`` byte offsets; ``data_md5`` is the data file's MD5
+    (the writer hashes the data as it writes, so it is not read again). The index files'
+    checksums are computed from the bytes written, not by reading the files back.
+
+    >>> import tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> write_index(os.path.join(folder, "x.msgpack"), ["a"], [0, 5], "0" * 32)
+    >>> sorted(os.listdir(folder))
+    ['x.msgpack.filter', 'x.msgpack.key_hashes', 'x.msgpack.keys', 'x.msgpack.md5', 'x.msgpack.offsets']
+    """
+    files = DatasetFiles(path)
+    salt, hashes = hash_keys(keys)
+    contents = (
+        np.asarray(offsets, dtype=np.uint64).astype(_OFFSET).tobytes(),
+        msgpack.packb(list(keys), use_bin_type=True),
+        salt + hashes.astype(_OFFSET).tobytes(),
+        BloomFilter.build(keys).dumps(),
+    )
+    lines = [f"{data_md5}  {files.data.name}\n"]
+    for target, content in zip(files.index_files, contents):
+        target.write_bytes(content)
+        lines.append(f"{hashlib.md5(content).hexdigest()}  {target.name}\n")
+    files.md5.write_text("".join(lines), encoding="utf-8")

@@ -1,0 +1,280 @@
+"""Write packed datasets: :class:`FileWriter` for dict samples, :class:`RawWriter` for packed bytes.
+
+A writer buffers samples and writes them in large blocks, hashing the data as it goes; on
+:meth:`~Writer.close` (also when the ``with`` block raises) it writes the index files and the
+``.md5`` file, so every sample written so far is kept:
+
+>>> import os, tempfile
+>>> path = os.path.join(tempfile.mkdtemp(), "pets.msgpack")
+>>> with FileWriter(path) as writer:
+...     writer.write({"key": "cat", "legs": 4})
+...     writer.write({"key": "bird", "legs": 2})
+>>> sorted(os.listdir(os.path.dirname(path)))[:2]
+['pets.msgpack', 'pets.msgpack.filter']
+
+A data file whose writer was killed before closing is recovered with :func:`rebuild_index`.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from ..errors import FormatError
+from .format import DECODE_ERRORS, DatasetFiles, PathLike, md5_file, new_packer, write_index
+
+__all__ = ["FileWriter", "RawWriter", "RebuildReport", "Writer", "rebuild_index"]
+
+_DEFAULT_BUFFER = 1 << 20
+_MAX_MESSAGE = 2 ** 32 - 1
+
+
+class Writer:
+    """Base class of the writers: buffering, duplicate checks, index and md5 at close.
+
+    ``Writer(outfile, buffering=1 MiB, overwrite=False, *, progress=False, **tqdm_kwargs)``;
+    the positional order is datadings's. ``buffering`` is the number of bytes collected before
+    one write system call (``0`` writes every sample at once). An existing dataset (any of its
+    files) raises :class:`FileExistsError` unless ``overwrite=True``, which removes the old
+    index files first. ``progress=True``, or any tqdm option such as ``desc=`` or ``total=``,
+    shows a progress bar (``disable=True`` hides it).
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+    >>> RawWriter(path).close()
+    >>> RawWriter(path)
+    Traceback (most recent call last):
+    ...
+    FileExistsError: [Errno 17] dataset exists (pass overwrite=True to replace it): '...x.msgpack'
+    """
+
+    def __init__(self, outfile: PathLike, buffering: int = _DEFAULT_BUFFER, overwrite: bool = False,
+                 *, progress: bool = False, **tqdm_kwargs: Any) -> None:
+        if isinstance(buffering, bool) or not isinstance(buffering, int) or buffering < 0:
+            raise ValueError(f"buffering must be an int >= 0; got buffering={buffering!r}")
+        self.path = Path(outfile)
+        self.written = 0
+        self._files = DatasetFiles(self.path)
+        self._buffering = buffering
+        self._bar = _progress_bar(self.path, progress, tqdm_kwargs)
+        self._keys: dict[str, None] = {}
+        self._offsets = array("Q", [0])
+        self._chunks: list[bytes] = []
+        self._pending = 0
+        self._md5 = hashlib.md5()
+        self._fd: int | None = _create(self._files, overwrite)
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._fd is None else "open"
+        return f"{type(self).__name__}({str(self.path)!r}, written={self.written}, {state})"
+
+    def _add(self, key: object, packed: bytes) -> None:
+        if self._fd is None:
+            raise ValueError(f"{self.path}: write to a closed writer")
+        if type(key) is not str and not isinstance(key, str):
+            raise TypeError(f"keys must be str; got {type(key).__name__} {key!r:.80}")
+        if key in self._keys:
+            raise ValueError(f"duplicate key {key!r}: keys must be unique")
+        self._keys[key] = None
+        self._chunks.append(packed)
+        self._pending += len(packed)
+        self._offsets.append(self._offsets[-1] + len(packed))
+        self.written += 1
+        if self._pending >= self._buffering:
+            self.flush()
+        if self._bar is not None:
+            self._bar.update()
+
+    def flush(self) -> None:
+        """Write the buffered samples to the data file (the index is written at close)."""
+        if not self._chunks or self._fd is None:
+            return
+        block = b"".join(self._chunks)
+        self._chunks.clear()
+        self._pending = 0
+        self._md5.update(block)
+        _write_all(self._fd, block)
+
+    def close(self) -> None:
+        """Flush the data, then write the index files and ``.md5``. Closing twice is harmless."""
+        if self._fd is None:
+            return
+        try:
+            self.flush()
+        finally:
+            os.close(self._fd)
+            self._fd = None
+        write_index(self.path, list(self._keys), self._offsets, self._md5.hexdigest())
+        if self._bar is not None:
+            self._bar.close()
+
+
+class FileWriter(Writer):
+    """Write dict samples; each needs a unique str ``"key"``.
+
+    Samples are packed like datadings packs them (see :mod:`fpipe.storage.format`). A missing
+    key raises :class:`KeyError`, a non-str key :class:`TypeError` and a duplicate key
+    :class:`ValueError`, all at that ``write``, and the sample is not written.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+    >>> with FileWriter(path) as writer:
+    ...     writer.write({"key": "a", "label": 1})
+    ...     writer.write({"key": "a", "label": 2})
+    Traceback (most recent call last):
+    ...
+    ValueError: duplicate key 'a': keys must be unique
+    >>> from fpipe.storage import MsgpackReader
+    >>> MsgpackReader(path)[:]
+    [{'key': 'a', 'label': 1}]
+    """
+
+    def __init__(self, outfile: PathLike, buffering: int = _DEFAULT_BUFFER, overwrite: bool = False,
+                 *, progress: bool = False, **tqdm_kwargs: Any) -> None:
+        super().__init__(outfile, buffering, overwrite, progress=progress, **tqdm_kwargs)
+        self._packer = new_packer()
+
+    def write(self, sample: dict) -> None:
+        """Pack and append one sample."""
+        try:
+            key = sample["key"]
+        except (KeyError, TypeError, IndexError):
+            raise KeyError(f'samples must be dicts with a "key"; got {sample!r:.80}') from None
+        self._add(key, self._packer.pack(sample))
+
+
+class RawWriter(Writer):
+    """Write samples that are already packed, each under its key (zero-decode copying).
+
+    ``data`` must be exactly one msgpack message; it is written as given, not checked.
+
+    >>> import os, tempfile
+    >>> from fpipe.storage import MsgpackReader, pack_sample
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+    >>> with RawWriter(path) as writer:
+    ...     writer.write("a", pack_sample({"key": "a", "n": 1}))
+    >>> MsgpackReader(path).get(0)
+    {'key': 'a', 'n': 1}
+    """
+
+    def write(self, key: str, data: bytes) -> None:
+        """Append one packed sample under ``key``."""
+        packed = bytes(data)
+        if not packed:
+            raise ValueError(f"data for key {key!r} is empty; a sample is one msgpack message")
+        self._add(key, packed)
+
+
+def _create(files: DatasetFiles, overwrite: bool) -> int:
+    files.data.parent.mkdir(parents=True, exist_ok=True)
+    existing = [path for path in (*files.all_files, files.legacy_index) if path.exists()]
+    if existing and not overwrite:
+        raise FileExistsError(errno.EEXIST, "dataset exists (pass overwrite=True to replace it)",
+                              str(existing[0]))
+    # Stale index files would describe the old data if this writer never reaches close().
+    for path in existing:
+        if path != files.data:
+            path.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if overwrite else os.O_EXCL)
+    return os.open(files.data, flags | getattr(os, "O_BINARY", 0), 0o666)
+
+
+def _write_all(fd: int, block: bytes) -> None:
+    view = memoryview(block)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _progress_bar(path: Path, progress: bool, tqdm_kwargs: dict) -> Any:
+    wanted = progress or bool(tqdm_kwargs)
+    if not wanted or tqdm_kwargs.get("disable", False):
+        return None
+    from tqdm import tqdm  # imported only when a bar is shown
+
+    options = {"desc": path.name, "unit": " samples", "mininterval": 0.5, **tqdm_kwargs}
+    return tqdm(**options)
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    """What :func:`rebuild_index` recovered: ``samples`` complete samples in ``valid_bytes``
+    bytes, and ``incomplete_bytes`` bytes after them that did not form a complete sample.
+
+    >>> RebuildReport(samples=2, valid_bytes=20, incomplete_bytes=3)
+    RebuildReport(samples=2, valid_bytes=20, incomplete_bytes=3)
+    """
+
+    samples: int
+    valid_bytes: int
+    incomplete_bytes: int
+
+
+def rebuild_index(path: PathLike, *, truncate: bool = True) -> RebuildReport:
+    """Rebuild every index file of data file ``path`` by scanning its msgpack stream.
+
+    Recovers a dataset whose writer was killed: each complete sample (a map with a str
+    ``"key"``) is indexed; the scan stops at the first incomplete or corrupt message. With
+    ``truncate=True`` the bytes from there on are cut off the data file, so the result is a
+    clean, valid dataset; with ``truncate=False`` the data file is left as it is (readers
+    ignore the tail, :meth:`~fpipe.storage.MsgpackReader.verify_data` reports it).
+
+    >>> import os, tempfile
+    >>> from fpipe.storage import pack_sample, MsgpackReader
+    >>> path = os.path.join(tempfile.mkdtemp(), "killed.msgpack")
+    >>> with open(path, "wb") as file:
+    ...     _ = file.write(pack_sample({"key": "a"}) + pack_sample({"key": "b"})[:-2])
+    >>> rebuild_index(path)
+    RebuildReport(samples=1, valid_bytes=7, incomplete_bytes=5)
+    >>> MsgpackReader(path)[:]
+    [{'key': 'a'}]
+    """
+    files = DatasetFiles(path)
+    size = files.data.stat().st_size
+    keys, offsets = _scan(files.data, size)
+    valid = offsets[-1]
+    if truncate and valid < size:
+        os.truncate(files.data, valid)
+    write_index(files.data, keys, offsets, md5_file(files.data))
+    return RebuildReport(samples=len(keys), valid_bytes=valid, incomplete_bytes=size - valid)
+
+
+def _scan(data: Path, size: int) -> tuple[list[str], array]:
+    keys: dict[str, None] = {}
+    offsets = array("Q", [0])
+    with open(data, "rb") as file:
+        # No numpy hook: only the keys are needed, and a message never exceeds the file.
+        limit = max(1, min(size, _MAX_MESSAGE))
+        unpacker = msgpack.Unpacker(file, read_size=min(1 << 20, limit), strict_map_key=False,
+                                    max_buffer_size=limit)
+        while True:
+            try:
+                sample = unpacker.unpack()
+            except (msgpack.OutOfData, *DECODE_ERRORS):
+                return list(keys), offsets
+            key = _sample_key(sample, data, len(offsets) - 1, offsets[-1])
+            if key in keys:
+                raise FormatError(f"duplicate key {key!r}", path=data, index=len(offsets) - 1,
+                                  offset=offsets[-1])
+            keys[key] = None
+            offsets.append(unpacker.tell())
+
+
+def _sample_key(sample: Any, data: Path, index: int, offset: int) -> str:
+    key = sample.get("key") if isinstance(sample, dict) else None
+    if not isinstance(key, str):
+        raise FormatError('a sample without a str "key" cannot be indexed', path=data,
+                          index=index, offset=offset)
+    return key
