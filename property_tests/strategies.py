@@ -70,3 +70,85 @@ sized_inputs = st.integers(0, 60).map(lambda n: list(range(n)))
 shard_counts = st.integers(1, 9)
 evens = st.sampled_from(["drop", "pad"])
 roundings = st.sampled_from(["balanced", "datadings"])
+
+
+class Tracked:
+    """A sample that counts itself alive in its reader's ``live`` counter (for memory laws)."""
+
+    __slots__ = ("counter", "index")
+
+    def __init__(self, index: int, counter: list) -> None:
+        self.index, self.counter = index, counter
+        counter[0] += 1
+        counter[1] = max(counter[1], counter[0])
+
+    def __del__(self) -> None:
+        self.counter[0] -= 1
+
+
+class IndexReader:
+    """A minimal in-memory reader whose sample ``i`` is ``i`` (or a :class:`Tracked` ``i``);
+    it records every contiguous read as ``(start, stop)`` and counts ``get`` calls."""
+
+    def __init__(self, n: int, tracked: bool = False) -> None:
+        self.n, self.tracked = n, tracked
+        self.reads: list[tuple[int, int]] = []
+        self.gets = 0
+        self.live = [0, 0]  # alive now, most alive at once
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _sample(self, index: int, yield_key: bool):
+        sample = Tracked(index, self.live) if self.tracked else index
+        return (f"{index:08d}", sample) if yield_key else sample
+
+    def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True):
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        self.gets += 1
+        return self._sample(index, yield_key)
+
+    def iter(self, start=None, stop=None, yield_key=False, raw=False, copy=True, chunk_size=16):
+        window = range(self.n)[start:stop]
+        self.reads.append((window.start, window.stop))
+        return (self._sample(i, yield_key) for i in window)
+
+
+# An ordering spec is a list of layers, applied from the reader outwards; ``build`` makes it.
+_layers = st.one_of(
+    st.tuples(st.just("range"), st.integers(-5, 30), st.one_of(st.none(), st.integers(-5, 60))),
+    st.tuples(st.just("shuffle")),
+    st.tuples(st.just("quasi"), st.one_of(st.integers(1, 40), st.floats(0.01, 0.99)),
+              st.integers(1, 12)),
+    st.tuples(st.just("repeat"), st.integers(0, 3)),
+    st.tuples(st.just("cycle")),
+)
+
+
+def _allowed(spec: list) -> bool:
+    # a Shuffler needs random access, which a QuasiShuffler inside it does not offer
+    kinds = [layer[0] for layer in spec]
+    return "quasi" not in kinds or "shuffle" not in kinds[kinds.index("quasi"):]
+
+
+ordering_specs = st.lists(_layers, min_size=1, max_size=3).filter(_allowed)
+ordering_lengths = st.integers(0, 70)
+
+
+def build(spec: list, reader, seed=None):
+    """The ordering that ``spec`` describes over ``reader``; seeded layers get ``seed``."""
+    from fpipe.storage.order import Cycler, QuasiShuffler, Range, Repeater, Shuffler
+    ordering = reader
+    for kind, *args in spec:
+        if kind == "range":
+            ordering = Range(ordering, *args)
+        elif kind == "shuffle":
+            ordering = Shuffler(ordering, seed=seed)
+        elif kind == "quasi":
+            ordering = QuasiShuffler(ordering, buf_size=args[0], chunk_size=args[1], seed=seed)
+        elif kind == "repeat":
+            ordering = Repeater(ordering, args[0])
+        else:
+            ordering = Cycler(ordering)
+    return ordering

@@ -9,9 +9,10 @@
 {'key': 'a', 'label': 0}
 """
 
-from . import format, reader, writer
+from . import format, order, reader, writer
 from .format import *
+from .order import *
 from .reader import *
 from .writer import *
 
-__all__ = sorted({*format.__all__, *reader.__all__, *writer.__all__})  # noqa: PLE0605
+__all__ = sorted({*format.__all__, *order.__all__, *reader.__all__, *writer.__all__})  # noqa: PLE0605

@@ -1,0 +1,631 @@
+"""Orderings: windows, repetitions and seeded, resumable shuffles of readers.
+
+An ordering wraps a reader (any object with ``len``, ``get`` and the readers'
+``iter(start, stop, yield_key=..., raw=..., copy=..., chunk_size=...)``), or another
+ordering, and offers the same iteration API in another order:
+
+>>> from fpipe.storage import ListReader
+>>> reader = ListReader([{"key": i} for i in range(10)])
+>>> [sample["key"] for sample in Range(reader, 2, 5)]
+[2, 3, 4]
+>>> [sample["key"] for sample in Repeater(Range(reader, 0, 2), 3)]
+[0, 1, 0, 1, 0, 1]
+>>> sorted(sample["key"] for sample in Shuffler(reader, seed=0)) == list(range(10))
+True
+
+**Epochs.** The order of a shuffler depends on ``(seed, epoch)`` alone. An ordering has a start
+point ``(epoch, position)``, at first ``(0, 0)``. Every iteration without an explicit
+``start`` begins at the start point, so iterators are independent of each other; when an
+iteration hands out the last item of its epoch, the start point moves on to the next epoch,
+so ``for x in shuffler`` gives a new order each time. :meth:`~Shuffler.set_epoch` moves the
+start point to the beginning of an epoch explicitly:
+
+>>> shuffler = Shuffler(reader, seed=0)
+>>> first, second = list(shuffler), list(shuffler)
+>>> first != second, shuffler.epoch
+(True, 2)
+>>> shuffler.set_epoch(0)
+>>> list(shuffler) == first
+True
+
+**Resume.** ``state_dict()`` describes where the latest iteration stands (the seed included)
+and ``load_state_dict()`` makes the start point of another ordering, built the same way, that
+place; ``seek(k)`` moves to position ``k`` of the current epoch:
+
+>>> shuffler = Shuffler(reader)                 # fresh entropy, kept in shuffler.seed
+>>> stream = iter(shuffler)
+>>> taken = [next(stream) for _ in range(4)]
+>>> restored = Shuffler(reader)
+>>> restored.load_state_dict(shuffler.state_dict())
+>>> taken + list(restored) == list(Shuffler(reader, seed=shuffler.seed))
+True
+
+A wrapped ordering follows its wrapper: while a wrapper reads it, epoch ``e`` of the wrapper
+reads epoch ``e`` of a :class:`Range`, :class:`Shuffler`, :class:`QuasiShuffler` or
+:class:`Cycler` inside it, and a :class:`Repeater` of ``times`` reads epochs
+``e * times`` to ``e * times + times - 1`` of what it repeats.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..random import Seed, item_rng, seed_entropy
+
+__all__ = ["Cycler", "QuasiShuffler", "Range", "Repeater", "Shuffler"]
+
+# indices become Python ints this many at a time, so that no pass holds n of them at once
+_BLOCK = 1 << 14
+
+
+class _Options(NamedTuple):
+    yield_key: bool
+    raw: bool
+    copy: bool
+    chunk_size: int
+
+
+def _integer(name: str, value: Any, low: int | None = None) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer; got {name}={value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}; got {name}={value!r}")
+    return int(value)
+
+
+def _options(yield_key: bool, raw: bool, copy: bool, chunk_size: int) -> _Options:
+    return _Options(bool(yield_key), bool(raw), bool(copy), _integer("chunk_size", chunk_size, 1))
+
+
+def _read_source(source: Any, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+    """Positions ``[start, stop)`` of epoch ``epoch`` of a reader or ordering (``start < stop``)."""
+    if isinstance(source, _Ordering):
+        return source._read(epoch, start, stop, options)
+    return source.iter(start, stop, yield_key=options.yield_key, raw=options.raw,
+                       copy=options.copy, chunk_size=options.chunk_size)
+
+
+def _source_getter(source: Any, epoch: int, options: _Options) -> Callable[[int], Any]:
+    """A function from a position of epoch ``epoch`` of ``source`` to its sample."""
+    if isinstance(source, _Ordering):
+        return source._getter(epoch, options)
+    if (options.yield_key, options.raw, options.copy) == (False, False, True):
+        return source.get
+    return partial(source.get, yield_key=options.yield_key, raw=options.raw, copy=options.copy)
+
+
+def _random_access(source: Any) -> bool:
+    if isinstance(source, _Ordering):
+        return source._random_access()
+    return callable(getattr(source, "get", None))
+
+
+def _index_dtype(n: int) -> type:
+    return np.int32 if n < 2 ** 31 else np.int64
+
+
+class _Progress:
+    """Where one iteration stands: its next item is ``position`` of ``epoch``; ``origin`` is the
+    start point the ordering had when this iteration began its current epoch."""
+
+    __slots__ = ("epoch", "origin", "position")
+
+    def __init__(self, origin: tuple[int, int]) -> None:
+        self.origin = origin
+        self.epoch, self.position = origin
+
+
+class _Ordering:
+    """What all orderings share: the iteration API, epochs, and resume."""
+
+    _endless = False
+
+    def __init__(self, reader: Any) -> None:
+        if not hasattr(reader, "__len__") or not hasattr(reader, "iter"):
+            raise TypeError(f"reader must be a reader or an ordering (with len and iter); "
+                            f"got reader={reader!r}")
+        self.reader = reader
+        self._move((0, 0))
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+        raise NotImplementedError
+
+    def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
+        # one-item windows work for every ordering; the ones with random access do better
+        def get(index: int) -> Any:
+            return next(iter(self._read(epoch, index, index + 1, options)))
+        return get
+
+    def _random_access(self) -> bool:
+        return False
+
+    def iter(self, start: int | None = None, stop: int | None = None, yield_key: bool = False,
+             raw: bool = False, copy: bool = True, chunk_size: int = 16) -> Iterator[Any]:
+        """Iterate positions ``[start, stop)`` of the current epoch (like ``range``).
+
+        Without ``start``, begin at the start point and follow it: the iteration counts towards
+        :meth:`state_dict`, and handing out the last item of the epoch moves the start point to
+        the next epoch. With ``start``, read that window of the current epoch and change
+        nothing. ``yield_key``, ``raw``, ``copy`` and ``chunk_size`` go to the reader's reads.
+        """
+        options = _options(yield_key, raw, copy, chunk_size)
+        if start is None:
+            self._progress = progress = _Progress(self._origin)
+            return self._tracked(progress, self._limit(stop), options)
+        return self._walk(*self._window(start, stop), options)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.iter()
+
+    def rawiter(self, yield_key: bool = False) -> Iterator[Any]:
+        """``iter(raw=True, yield_key=yield_key)``, as in datadings."""
+        return self.iter(yield_key=yield_key, raw=True)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch in which the next iteration begins."""
+        return self._origin[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Begin the next iteration at the start of ``epoch``."""
+        self._move((_integer("epoch", epoch, 0), 0))
+
+    def seek(self, index: int) -> None:
+        """Begin the next iteration at position ``index`` of the current epoch; an index past
+        the end carries on into the following epochs (datadings' Shuffler yielded nothing)."""
+        index, n = _integer("index", index, 0), len(self)
+        epoch = self._origin[0]
+        self._move((epoch + index // n, index % n) if n else (epoch, 0))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the latest iteration stands (or the start point, if none began since it was
+        set), with the seeds: a plain dict of ints, strings and None."""
+        progress = self._progress
+        return {**self._describe(), "epoch": progress.epoch, "position": progress.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the place that ``state`` describes the start point, adopting its seeds."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from state_dict(); got state={state!r}")
+        self._adopt(state)
+        epoch = _integer("state['epoch']", state.get("epoch"), 0)
+        position = _integer("state['position']", state.get("position"), 0)
+        if position >= max(1, len(self)):
+            raise ValueError(f"state['position'] must be < {len(self)}; got {position}")
+        self._move((epoch, position))
+
+    def _describe(self) -> dict[str, Any]:
+        inner = self.reader._describe() if isinstance(self.reader, _Ordering) else None
+        return {"type": type(self).__name__, "length": len(self),
+                "seed": getattr(self, "seed", None), "reader": inner}
+
+    def _adopt(self, description: Any) -> None:
+        name, n = type(self).__name__, len(self)
+        if not isinstance(description, dict) or (description.get("type"), description.get(
+                "length")) != (name, n):
+            raise ValueError(f"state must describe a {name} of length {n}; got {description!r}")
+        if description.get("seed") is not None:
+            self._reseed(description["seed"])
+        if isinstance(self.reader, _Ordering):
+            self.reader._adopt(description.get("reader"))
+
+    def _reseed(self, seed: int) -> None:
+        raise ValueError(f"a {type(self).__name__} has no seed; got seed={seed!r}")
+
+    def _move(self, origin: tuple[int, int]) -> None:
+        self._origin = origin
+        self._progress = _Progress(origin)
+
+    def _limit(self, stop: int | None) -> int | None:
+        if stop is None:
+            return None
+        return range(len(self))[:_integer("stop", stop)].stop
+
+    def _window(self, start: int, stop: int | None) -> tuple[int, int, int | None]:
+        stop = None if stop is None else _integer("stop", stop)
+        window = range(len(self))[_integer("start", start):stop]
+        return self._origin[0], window.start, window.stop
+
+    def _walk(self, epoch: int, position: int, limit: int | None, options: _Options) -> Iterator:
+        n = len(self)
+        while True:
+            end = n if limit is None else min(n, limit)
+            if position >= end:
+                return
+            yield from self._read(epoch, position, end, options)
+            if end < n or not self._endless:
+                return
+            epoch, position, limit = epoch + 1, 0, None if limit is None else limit - n
+
+    def _tracked(self, progress: _Progress, limit: int | None, options: _Options) -> Iterator:
+        n = len(self)
+        for item in self._walk(progress.epoch, progress.position, limit, options):
+            progress.position += 1
+            if progress.position == n:
+                self._turn(progress)
+            yield item
+
+    def _turn(self, progress: _Progress) -> None:
+        # the last item of an epoch is on its way out: the next iteration begins the next
+        # epoch, unless someone moved the start point meanwhile
+        following = (progress.epoch + 1, 0)
+        if self._origin is progress.origin:
+            self._origin = following
+        progress.origin = following
+        progress.epoch, progress.position = following
+
+    def __enter__(self) -> _Ordering:
+        enter = getattr(self.reader, "__enter__", None)
+        if enter is not None:
+            enter()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        leave = getattr(self.reader, "__exit__", None)
+        if leave is not None:
+            leave(*exc_info)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.reader!r}{self._arguments()})"
+
+    def _arguments(self) -> str:
+        return ""
+
+
+class _Indexable(_Ordering):
+    """Orderings with random access: ``get`` reads one position of the current epoch."""
+
+    def get(self, index: int, yield_key: bool = False, raw: bool = False,
+            copy: bool = True) -> Any:
+        """The sample at position ``index`` of the current epoch (negative counts from the end)."""
+        if not self._random_access():
+            raise TypeError(f"{type(self).__name__} over {type(self.reader).__name__} has no "
+                            "random access: the reader it wraps cannot get")
+        index, n = _integer("index", index), len(self)
+        if not -n <= index < n:
+            raise IndexError(f"index must be in [-{n}, {n}); got index={index}")
+        return self._getter(self.epoch, _options(yield_key, raw, copy, 1))(index % n)
+
+
+class _Seeded(_Ordering):
+    """Orderings whose order depends on a seed and the epoch; keeps one epoch's plan cached."""
+
+    def __init__(self, reader: Any, seed: Seed) -> None:
+        super().__init__(reader)
+        self._reseed(seed)
+
+    def _reseed(self, seed: Seed) -> None:
+        self.seed = seed_entropy(seed)
+        self._cache: tuple[Any, Any] = (None, None)
+
+    def _cached(self, epoch: int, build: Callable[[int], Any]) -> Any:
+        key = (self.seed, epoch)
+        if self._cache[0] != key:
+            self._cache = (key, build(epoch))
+        return self._cache[1]
+
+    def _arguments(self) -> str:
+        return f", seed={self.seed}"
+
+
+class Range(_Indexable):
+    """The positions ``[start, stop)`` of ``reader``, normalised like a slice of ``range``.
+
+    A window past the end is empty (datadings raised IndexError).
+
+    >>> from fpipe.storage import ListReader
+    >>> window = Range(ListReader([{"key": i} for i in range(10)]), 7, -1)
+    >>> [s["key"] for s in window], len(window), window.get(0), window.get(-1)
+    ([7, 8], 2, {'key': 7}, {'key': 8})
+    >>> list(Range(window, 5))
+    []
+    """
+
+    def __init__(self, reader: Any, start: int = 0, stop: int | None = None) -> None:
+        super().__init__(reader)
+        stop = None if stop is None else _integer("stop", stop)
+        window = range(len(reader))[_integer("start", start):stop]
+        self.start, self.stop = window.start, max(window.start, window.stop)
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+        return _read_source(self.reader, epoch, self.start + start, self.start + stop, options)
+
+    def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
+        get, offset = _source_getter(self.reader, epoch, options), self.start
+        return lambda index: get(offset + index)
+
+    def _random_access(self) -> bool:
+        return _random_access(self.reader)
+
+    def _arguments(self) -> str:
+        return f", {self.start}, {self.stop}"
+
+
+class Repeater(_Ordering):
+    """``times`` passes over ``reader``; one pass of the Repeater is all of them, so its ``len``
+    is ``times * len(reader)`` (datadings reported ``len(reader)``). Each repetition reads the
+    next epoch of the reader, so repeating a shuffler gives a new order every time.
+
+    >>> from fpipe.storage import ListReader
+    >>> reader = ListReader([{"key": i} for i in range(9)])
+    >>> [s["key"] for s in Repeater(Range(reader, 0, 2), 2)]
+    [0, 1, 0, 1]
+    >>> len(Repeater(reader, 3))
+    27
+    """
+
+    def __init__(self, reader: Any, times: int) -> None:
+        super().__init__(reader)
+        self.times = _integer("times", times, 0)
+
+    def __len__(self) -> int:
+        return self.times * len(self.reader)
+
+    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+        n = len(self.reader)
+        for repetition in range(start // n, -(-stop // n)):
+            low, high = max(start, repetition * n), min(stop, (repetition + 1) * n)
+            yield from _read_source(self.reader, epoch * self.times + repetition,
+                                    low - repetition * n, high - repetition * n, options)
+
+    def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
+        n, reader, times = len(self.reader), self.reader, self.times
+        return lambda index: _source_getter(reader, epoch * times + index // n, options)(index % n)
+
+    def _random_access(self) -> bool:
+        return _random_access(self.reader)
+
+    def _arguments(self) -> str:
+        return f", {self.times}"
+
+
+class Cycler(_Ordering):
+    """Endless passes over ``reader``, each in the reader's next epoch; ``len`` is one pass.
+
+    Positions count on across epochs: ``iter(start, stop)`` reads from position ``start`` to
+    ``stop`` (endlessly if ``stop`` is None). Over an empty reader it ends at once.
+
+    >>> from itertools import islice
+    >>> from fpipe.storage import ListReader
+    >>> reader = ListReader([{"key": i} for i in range(3)])
+    >>> [s["key"] for s in islice(Cycler(reader), 7)]
+    [0, 1, 2, 0, 1, 2, 0]
+    >>> [s["key"] for s in Cycler(reader).iter(2, 7)]
+    [2, 0, 1, 2, 0]
+    """
+
+    _endless = True
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+        return _read_source(self.reader, epoch, start, stop, options)
+
+    def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
+        return _source_getter(self.reader, epoch, options)
+
+    def _random_access(self) -> bool:
+        return _random_access(self.reader)
+
+    def _limit(self, stop: int | None) -> int | None:
+        return None if stop is None else _integer("stop", stop, 0)
+
+    def _window(self, start: int, stop: int | None) -> tuple[int, int, int | None]:
+        start, n = _integer("start", start, 0), max(1, len(self))
+        laps = start // n
+        limit = None if stop is None else _integer("stop", stop, 0) - laps * n
+        return self._origin[0] + laps, start % n, limit
+
+
+class Shuffler(_Seeded, _Indexable):
+    """A true permutation of ``reader`` per epoch, read sample by sample with ``get``.
+
+    The permutation of epoch ``e`` depends on ``(seed, e)`` alone; ``seed=None`` draws fresh
+    entropy, kept in ``seed``. The permutation lives in a numpy array (4 bytes a sample).
+
+    >>> from fpipe.storage import ListReader
+    >>> reader = ListReader([{"key": i} for i in range(6)])
+    >>> shuffler = Shuffler(reader, seed=3)
+    >>> [shuffler.get(i) for i in range(6)] == list(shuffler)
+    True
+    >>> sorted(s["key"] for s in Shuffler(reader, seed=3))
+    [0, 1, 2, 3, 4, 5]
+    """
+
+    def __init__(self, reader: Any, seed: Seed = None) -> None:
+        super().__init__(reader, seed)
+        if not _random_access(reader):
+            raise TypeError(f"Shuffler needs a reader with random access (get); got "
+                            f"reader={reader!r}")
+        self._length = len(reader)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return self._cached(epoch, self._draw_permutation)
+
+    def _draw_permutation(self, epoch: int) -> np.ndarray:
+        identity = np.arange(self._length, dtype=_index_dtype(self._length))
+        return item_rng(self.seed, epoch, 0).permutation(identity)
+
+    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+        get, order = _source_getter(self.reader, epoch, options), self._permutation(epoch)
+        return itertools.chain.from_iterable(
+            map(get, order[low:min(stop, low + _BLOCK)].tolist())
+            for low in range(start, stop, _BLOCK))
+
+    def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
+        get, order = _source_getter(self.reader, epoch, options), self._permutation(epoch)
+        return lambda index: get(int(order[index]))
+
+    def _random_access(self) -> bool:
+        return True
+
+
+class _Plan(NamedTuple):
+    """One epoch of a QuasiShuffler in terms of indices.
+
+    Chunks are read in the shuffled ``order``; the *read position* of a sample is its place
+    in that sequence, and ``starts[j]`` is the read position of chunk ``order[j]``'s first
+    sample. Read positions ``[0, fill)`` fill the buffer; each later one replaces a random slot.
+    """
+
+    order: np.ndarray
+    starts: np.ndarray
+    fill: int
+    chunk_size: int
+
+    def pieces(self, low: int, high: int) -> Iterator[tuple[int, int]]:
+        """The sample ranges ``(first, stop)`` that read positions ``[low, high)`` cover, one
+        contiguous range per chunk."""
+        if low >= high:
+            return
+        for chunk in range(int(np.searchsorted(self.starts, low, side="right")) - 1,
+                           len(self.order)):
+            start = int(self.starts[chunk])
+            if start >= high:
+                return
+            begin, end = max(low, start), min(high, int(self.starts[chunk + 1]))
+            first = int(self.order[chunk]) * self.chunk_size + begin - start
+            yield first, first + end - begin
+
+    def samples(self, positions: np.ndarray) -> np.ndarray:
+        chunks = np.searchsorted(self.starts, positions, side="right") - 1
+        return (self.order[chunks].astype(np.int64) * self.chunk_size
+                + (positions - self.starts[chunks]))
+
+
+class QuasiShuffler(_Seeded):
+    """Shuffle ``reader`` cheaply: read whole chunks in a shuffled order and pass them through a
+    buffer of random slots. Reads are contiguous, one per chunk.
+
+    ``buf_size`` below 1 is a fraction of the dataset, an integer from 1 up is a number of
+    samples; either way the buffer is rounded up to whole chunks of ``chunk_size`` samples.
+    Per epoch, the buffer fills with the first ``buffer_size`` samples of the chunks in
+    shuffled order; every later sample then takes the place of a random slot, whose sample
+    goes out; at the end the buffer goes out in a random order. Every sample comes out once
+    per epoch, for any length, buffer and chunk size, and at most
+    ``buffer_size + chunk_size`` samples are held at a time.
+
+    Resuming at position ``k`` replays the epoch's random choices on indices (vectorised, no
+    data read), then reads only what the buffer holds at ``k``. Fixed against datadings: a
+    fraction is honoured (datadings used 1 % for any fraction), resuming on a chunk boundary
+    is exact, ``iter(chunk_size=...)`` cannot drop samples (each chunk is one read of
+    ``chunk_size`` samples whatever ``iter`` is given), ``copy`` is passed on, and the
+    buffer's last contents come out shuffled rather than in slot order.
+
+    >>> from fpipe.storage import ListReader
+    >>> reader = ListReader([{"key": i} for i in range(100)])
+    >>> shuffler = QuasiShuffler(reader, buf_size=0.2, chunk_size=8, seed=0)
+    >>> shuffler.buffer_size
+    24
+    >>> sorted(s["key"] for s in shuffler) == list(range(100))
+    True
+    """
+
+    def __init__(self, reader: Any, buf_size: float = 0.01, chunk_size: int = 16,
+                 seed: Seed = None) -> None:
+        super().__init__(reader, seed)
+        self.chunk_size = _integer("chunk_size", chunk_size, 1)
+        self._length = len(reader)
+        wanted = _buffer_samples(buf_size, self._length)
+        self.buffer_size = max(1, -(-wanted // self.chunk_size)) * self.chunk_size
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _arguments(self) -> str:
+        return f", buf_size={self.buffer_size}, chunk_size={self.chunk_size}, seed={self.seed}"
+
+    def _plan(self, epoch: int) -> _Plan:
+        return self._cached(epoch, self._draw_plan)
+
+    def _draw_plan(self, epoch: int) -> _Plan:
+        n, size = self._length, self.chunk_size
+        order = item_rng(self.seed, epoch, 0).permutation(-(-n // size)).astype(_index_dtype(n))
+        sizes = np.minimum(size, n - order.astype(np.int64) * size)
+        starts = np.concatenate(([0], np.cumsum(sizes)))
+        return _Plan(order, starts, min(self.buffer_size, n), size)
+
+    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+        return itertools.islice(self._pass(epoch, start, options), stop - start)
+
+    def _pass(self, epoch: int, start: int, options: _Options) -> Iterator:
+        plan = self._plan(epoch)
+        options = options._replace(chunk_size=self.chunk_size)
+        streamed = self._length - plan.fill
+        flush = item_rng(self.seed, epoch, 2).permutation(plan.fill)[max(0, start - streamed):]
+        buffer = self._load_buffer(plan, epoch, start, flush, options)
+        if start < streamed:
+            slots = item_rng(self.seed, epoch, 1)
+            slots.bit_generator.advance(start)
+            yield from self._stream(plan, epoch, buffer, slots, start, options)
+        for slot in flush.tolist():
+            sample, buffer[slot] = buffer[slot], None
+            yield sample
+
+    def _stream(self, plan: _Plan, epoch: int, buffer: list, slots: np.random.Generator,
+                step: int, options: _Options) -> Iterator:
+        for first, stop in plan.pieces(plan.fill + step, self._length):
+            samples = list(_read_source(self.reader, epoch, first, stop, options))
+            for slot, sample in zip(_draw_slots(slots, len(samples), len(buffer)).tolist(),
+                                    samples):
+                yield buffer[slot]
+                buffer[slot] = sample
+            # samples that went out again within their own chunk must not outlive it
+            del samples
+
+    def _load_buffer(self, plan: _Plan, epoch: int, start: int, flush: np.ndarray,
+                     options: _Options) -> list:
+        if start == 0:
+            return [sample for first, stop in plan.pieces(0, plan.fill)
+                    for sample in _read_source(self.reader, epoch, first, stop, options)]
+        held = self._held(plan, epoch, min(start, self._length - plan.fill))
+        wanted = flush if start >= self._length - plan.fill else np.arange(plan.fill)
+        buffer: list = [None] * plan.fill
+        get = _source_getter(self.reader, epoch, options)
+        for slot, index in zip(wanted.tolist(), held[wanted].tolist()):
+            buffer[slot] = get(index)
+        return buffer
+
+    def _held(self, plan: _Plan, epoch: int, steps: int) -> np.ndarray:
+        """The sample index in each buffer slot after ``steps`` replacements, replayed on
+        indices: the last replacement of a slot decides what it holds."""
+        held = np.arange(plan.fill, dtype=np.int64)
+        slots = item_rng(self.seed, epoch, 1)
+        for low in range(0, steps, _BLOCK):
+            drawn = _draw_slots(slots, min(steps, low + _BLOCK) - low, plan.fill)
+            chosen, last_from_end = np.unique(drawn[::-1], return_index=True)
+            held[chosen] = plan.fill + low + len(drawn) - 1 - last_from_end
+        return plan.samples(held)
+
+
+def _draw_slots(rng: np.random.Generator, count: int, slots: int) -> np.ndarray:
+    # one double per step, so that a generator advanced by k draws is at step k
+    return np.minimum((rng.random(count) * slots).astype(np.intp), slots - 1)
+
+
+def _buffer_samples(buf_size: float, n: int) -> int:
+    if isinstance(buf_size, (bool, np.bool_)) or not isinstance(
+            buf_size, (int, float, np.integer, np.floating)):
+        raise TypeError(f"buf_size must be a number; got buf_size={buf_size!r}")
+    if 0 < buf_size < 1:
+        return math.ceil(buf_size * n)
+    if not (buf_size >= 1 and float(buf_size).is_integer()):
+        raise ValueError("buf_size must be a fraction in (0, 1) or a whole number of samples "
+                         f">= 1; got buf_size={buf_size!r}")
+    return int(buf_size)
