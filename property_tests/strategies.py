@@ -88,7 +88,8 @@ class Tracked:
 
 class IndexReader:
     """A minimal in-memory reader whose sample ``i`` is ``i`` (or a :class:`Tracked` ``i``);
-    it records every contiguous read as ``(start, stop)`` and counts ``get`` calls."""
+    it records every contiguous read (``iter`` or ``get_slice``) as ``(start, stop)`` and
+    counts ``get`` calls."""
 
     def __init__(self, n: int, tracked: bool = False) -> None:
         self.n, self.tracked = n, tracked
@@ -113,6 +114,9 @@ class IndexReader:
         window = range(self.n)[start:stop]
         self.reads.append((window.start, window.stop))
         return (self._sample(i, yield_key) for i in window)
+
+    def get_slice(self, start, stop, yield_key=False, raw=False, copy=True):
+        return list(self.iter(start, stop, yield_key, raw, copy))
 
 
 # An ordering spec is a list of layers, applied from the reader outwards; ``build`` makes it.

@@ -91,6 +91,18 @@ def _read_source(source: Any, epoch: int, start: int, stop: int, options: _Optio
                        copy=options.copy, chunk_size=options.chunk_size)
 
 
+def _read_list(source: Any, epoch: int, start: int, stop: int, options: _Options) -> list:
+    """Like :func:`_read_source`, as a list: one ``get_slice`` where the reader offers it
+    (a single contiguous read, decoded straight from the file's mapping)."""
+    if isinstance(source, _Ordering):
+        return source._read_list(epoch, start, stop, options)
+    get_slice = getattr(source, "get_slice", None)
+    if get_slice is None:
+        return list(_read_source(source, epoch, start, stop, options))
+    return get_slice(start, stop, yield_key=options.yield_key, raw=options.raw,
+                     copy=options.copy)
+
+
 def _source_getter(source: Any, epoch: int, options: _Options) -> Callable[[int], Any]:
     """A function from a position of epoch ``epoch`` of ``source`` to its sample."""
     if isinstance(source, _Ordering):
@@ -138,6 +150,9 @@ class _Ordering:
 
     def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
         raise NotImplementedError
+
+    def _read_list(self, epoch: int, start: int, stop: int, options: _Options) -> list:
+        return list(self._read(epoch, start, stop, options))
 
     def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
         # one-item windows work for every ordering; the ones with random access do better
@@ -342,6 +357,9 @@ class Range(_Indexable):
     def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
         return _read_source(self.reader, epoch, self.start + start, self.start + stop, options)
 
+    def _read_list(self, epoch: int, start: int, stop: int, options: _Options) -> list:
+        return _read_list(self.reader, epoch, self.start + start, self.start + stop, options)
+
     def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
         get, offset = _source_getter(self.reader, epoch, options), self.start
         return lambda index: get(offset + index)
@@ -413,6 +431,9 @@ class Cycler(_Ordering):
 
     def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
         return _read_source(self.reader, epoch, start, stop, options)
+
+    def _read_list(self, epoch: int, start: int, stop: int, options: _Options) -> list:
+        return _read_list(self.reader, epoch, start, stop, options)
 
     def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
         return _source_getter(self.reader, epoch, options)
@@ -581,7 +602,7 @@ class QuasiShuffler(_Seeded):
     def _stream(self, plan: _Plan, epoch: int, buffer: list, slots: np.random.Generator,
                 step: int, options: _Options) -> Iterator:
         for first, stop in plan.pieces(plan.fill + step, self._length):
-            samples = list(_read_source(self.reader, epoch, first, stop, options))
+            samples = _read_list(self.reader, epoch, first, stop, options)
             for slot, sample in zip(_draw_slots(slots, len(samples), len(buffer)).tolist(),
                                     samples):
                 yield buffer[slot]
@@ -593,7 +614,7 @@ class QuasiShuffler(_Seeded):
                      options: _Options) -> list:
         if start == 0:
             return [sample for first, stop in plan.pieces(0, plan.fill)
-                    for sample in _read_source(self.reader, epoch, first, stop, options)]
+                    for sample in _read_list(self.reader, epoch, first, stop, options)]
         held = self._held(plan, epoch, min(start, self._length - plan.fill))
         wanted = flush if start >= self._length - plan.fill else np.arange(plan.fill)
         buffer: list = [None] * plan.fill

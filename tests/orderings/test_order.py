@@ -61,15 +61,29 @@ def test_options_reach_the_reader():
     class Spy(IndexReader):
         def iter(self, start=None, stop=None, yield_key=False, raw=False, copy=True,
                  chunk_size=16):
-            self.options = (raw, copy, chunk_size)
+            self.options = ("iter", raw, copy, chunk_size)
             return super().iter(start, stop, yield_key, raw, copy, chunk_size)
+
+        def get_slice(self, start, stop, yield_key=False, raw=False, copy=True):
+            self.options = ("get_slice", raw, copy)
+            return list(super().iter(start, stop, yield_key, raw, copy))
 
     reader = Spy(10)
     list(Range(reader, 1).iter(raw=True, copy=False, chunk_size=5))
-    assert reader.options == (True, False, 5)
+    assert reader.options == ("iter", True, False, 5)
+    # datadings ignored copy; a QuasiShuffler reads each chunk with one get_slice
     list(QuasiShuffler(reader, 4, 2, seed=0).iter(copy=False, chunk_size=7))
-    # datadings ignored copy; a QuasiShuffler reads whole chunks whatever chunk_size says
-    assert reader.options == (False, False, 2)
+    assert reader.options == ("get_slice", False, False)
+
+
+def test_quasi_shuffler_reads_chunks_with_iter_when_the_reader_has_no_get_slice():
+    class Plain(IndexReader):
+        get_slice = None
+
+    plain, sliced = Plain(50), IndexReader(50)
+    orders = [list(QuasiShuffler(r, 8, 4, seed=1)) for r in (plain, sliced)]
+    assert orders[0] == orders[1]
+    assert sorted(plain.reads) == sorted(sliced.reads)
 
 
 def test_iterators_are_independent():
