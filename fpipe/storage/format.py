@@ -258,10 +258,20 @@ def hash_key(key: str, salt: bytes) -> int:
     return int.from_bytes(hashlib.blake2s(key.encode(), salt=salt).digest()[:8], "big")
 
 
+def _digests(keys: Iterable[str], salt: bytes = b"") -> bytes:
+    """The 32-byte blake2s digests of the keys, concatenated."""
+    # Copying a prepared hash object is cheaper than passing the salt for every key.
+    new = hashlib.blake2s(salt=salt).copy
+
+    def digest(key: str) -> bytes:
+        state = new()
+        state.update(key.encode())
+        return state.digest()
+    return b"".join(map(digest, keys))
+
+
 def _salted_hashes(keys: Iterable[str], salt: bytes) -> np.ndarray:
-    blake2s = hashlib.blake2s
-    digests = b"".join([blake2s(key.encode(), salt=salt).digest()[:8] for key in keys])
-    return np.frombuffer(digests, dtype=_OFFSET).astype(np.uint64)
+    return np.frombuffer(_digests(keys, salt), dtype=_OFFSET)[::4].astype(np.uint64)
 
 
 def hash_keys(keys: Sequence[str], max_tries: int = 1000) -> tuple[bytes, np.ndarray]:
@@ -276,7 +286,8 @@ def hash_keys(keys: Sequence[str], max_tries: int = 1000) -> tuple[bytes, np.nda
     for attempt in range(max_tries):
         salt = key_salt(attempt)
         hashes = _salted_hashes(keys, salt)
-        if np.unique(hashes).size == hashes.size:
+        ranked = np.sort(hashes)
+        if not (ranked[1:] == ranked[:-1]).any():
             return salt, hashes
     raise RuntimeError(f"key hashes collide for {max_tries} salts; are the keys unique?")
 
@@ -330,17 +341,15 @@ class BloomFilter:
         return bloom
 
     def update(self, keys: Sequence[str]) -> None:
-        """Add every key (vectorised over batches of keys)."""
-        bits = np.frombuffer(self._bits, np.uint8).copy()
+        """Add every key (vectorised over batches of keys; uses ``num_bits`` bytes meanwhile)."""
+        bits = np.unpackbits(np.frombuffer(self._bits, np.uint8), bitorder="little").view(bool)
         rounds = np.arange(self.num_hashes, dtype=np.uint64)
         for start in range(0, len(keys), _BLOOM_BATCH):
             h1, h2 = _bloom_hashes(keys[start:start + _BLOOM_BATCH])
             with np.errstate(over="ignore"):
                 positions = (h1[:, None] + rounds[None, :] * h2[:, None]) % np.uint64(self.num_bits)
-            positions = positions.ravel()
-            np.bitwise_or.at(bits, positions >> np.uint64(3),
-                             np.left_shift(1, positions & np.uint64(7)).astype(np.uint8))
-        self._bits = bytearray(bits.tobytes())
+            bits[positions.ravel()] = True
+        self._bits = bytearray(np.packbits(bits, bitorder="little").tobytes())
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
@@ -371,10 +380,8 @@ class BloomFilter:
 
 
 def _bloom_hashes(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    blake2s = hashlib.blake2s
-    digests = b"".join([blake2s(key.encode()).digest()[:16] for key in keys])
-    pairs = np.frombuffer(digests, dtype=_OFFSET).reshape(-1, 2).astype(np.uint64)
-    return pairs[:, 0], pairs[:, 1]
+    words = np.frombuffer(_digests(keys), dtype=_OFFSET).reshape(-1, 4).astype(np.uint64)
+    return words[:, 0], words[:, 1]
 
 
 # --- index files -----------------------------------------------------------------------------

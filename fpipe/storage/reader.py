@@ -73,6 +73,10 @@ _unpackb = msgpack.unpackb
 # calls); bigger samples decode one by one from the buffer (no extra copy into the Unpacker).
 _UNPACKER_MAX_MEAN = 8192
 _KEY_BATCH = 1 << 16
+_COPY_BYTES = 1 << 16
+# Sequential reads fetch offsets this many at a time, and data in blocks of about this size.
+_OFFSETS_WINDOW = 4096
+_READ_BYTES = 1 << 18
 
 
 def _noop(sample: dict) -> None:
@@ -249,13 +253,14 @@ class _Handle:
     closing a reader never pulls a file out from under a running iterator.
     """
 
-    __slots__ = ("data", "fd", "offsets", "offsets_fd", "size")
+    __slots__ = ("data", "fd", "map", "offsets", "offsets_fd", "size")
 
     def __init__(self, files: DatasetFiles, legacy_offsets: bytes | None) -> None:
         self.fd = self.offsets_fd = None
         self.fd = os.open(files.data, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         self.size = os.fstat(self.fd).st_size
-        self.data = _map(self.fd, self.size)
+        self.map = _map(self.fd, self.size)
+        self.data = memoryview(self.map)
         if legacy_offsets is None:
             self.offsets_fd = os.open(files.offsets, os.O_RDONLY | getattr(os, "O_BINARY", 0))
             self.offsets = _map(self.offsets_fd, os.fstat(self.offsets_fd).st_size)
@@ -290,10 +295,8 @@ class _Handle:
         return b"".join(parts)
 
 
-def _map(fd: int, size: int) -> memoryview:
-    if size == 0:
-        return memoryview(b"")
-    return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ))
+def _map(fd: int, size: int) -> mmap.mmap | bytes:
+    return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
 
 
 class _KeyTable:
@@ -510,17 +513,19 @@ class MsgpackReader(Reader):
         if type(index) is not int or not 0 <= index < self._len:
             index = self._index(index)
         start, stop = _PAIR(handle.offsets, index << 3)
-        view = handle.data[start:stop]
-        if len(view) != stop - start:
-            raise _span_error(self.path, index, start, stop, handle.size)
+        # Small samples are cheaper to copy out of the map than to wrap; big ones are not.
+        data = handle.map[start:stop] if stop - start <= _COPY_BYTES else handle.data[start:stop]
         if raw:
-            sample = bytes(view) if copy else view
+            if len(data) != stop - start:
+                raise _span_error(self.path, index, start, stop, handle.size)
+            sample = bytes(data) if copy else data
         else:
+            # msgpack is prefix-free: a sample cut short by the end of the file never decodes.
             try:
-                sample = _unpackb(view, strict_map_key=False, object_hook=_decode_numpy)
+                sample = _unpackb(data, strict_map_key=False, object_hook=_decode_numpy)
             except DECODE_ERRORS as error:
-                raise FormatError(f"corrupt sample ({error})", path=self.path, index=index,
-                                  offset=start) from error
+                raise _sample_error(self.path, index, start, stop, start + len(data), handle.size,
+                                    error) from error
         if yield_key:
             return self._keys()[index], sample
         return sample
@@ -545,12 +550,16 @@ class MsgpackReader(Reader):
                 chunk_size: int) -> Iterator:
         handle = self._handle or self._open()
         table = self._keys() if yield_key else None
-        for first in range(start, stop, chunk_size):
-            last = min(stop, first + chunk_size)
-            offsets = handle.offset_range(first, last, self.path)
-            samples = _split(handle.read(offsets[0], offsets[-1]), offsets, first, raw, copy,
-                             self.path, handle.size)
-            yield from samples if table is None else zip(table.keys(first, last), samples)
+        window = max(chunk_size, _OFFSETS_WINDOW)
+        for first in range(start, stop, window):
+            offsets = handle.offset_range(first, min(stop, first + window), self.path)
+            for a, b in _reads(offsets, chunk_size):
+                samples = _split(handle.read(offsets[a], offsets[b]), offsets[a:b + 1], first + a,
+                                 raw, copy, self.path, handle.size)
+                if table is None:
+                    yield from samples
+                else:
+                    yield from zip(table.keys(first + a, first + b), samples)
 
     def verify_data(self, read_size: int = 512 * 1024, progress: bool = False) -> bool:
         """Whether the data file matches its ``.md5`` entry and ends where the last sample ends.
@@ -570,6 +579,17 @@ class MsgpackReader(Reader):
         listed = [path for path in self._files.index_files + (self._files.legacy_index,)
                   if path.name in entries]
         return all(path.exists() and md5_file(path, read_size) == entries[path.name] for path in listed)
+
+
+def _reads(offsets: Sequence[int], chunk_size: int) -> Iterator[tuple[int, int]]:
+    """Split a window of offsets into reads of ``chunk_size`` samples or more: small samples
+    are read together up to ``_READ_BYTES``, to pay one system call per block, not per few."""
+    last = len(offsets) - 1
+    a = 0
+    while a < last:
+        b = min(last, max(a + chunk_size, bisect_right(offsets, offsets[a] + _READ_BYTES, a) - 1))
+        yield a, b
+        a = b
 
 
 def _span_error(path: Path, index: int, start: int, stop: int, size: int) -> FormatError:

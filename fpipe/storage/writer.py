@@ -20,6 +20,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import queue
+import threading
+import weakref
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,8 @@ from .format import DECODE_ERRORS, DatasetFiles, PathLike, md5_file, new_packer,
 __all__ = ["FileWriter", "RawWriter", "RebuildReport", "Writer", "rebuild_index"]
 
 _DEFAULT_BUFFER = 1 << 20
+# Below this buffer size blocks are written in the caller's thread (no hand-off per block).
+_THREAD_MIN = 1 << 16
 _MAX_MESSAGE = 2 ** 32 - 1
 
 
@@ -60,16 +65,21 @@ class Writer:
         if isinstance(buffering, bool) or not isinstance(buffering, int) or buffering < 0:
             raise ValueError(f"buffering must be an int >= 0; got buffering={buffering!r}")
         self.path = Path(outfile)
-        self.written = 0
         self._files = DatasetFiles(self.path)
         self._buffering = buffering
         self._bar = _progress_bar(self.path, progress, tqdm_kwargs)
         self._keys: dict[str, None] = {}
         self._offsets = array("Q", [0])
         self._chunks: list[bytes] = []
-        self._pending = 0
-        self._md5 = hashlib.md5()
-        self._fd: int | None = _create(self._files, overwrite)
+        self._end = self._flushed = 0
+        self._sink: _Sink | None = _Sink(_create(self._files, overwrite), buffering >= _THREAD_MIN)
+        # A writer dropped without close() still stops its thread and closes its file.
+        self._finalizer = weakref.finalize(self, self._sink.finish)
+
+    @property
+    def written(self) -> int:
+        """The number of samples written so far."""
+        return len(self._keys)
 
     def __enter__(self) -> Writer:
         return self
@@ -78,48 +88,100 @@ class Writer:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._fd is None else "open"
+        state = "closed" if self._sink is None else "open"
         return f"{type(self).__name__}({str(self.path)!r}, written={self.written}, {state})"
 
     def _add(self, key: object, packed: bytes) -> None:
-        if self._fd is None:
-            raise ValueError(f"{self.path}: write to a closed writer")
+        keys = self._keys
         if type(key) is not str and not isinstance(key, str):
             raise TypeError(f"keys must be str; got {type(key).__name__} {key!r:.80}")
-        if key in self._keys:
+        if key in keys:
             raise ValueError(f"duplicate key {key!r}: keys must be unique")
-        self._keys[key] = None
+        if self._sink is None:
+            raise ValueError(f"{self.path}: write to a closed writer")
+        keys[key] = None
         self._chunks.append(packed)
-        self._pending += len(packed)
-        self._offsets.append(self._offsets[-1] + len(packed))
-        self.written += 1
-        if self._pending >= self._buffering:
+        self._end += len(packed)
+        self._offsets.append(self._end)
+        if self._end - self._flushed >= self._buffering:
             self.flush()
         if self._bar is not None:
             self._bar.update()
 
     def flush(self) -> None:
-        """Write the buffered samples to the data file (the index is written at close)."""
-        if not self._chunks or self._fd is None:
-            return
-        block = b"".join(self._chunks)
-        self._chunks.clear()
-        self._pending = 0
-        self._md5.update(block)
-        _write_all(self._fd, block)
+        """Hand the buffered samples to the data file (the index is written at close)."""
+        if self._chunks and self._sink is not None:
+            block = b"".join(self._chunks)
+            self._chunks.clear()
+            self._flushed = self._end
+            self._sink.put(block)
 
     def close(self) -> None:
         """Flush the data, then write the index files and ``.md5``. Closing twice is harmless."""
-        if self._fd is None:
+        if self._sink is None:
             return
+        sink = self._sink
         try:
             self.flush()
         finally:
-            os.close(self._fd)
-            self._fd = None
-        write_index(self.path, list(self._keys), self._offsets, self._md5.hexdigest())
+            self._sink = None
+            self._finalizer.detach()
+            digest = sink.finish()
+        write_index(self.path, list(self._keys), self._offsets, digest)
         if self._bar is not None:
             self._bar.close()
+
+
+class _Sink:
+    """The data file's writing end: appends blocks and hashes them.
+
+    With ``threaded`` a background thread does both, so hashing and the write system calls
+    (which release the GIL) overlap with packing the next samples. Its failure surfaces at
+    the next ``put`` or at ``finish``.
+    """
+
+    def __init__(self, fd: int, threaded: bool) -> None:
+        self._fd: int | None = fd
+        self._md5 = hashlib.md5()
+        self._error: BaseException | None = None
+        self._queue: queue.Queue | None = queue.Queue(maxsize=4) if threaded else None
+        self._thread: threading.Thread | None = None
+
+    def put(self, block: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._queue is None:
+            self._append(block)
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._drain, name="fpipe-writer", daemon=True)
+            self._thread.start()
+        self._queue.put(block)
+
+    def _append(self, block: bytes) -> None:
+        self._md5.update(block)
+        _write_all(self._fd, block)
+
+    def _drain(self) -> None:
+        while (block := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._append(block)
+                except BaseException as error:
+                    self._error = error
+
+    def finish(self) -> str:
+        """Wait for the pending blocks, close the file, and return the data's MD5."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._error is not None:
+            raise self._error
+        return self._md5.hexdigest()
 
 
 class FileWriter(Writer):
