@@ -171,6 +171,11 @@ class _Ordering:
         :meth:`state_dict`, and handing out the last item of the epoch moves the start point to
         the next epoch. With ``start``, read that window of the current epoch and change
         nothing. ``yield_key``, ``raw``, ``copy`` and ``chunk_size`` go to the reader's reads.
+
+        >>> from fpipe.storage import ListReader
+        >>> cycler = Cycler(ListReader([{"key": i} for i in range(3)]))
+        >>> [key for key, sample in cycler.iter(1, 5, yield_key=True)]
+        [1, 2, 0, 1]
         """
         options = _options(yield_key, raw, copy, chunk_size)
         if start is None:
@@ -191,24 +196,56 @@ class _Ordering:
         return self._origin[0]
 
     def set_epoch(self, epoch: int) -> None:
-        """Begin the next iteration at the start of ``epoch``."""
+        """Begin the next iteration at the start of ``epoch``.
+
+        >>> from fpipe.storage import ListReader
+        >>> shuffler = Shuffler(ListReader([{"key": i} for i in range(5)]), seed=1)
+        >>> first = list(shuffler)
+        >>> shuffler.set_epoch(0)
+        >>> list(shuffler) == first
+        True
+        """
         self._move((_integer("epoch", epoch, 0), 0))
 
     def seek(self, index: int) -> None:
         """Begin the next iteration at position ``index`` of the current epoch; an index past
-        the end carries on into the following epochs (datadings' Shuffler yielded nothing)."""
+        the end carries on into the following epochs (datadings' Shuffler yielded nothing).
+
+        >>> from fpipe.storage import ListReader
+        >>> window = Range(ListReader([{"key": i} for i in range(5)]))
+        >>> window.seek(7)
+        >>> [s["key"] for s in window], window.epoch
+        ([2, 3, 4], 2)
+        """
         index, n = _integer("index", index, 0), len(self)
         epoch = self._origin[0]
         self._move((epoch + index // n, index % n) if n else (epoch, 0))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest iteration stands (or the start point, if none began since it was
-        set), with the seeds: a plain dict of ints, strings and None."""
+        set), with the seeds: a plain dict of ints, strings and None.
+
+        >>> from fpipe.storage import ListReader
+        >>> shuffler = Shuffler(ListReader([{"key": i} for i in range(5)]), seed=1)
+        >>> stream = iter(shuffler)
+        >>> _ = next(stream), next(stream)
+        >>> shuffler.state_dict()
+        {'type': 'Shuffler', 'length': 5, 'seed': 1, 'reader': None, 'epoch': 0, 'position': 2}
+        """
         progress = self._progress
         return {**self._describe(), "epoch": progress.epoch, "position": progress.position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the place that ``state`` describes the start point, adopting its seeds."""
+        """Make the place that ``state`` describes the start point, adopting its seeds.
+
+        >>> from fpipe.storage import ListReader
+        >>> reader = ListReader([{"key": i} for i in range(5)])
+        >>> shuffler = Shuffler(reader)
+        >>> shuffler.load_state_dict({"type": "Shuffler", "length": 5, "seed": 1,
+        ...                           "reader": None, "epoch": 0, "position": 2})
+        >>> shuffler.seed, list(shuffler) == list(Shuffler(reader, seed=1))[2:]
+        (1, True)
+        """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(); got state={state!r}")
         self._adopt(state)
@@ -301,7 +338,12 @@ class _Indexable(_Ordering):
 
     def get(self, index: int, yield_key: bool = False, raw: bool = False,
             copy: bool = True) -> Any:
-        """The sample at position ``index`` of the current epoch (negative counts from the end)."""
+        """The sample at position ``index`` of the current epoch (negative counts from the end).
+
+        >>> from fpipe.storage import ListReader
+        >>> Range(ListReader([{"key": i} for i in range(5)]), 1, 4).get(-1)
+        {'key': 3}
+        """
         if not self._random_access():
             raise TypeError(f"{type(self).__name__} over {type(self.reader).__name__} has no "
                             "random access: the reader it wraps cannot get")
