@@ -87,10 +87,10 @@ def _add_write_command(commands: argparse._SubParsersAction) -> None:
     write.add_argument("out", metavar="OUT", help="output folder")
     write.add_argument("-y", "--overwrite", action="store_true",
                        help="replace datasets that already exist in OUT")
-    write.add_argument("--workers", type=_positive_int, default=1,
+    write.add_argument("--workers", type=_positive_int, default=1, metavar="N",
                        help="threads that encode images (the output order does not change)")
     write.add_argument("--shuffle", action="store_true", help="shuffle each split by --seed")
-    write.add_argument("--seed", type=_non_negative_int, default=0, help="seed of --shuffle (0)")
+    write.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="seed of --shuffle (0)")
     write.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")
     known = write.add_argument_group("well-known datasets")
     known.add_argument("--from", dest="origin", metavar="DIR",

@@ -59,10 +59,11 @@ class ArchiveError(FpipeError, ValueError):
         super().__init__(f"{path}: {message}" if path is not None else message)
 
     def __reduce__(self):
-        return type(self), (self.reason,), {"path": self.path}
+        return _rebuild_archive_error, (self.reason, self.path)
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
+
+def _rebuild_archive_error(message: str, path: Any) -> ArchiveError:
+    return ArchiveError(message, path=path)
 
 
 class ChecksumError(ArchiveError):
@@ -295,11 +296,14 @@ def _copy(response: Any, file: BinaryIO, have: int, url: str, progress: bool | N
                 file.write(block)
                 bar.update(len(block))
         except (OSError, http.client.HTTPException) as error:
-            raise DownloadError(url, f"interrupted after {file.tell()} bytes ({_reason(error)}); "
-                                     f"run again to resume") from None
+            raise _interrupted(url, file.tell(), total, f" ({_reason(error)})") from None
     if total is not None and file.tell() < total:
-        raise DownloadError(url, f"interrupted after {file.tell()} of {total} bytes; "
-                                 f"run again to resume")
+        raise _interrupted(url, file.tell(), total, "")
+
+
+def _interrupted(url: str, done: int, total: int | None, reason: str) -> DownloadError:
+    of = f" of {total}" if total is not None else ""
+    return DownloadError(url, f"interrupted after {done}{of} bytes{reason}; run again to resume")
 
 
 def _reason(error: BaseException) -> str:

@@ -90,7 +90,7 @@ class ImageNetDataset(KnownDataset):
             return partial(_scan_flat_tar, path, fd, self._val_labels(source, options))
         if folder.is_dir():
             if split == "train" or any(entry.is_dir() for entry in os.scandir(folder)):
-                return partial(_scan_class_folders, folder)
+                return partial(_scan_class_folders, folder, by_label=split == "train")
             return partial(_scan_flat_folder, folder, self._val_labels(source, options))
         raise FileNotFoundError(
             f"imagenet {split}: neither {archive.filename} nor a {split}/ folder in {source}; "
@@ -245,7 +245,7 @@ def _scan_flat_tar(path: Path, fd: int, labels: dict[str, int]) -> _Images:
     return _Images.ordered(keys, found, slices, by_label=False)
 
 
-def _scan_class_folders(folder: Path) -> _Images:
+def _scan_class_folders(folder: Path, by_label: bool) -> _Images:
     keys, labels, paths = [], [], []
     for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
         if entry.is_dir():
@@ -255,7 +255,7 @@ def _scan_class_folders(folder: Path) -> _Images:
                     keys.append(file.name)
                     labels.append(label)
                     paths.append(file)
-    return _Images.ordered(keys, labels, _Files(tuple(paths)), by_label=True)
+    return _Images.ordered(keys, labels, _Files(tuple(paths)), by_label)
 
 
 def _scan_flat_folder(folder: Path, labels: dict[str, int]) -> _Images:
