@@ -557,14 +557,16 @@ class _Plan(NamedTuple):
         contiguous range per chunk."""
         if low >= high:
             return
-        for chunk in range(int(np.searchsorted(self.starts, low, side="right")) - 1,
-                           len(self.order)):
-            start = int(self.starts[chunk])
-            if start >= high:
-                return
-            begin, end = max(low, start), min(high, int(self.starts[chunk + 1]))
-            first = int(self.order[chunk]) * self.chunk_size + begin - start
-            yield first, first + end - begin
+        for block in range(int(np.searchsorted(self.starts, low, side="right")) - 1,
+                           len(self.order), _BLOCK):
+            chunks = self.order[block:block + _BLOCK].tolist()
+            starts = self.starts[block:block + _BLOCK + 1].tolist()
+            for chunk, start, end in zip(chunks, starts, starts[1:]):
+                if start >= high:
+                    return
+                begin = max(low, start)
+                first = chunk * self.chunk_size + begin - start
+                yield first, first + min(high, end) - begin
 
     def samples(self, positions: np.ndarray) -> np.ndarray:
         chunks = np.searchsorted(self.starts, positions, side="right") - 1
@@ -634,19 +636,20 @@ class QuasiShuffler(_Seeded):
         flush = item_rng(self.seed, epoch, 2).permutation(plan.fill)[max(0, start - streamed):]
         buffer = self._load_buffer(plan, epoch, start, flush, options)
         if start < streamed:
-            slots = item_rng(self.seed, epoch, 1)
-            slots.bit_generator.advance(start)
+            rng = item_rng(self.seed, epoch, 1)
+            rng.bit_generator.advance(start)
+            slots = _slot_stream(rng, plan.fill)
             yield from self._stream(plan, epoch, buffer, slots, start, options)
         for slot in flush.tolist():
             sample, buffer[slot] = buffer[slot], None
             yield sample
 
-    def _stream(self, plan: _Plan, epoch: int, buffer: list, slots: np.random.Generator,
-                step: int, options: _Options) -> Iterator:
+    def _stream(self, plan: _Plan, epoch: int, buffer: list, slots: Iterator[int], step: int,
+                options: _Options) -> Iterator:
         for first, stop in plan.pieces(plan.fill + step, self._length):
             samples = _read_list(self.reader, epoch, first, stop, options)
-            for slot, sample in zip(_draw_slots(slots, len(samples), len(buffer)).tolist(),
-                                    samples):
+            # samples first: zip must not draw a slot for a sample that is not there
+            for sample, slot in zip(samples, slots):
                 yield buffer[slot]
                 buffer[slot] = sample
             # samples that went out again within their own chunk must not outlive it
@@ -680,6 +683,13 @@ class QuasiShuffler(_Seeded):
 def _draw_slots(rng: np.random.Generator, count: int, slots: int) -> np.ndarray:
     # one double per step, so that a generator advanced by k draws is at step k
     return np.minimum((rng.random(count) * slots).astype(np.intp), slots - 1)
+
+
+def _slot_stream(rng: np.random.Generator, slots: int) -> Iterator[int]:
+    """Endless slot choices, drawn a block at a time (one numpy call per step costs more than
+    the step)."""
+    while True:
+        yield from _draw_slots(rng, _BLOCK, slots).tolist()
 
 
 def _buffer_samples(buf_size: float, n: int) -> int:
