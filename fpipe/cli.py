@@ -73,11 +73,14 @@ def _non_negative_int(text: str) -> int:
 
 
 def _add_write_command(commands: argparse._SubParsersAction) -> None:
-    """``fpipe write SOURCE OUT``; SOURCE is a well-known dataset's name (see :mod:`fpipe.sets`)."""
+    """``fpipe write SOURCE OUT``; SOURCE is a well-known dataset's name (see :mod:`fpipe.sets`).
+
+    The options shared by every kind of SOURCE come first; those of the well-known datasets
+    are in their own group, added by :func:`_add_known_set_options`.
+    """
     from .sets import names
 
     known_sets = ", ".join(names())
-
     write = commands.add_parser(
         "write", help="write packed datasets", description="Write packed datasets. SOURCE is a "
         f"well-known dataset ({known_sets}): its official archives, found in --from DIR "
@@ -90,19 +93,23 @@ def _add_write_command(commands: argparse._SubParsersAction) -> None:
     write.add_argument("--workers", type=_positive_int, default=1, metavar="N",
                        help="threads that encode images (the output order does not change)")
     write.add_argument("--shuffle", action="store_true", help="shuffle each split by --seed")
-    write.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="seed of --shuffle (0)")
+    write.add_argument("--seed", type=_non_negative_int, default=0, metavar="N",
+                       help="seed of --shuffle (0)")
     write.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")
-    known = write.add_argument_group("well-known datasets")
-    known.add_argument("--from", dest="origin", metavar="DIR",
-                       help="folder holding the official archives (default OUT)")
-    known.add_argument("--download", action="store_true",
-                       help="download missing archives into --from DIR (md5 checked)")
-    known.add_argument("--base-url", metavar="URL", help="download from this mirror instead")
-    known.add_argument("--no-verify", dest="verify", action="store_false",
-                       help="skip the md5 check of archives already present")
-    known.add_argument("--split", dest="splits", action="append", metavar="NAME",
-                       help="write only this split (repeatable; default all)")
+    _add_known_set_options(write.add_argument_group("well-known datasets"))
     write.set_defaults(run=_run_write)
+
+
+def _add_known_set_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--from", dest="origin", metavar="DIR",
+                       help="folder holding the official archives (default OUT)")
+    group.add_argument("--download", action="store_true",
+                       help="download missing archives into --from DIR (md5 checked)")
+    group.add_argument("--base-url", metavar="URL", help="download from this mirror instead")
+    group.add_argument("--no-verify", dest="verify", action="store_false",
+                       help="skip the md5 check of archives already present")
+    group.add_argument("--split", dest="splits", action="append", metavar="NAME",
+                       help="write only this split (repeatable; default all)")
 
 
 def _run_write(args: argparse.Namespace) -> int:

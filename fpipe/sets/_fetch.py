@@ -130,7 +130,11 @@ class Archive:
         return base_url.rstrip("/") + "/" + urllib.parse.quote(self.filename)
 
     def needed_for(self, splits: tuple[str, ...]) -> bool:
-        """Whether writing ``splits`` needs this archive."""
+        """Whether writing ``splits`` needs this archive.
+
+        >>> Archive("t10k.gz", "0" * 32, splits=("test",)).needed_for(("train",))
+        False
+        """
         return not self.splits or any(split in self.splits for split in splits)
 
 

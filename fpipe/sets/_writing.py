@@ -191,7 +191,12 @@ class KnownDataset(ABC):
     fields: tuple[str, ...] = ("key", "image", "label")
 
     def classes(self) -> dict[str, tuple[str, ...]]:
-        """The class names of each label field, as stored beside every written split."""
+        """The class names of each label field, as stored beside every written split.
+
+        >>> from fpipe.sets import mnist
+        >>> mnist.classes()["label"][:3]
+        ('0', '1', '2')
+        """
         return {"label": self.CLASSES}
 
     def write(self, out: str | os.PathLike, source: str | os.PathLike | None = None, *,
@@ -209,6 +214,13 @@ class KnownDataset(ABC):
         split by ``seed``; ``workers`` threads encode images without changing the order.
         ``progress`` shows bars on stderr (None: when it is a terminal). Returns the path of
         each written split.
+
+        >>> import tempfile
+        >>> from fpipe.sets import cifar10
+        >>> cifar10.write(tempfile.mkdtemp())
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: cifar-10-python.tar.gz not found in ...; download it from https://...
         """
         options = _Options(self._chosen(splits), download, base_url, verify, overwrite,
                            _checked_workers(workers), shuffle, seed, progress)
