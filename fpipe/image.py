@@ -1,0 +1,145 @@
+"""Decode compressed images (JPEG, PNG and every other format Pillow reads) to RGB.
+
+Packed datasets store images as their compressed bytes; a data-loader worker decodes them.
+:class:`CompressedToPIL` is datadings's transform of that name (also exported by
+:mod:`fpipe.torch`): it decodes JPEG with simplejpeg when that is installed (several times
+faster than Pillow) and everything else with Pillow, and always returns an RGB image.
+
+Pillow is imported on first use, so importing this module costs nothing; ``import fpipe``
+does not import it at all.
+
+>>> import io
+>>> from PIL import Image
+>>> buffer = io.BytesIO()
+>>> Image.new("L", (4, 3), 200).save(buffer, format="PNG")
+>>> image = decode_image(buffer.getvalue())
+>>> image.mode, image.size, image.getpixel((0, 0))
+('RGB', (4, 3), (200, 200, 200))
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any
+
+from .errors import FpipeError
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+__all__ = ["CompressedToPIL", "ImageDecodeError", "decode_image"]
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_simplejpeg: Any = None  # the module once looked up; False when it is not installed
+
+
+class ImageDecodeError(FpipeError, ValueError):
+    """Bytes that no image decoder accepts.
+
+    ``reason`` says what was wrong; ``sample`` names the dataset sample the bytes came from
+    (the torch adapters fill it in), and both are in the message.
+
+    >>> str(ImageDecodeError("not an image", sample="sample 3 (key 'a'), field 'image'"))
+    "sample 3 (key 'a'), field 'image': not an image"
+    """
+
+    def __init__(self, reason: str, *, sample: str | None = None) -> None:
+        self.reason, self.sample = reason, sample
+        super().__init__(reason if sample is None else f"{sample}: {reason}")
+
+    def __reduce__(self):
+        return _rebuild_decode_error, (self.reason, self.sample)
+
+
+def _rebuild_decode_error(reason: str, sample: str | None) -> ImageDecodeError:
+    return ImageDecodeError(reason, sample=sample)
+
+
+def _jpeg_decoder() -> Any:
+    global _simplejpeg
+    if _simplejpeg is None:
+        try:
+            import simplejpeg
+        except ImportError:
+            simplejpeg = False
+        _simplejpeg = simplejpeg
+    return _simplejpeg
+
+
+def _as_buffer(data: Any) -> memoryview:
+    try:
+        return memoryview(data).cast("B")
+    except TypeError:
+        raise TypeError("an encoded image must be bytes, bytearray, memoryview or another "
+                        f"buffer; got {type(data).__name__} {data!r:.60}") from None
+
+
+def decode_image(data: bytes | bytearray | memoryview, mode: str = "RGB") -> Image:
+    """Decode an encoded image to a Pillow image in ``mode`` (``"RGB"`` by default).
+
+    JPEG goes through simplejpeg when it is installed; Pillow takes what simplejpeg refuses
+    (CMYK JPEG, say) and every other format. Bytes that are not an image raise
+    :class:`ImageDecodeError` describing them; a value that is not a buffer raises
+    :class:`TypeError`.
+
+    >>> decode_image(b"not an image at all")
+    Traceback (most recent call last):
+    ...
+    fpipe.image.ImageDecodeError: cannot decode 19 bytes starting b'not an image at a' as an image: ...
+    """
+    view = _as_buffer(data)
+    if mode == "RGB" and view[:3] == _JPEG_MAGIC:
+        simplejpeg = _jpeg_decoder()
+        if simplejpeg:
+            try:
+                return _from_array(simplejpeg.decode_jpeg(view, colorspace="RGB"))
+            except ValueError:
+                pass  # a JPEG that libjpeg-turbo will not convert to RGB; Pillow can
+    return _pillow_decode(view, mode)
+
+
+def _from_array(pixels: Any) -> Image:
+    from PIL import Image
+    return Image.fromarray(pixels)
+
+
+def _pillow_decode(view: memoryview, mode: str) -> Image:
+    from PIL import Image, UnidentifiedImageError
+    try:
+        with Image.open(io.BytesIO(view)) as image:
+            image.load()
+            return image if image.mode == mode else image.convert(mode)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        head = bytes(view[:17])
+        raise ImageDecodeError(f"cannot decode {len(view)} bytes starting {head!r} as an image: "
+                               f"{error}") from error
+
+
+class CompressedToPIL:
+    """A transform from an encoded image (bytes or any buffer) to an RGB Pillow image.
+
+    The same as datadings's ``CompressedToPIL`` (JPEG through simplejpeg when installed,
+    other formats through Pillow, always RGB), with a clear :class:`ImageDecodeError` for
+    bytes that are not an image; the torch datasets add the sample's index, key and field.
+
+    >>> import io
+    >>> from PIL import Image
+    >>> buffer = io.BytesIO()
+    >>> Image.new("RGB", (5, 2), (255, 0, 0)).save(buffer, format="JPEG")
+    >>> CompressedToPIL()(buffer.getvalue()).size
+    (5, 2)
+    >>> CompressedToPIL()
+    CompressedToPIL()
+    """
+
+    def __call__(self, buf: bytes | bytearray | memoryview) -> Image:
+        return decode_image(buf)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    def __repr__(self) -> str:
+        return "CompressedToPIL()"

@@ -1,0 +1,523 @@
+"""PyTorch adapters: datadings's torch API over fpipe's readers and orderings.
+
+The names and signatures are datadings's (``Compose``, ``CompressedToPIL``, ``Dataset``,
+``DatasetBase``, ``IterableDataset``, ``dict2tuple``, ``no_rng``), so datadings code ports by
+changing its imports. What changes is what breaks there: readers work in forked and spawned
+workers after the parent has read, ``set_epoch`` works with and without persistent workers,
+empty shards yield nothing, orderings give decoded samples, and ``even=`` gives every rank
+the same number of batches. This is the only fpipe module that imports torch.
+
+>>> from fpipe.storage import ListReader
+>>> def add(value, number):
+...     return value + number
+>>> reader = ListReader([{"key": f"k{i}", "x": i} for i in range(6)])
+>>> dataset = Dataset(reader, transforms={"x": Compose(add)}, rng=lambda sample: {"number": 10})
+>>> dataset[2]["x"], len(dataset)
+(12, 6)
+>>> stream = IterableDataset(reader, rank=1, world_size=2)   # rank 1 of 2, no workers
+>>> [sample["x"] for sample in stream], len(stream)
+([3, 4, 5], 3)
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+try:
+    import torch
+    import torch.distributed
+    import torch.utils.data
+except ImportError as error:  # pragma: no cover - torch is in the test extra
+    raise ImportError("fpipe.torch needs PyTorch; install it with: pip install 'fpipe[torch]'") from error
+
+import numpy as np
+
+from .functional import Compose
+from .image import CompressedToPIL, ImageDecodeError
+from .random import Seed, _set_active, item_rng, seed_entropy
+from .sharding import shard_range
+from .storage.order import QuasiShuffler, Range
+
+__all__ = [
+    "Compose",
+    "CompressedToPIL",
+    "Dataset",
+    "DatasetBase",
+    "IterableDataset",
+    "dict2tuple",
+    "no_rng",
+    "worker_range",
+]
+
+_EVEN = (None, "drop", "pad")
+# Pass counters kept in shared memory: one per DataLoader worker id below this bound.
+_SLOTS = 1024
+
+
+def no_rng(_: Any) -> dict:
+    """The default ``rng``: no parameters, whatever the sample.
+
+    >>> no_rng({"image": b"..."})
+    {}
+    """
+    return {}
+
+
+def dict2tuple(it: Iterable[Mapping], keys: tuple = ("image", "label")) -> Iterator[tuple]:
+    """Yield ``tuple(sample[k] for k in keys)`` for each sample (or collated batch) of ``it``.
+
+    >>> list(dict2tuple([{"image": 1, "label": 0, "key": "a"}]))
+    [(1, 0)]
+    """
+    for sample in it:
+        yield tuple(sample[k] for k in keys)
+
+
+def _integer(name: str, value: Any, low: int | None = None) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer; got {name}={value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}; got {name}={value!r}")
+    return int(value)
+
+
+def _round_half_even(numerator: int, denominator: int) -> int:
+    quotient, remainder = divmod(numerator, denominator)
+    twice = 2 * remainder
+    return quotient + (twice > denominator or (twice == denominator and quotient & 1))
+
+
+def worker_range(n: int, rank: int = 0, world_size: int = 1, worker: int = 0,
+                 num_workers: int = 1, epoch: int = 0, even: str | None = None) -> range:
+    """The positions that DataLoader worker ``worker`` of rank ``rank`` reads in ``epoch``.
+
+    ``range(n)`` is cut into ``S = world_size * num_workers`` contiguous shards as datadings
+    cuts it, shard ``j`` being ``[n·j/S, n·(j+1)/S)`` rounded half to even (in exact integer
+    arithmetic, so a rank's shards join up to the same range for any ``num_workers``). Ranks
+    rotate with the epoch: rank ``r`` reads the shards of rank ``(r + epoch) % world_size``.
+
+    ``even="drop"`` or ``"pad"`` first cuts or pads each rank's range to ``n // world_size``
+    or ``ceil(n / world_size)`` positions (see :func:`fpipe.shard_range`), then splits it among
+    the workers, so that every rank reads the same number of samples in the same pieces and
+    makes the same number of batches.
+
+    >>> [worker_range(10, r, 2, w, 2) for r in range(2) for w in range(2)]
+    [range(0, 2), range(2, 5), range(5, 8), range(8, 10)]
+    >>> [worker_range(10, r, 2, w, 2, epoch=1) for r in range(2) for w in range(2)]
+    [range(5, 8), range(8, 10), range(0, 2), range(2, 5)]
+    >>> [worker_range(11, r, 2, w, 2, even="drop") for r in range(2) for w in range(2)]
+    [range(0, 2), range(2, 5), range(6, 8), range(8, 11)]
+    """
+    n = _integer("n", n, 0)
+    world_size, num_workers = _integer("world_size", world_size, 1), _integer("num_workers", num_workers, 1)
+    rank, worker = _integer("rank", rank, 0), _integer("worker", worker, 0)
+    if rank >= world_size or worker >= num_workers:
+        raise ValueError(f"need rank < world_size and worker < num_workers; got rank={rank}, "
+                         f"world_size={world_size}, worker={worker}, num_workers={num_workers}")
+    if even not in _EVEN:
+        raise ValueError(f"even must be None, 'drop' or 'pad'; got even={even!r}")
+    slot = (rank + _integer("epoch", epoch, 0)) % world_size
+    if even is None:
+        shards, shard = world_size * num_workers, slot * num_workers + worker
+        return range(_round_half_even(n * shard, shards), _round_half_even(n * (shard + 1), shards))
+    outer = shard_range(n, slot, world_size, even=even, rounding="datadings")
+    size = len(outer)
+    return range(outer.start + _round_half_even(size * worker, num_workers),
+                 outer.start + _round_half_even(size * (worker + 1), num_workers))
+
+
+def _worker() -> tuple[int, int]:
+    info = torch.utils.data.get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+class _EpochClock:
+    """The epoch of a dataset, shared with every copy of it in DataLoader workers.
+
+    One shared-memory tensor holds the epoch last set and, per worker id, the number of
+    passes begun since. Forked workers inherit it and spawned ones receive it (torch shares
+    tensors when it pickles a worker's arguments), so ``set_epoch`` in the main process
+    reaches persistent workers too; a plain ``pickle`` copies it instead.
+    """
+
+    __slots__ = ("_counts", "_tensor")
+
+    def __init__(self, epoch: int, tensor: torch.Tensor | None = None) -> None:
+        if tensor is None:
+            tensor = torch.zeros(_SLOTS + 1, dtype=torch.int64)
+            tensor[0] = epoch
+            tensor.share_memory_()
+        self._tensor, self._counts = tensor, tensor.numpy()
+
+    def __reduce__(self):
+        return _EpochClock, (0, self._tensor)
+
+    def set(self, epoch: int) -> None:
+        self._counts[1:] = 0
+        self._counts[0] = epoch
+
+    @property
+    def base(self) -> int:
+        return int(self._counts[0])
+
+    def peek(self, slot: int) -> int:
+        """The epoch of the next pass of worker ``slot``."""
+        if slot >= _SLOTS:
+            raise RuntimeError(f"fpipe datasets support at most {_SLOTS} DataLoader workers; "
+                               f"got worker id {slot}")
+        return int(self._counts[0] + self._counts[slot + 1])
+
+    def begin(self, slot: int) -> int:
+        """Begin a pass of worker ``slot``: its epoch."""
+        epoch = self.peek(slot)
+        self._counts[slot + 1] += 1
+        return epoch
+
+
+def _describe(index: int, sample: Any, field: Any) -> str:
+    where = f"sample {index}"
+    if isinstance(sample, Mapping) and "key" in sample:
+        where += f" (key {sample['key']!r})"
+    return where if field is None else f"{where}, field {field!r}"
+
+
+def _located(error: Exception, index: int, sample: Any, field: Any) -> Exception:
+    """``error`` with the sample named: in the message of an image error, as a note otherwise."""
+    where = _describe(index, sample, field)
+    if isinstance(error, ImageDecodeError) and error.sample is None:
+        return ImageDecodeError(error.reason, sample=where).with_traceback(error.__traceback__)
+    if hasattr(error, "add_note"):
+        error.add_note(f"raised while transforming {where}")
+    return error
+
+
+class DatasetBase:
+    """What :class:`Dataset` and :class:`IterableDataset` share: the reader, the transforms,
+    the parameters drawn per sample, and the epoch.
+
+    ``transforms`` is either one callable ``f(sample) -> sample``, or a dict from sample
+    field to ``t(value, params)`` (a :class:`Compose`, say), where ``params = rng(sample)``
+    is also stored in ``sample["__params__"]``. With ``seed``, the item generator of
+    ``(seed, epoch, index)`` is active while ``rng`` and the transforms run, so whatever
+    draws from :func:`fpipe.current_rng` (or uses fpipe's random combinators) is
+    reproducible per sample, whichever worker or rank reads it. An exception in a transform
+    names the sample (its index, key and field).
+
+    >>> from fpipe.storage import ListReader
+    >>> import fpipe
+    >>> def coin(sample):
+    ...     return {"p": float(fpipe.current_rng().random())}
+    >>> reader = ListReader([{"key": "a", "x": 1}])
+    >>> first = DatasetBase(reader, {"x": Compose(lambda x, p: x + p)}, coin, seed=0)
+    >>> again = DatasetBase(reader, {"x": Compose(lambda x, p: x + p)}, coin, seed=0)
+    >>> first._apply(reader.get(0), 0, 0) == again._apply(reader.get(0), 0, 0)
+    True
+    """
+
+    def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
+                 rng: Callable[[Any], Mapping] | None = None, *, seed: Seed = None,
+                 epoch: int = 0) -> None:
+        if not hasattr(reader, "__len__"):
+            raise TypeError(f"reader must be a reader or an ordering (with len); got reader={reader!r:.80}")
+        if rng is not None and not callable(rng):
+            raise TypeError(f"rng must be callable; got rng={rng!r}")
+        self.reader = reader
+        self.transforms = transforms
+        self.rng = rng or no_rng
+        self.seed = None if seed is None else seed_entropy(seed)
+        self._transform = self._checked_transform(transforms)
+        self._clock = _EpochClock(_integer("epoch", epoch, 0))
+
+    def _checked_transform(self, transforms: Any) -> Callable | None:
+        if transforms is None:
+            return None
+        if isinstance(transforms, Mapping):
+            for field, transform in transforms.items():
+                if not callable(transform):
+                    raise TypeError(f"transforms[{field!r}] must be callable; got {transform!r}")
+            self._fields = tuple(transforms.items())
+            return self._transform_fields
+        if not callable(transforms):
+            raise TypeError("transforms must be a dict of callables, a callable or None; "
+                            f"got transforms={transforms!r}")
+        return self._transform_sample
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch that the next pass reads (see :meth:`set_epoch`)."""
+        return self._clock.base
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` next, in this process and in every DataLoader worker, persistent or not."""
+        self._clock.set(_integer("epoch", epoch, 0))
+
+    def _apply(self, sample: Any, index: int, epoch: int) -> Any:
+        if self._transform is None:
+            return sample
+        if self.seed is None:
+            return self._transform(sample, index)
+        previous = _set_active(item_rng(self.seed, epoch, index))
+        try:
+            return self._transform(sample, index)
+        finally:
+            _set_active(previous)
+
+    def _transform_fields(self, sample: Any, index: int) -> Any:
+        field = None
+        try:
+            params = self.rng(sample)
+            sample["__params__"] = params
+            for field, transform in self._fields:
+                sample[field] = transform(sample[field], params)
+            return sample
+        except Exception as error:
+            located = _located(error, index, sample, field)
+            if located is error:
+                raise
+            raise located from error.__cause__
+
+    def _transform_sample(self, sample: Any, index: int) -> Any:
+        key = sample.get("key") if isinstance(sample, Mapping) else None
+        try:
+            return self.transforms(sample)
+        except Exception as error:
+            located = _located(error, index, None if key is None else {"key": key}, None)
+            if located is error:
+                raise
+            raise located from error.__cause__
+
+    def _follow(self, epoch: int) -> None:
+        # an ordering (Shuffler, QuasiShuffler, ...) reads the dataset's epoch
+        reader = self.reader
+        if getattr(reader, "epoch", epoch) != epoch and callable(getattr(reader, "set_epoch", None)):
+            reader.set_epoch(epoch)
+
+
+class Dataset(DatasetBase, torch.utils.data.Dataset):
+    """A map-style dataset: ``dataset[i]`` is sample ``i`` of ``reader``, transformed.
+
+    ``reader`` is a reader or an ordering with random access (``get``), such as
+    :class:`~fpipe.storage.order.Shuffler` or :class:`~fpipe.storage.order.Range`; an
+    ordering is read at the dataset's epoch. Readers are thread- and fork-safe, so the
+    DataLoader may fork or spawn workers at any time, also after the parent has read. A
+    batch is read with the reader's ``get_many`` (DataLoader calls ``__getitems__``).
+
+    ``seed`` makes ``rng`` and the transforms reproducible per index (see
+    :class:`DatasetBase`); their draws depend on the epoch too, so call
+    :meth:`~DatasetBase.set_epoch` at the start of every epoch for new augmentations.
+
+    >>> import random
+    >>> from fpipe.storage import ListReader
+    >>> def add(v, number):
+    ...     return v + number
+    >>> def rng(_):
+    ...     return {"number": random.randrange(1, 10)}
+    >>> dataset = Dataset(ListReader([{"a": 0} for _ in range(3)]), {"a": Compose(add)}, rng)
+    >>> sample = dataset[1]
+    >>> sample["a"] == sample["__params__"]["number"], sample["key"], len(dataset)
+    (True, 1, 3)
+    """
+
+    def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
+                 rng: Callable[[Any], Mapping] | None = None, *, seed: Seed = None,
+                 epoch: int = 0) -> None:
+        if not callable(getattr(reader, "get", None)):
+            raise TypeError(f"Dataset needs random access (a reader with get); got reader={reader!r:.80}; "
+                            "iterate orderings without it (QuasiShuffler, Cycler) with IterableDataset")
+        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch)
+
+    def __getitem__(self, index: int) -> Any:
+        epoch = self._clock.base
+        self._follow(epoch)
+        sample = self.reader.get(index)
+        return self._apply(sample, self._position(index), epoch)
+
+    def __getitems__(self, indices: list[int]) -> list:
+        """Samples ``indices``, read at once (``get_many`` where the reader has it)."""
+        epoch = self._clock.base
+        self._follow(epoch)
+        get_many = getattr(self.reader, "get_many", None)
+        samples = get_many(indices) if get_many is not None else [self.reader.get(i) for i in indices]
+        if self._transform is None:
+            return samples
+        return [self._apply(s, self._position(i), epoch) for s, i in zip(samples, indices)]
+
+    def _position(self, index: int) -> int:
+        index = operator.index(index)
+        return index + len(self.reader) if index < 0 else index
+
+
+class _Indexed:
+    """A reader whose samples are ``(position, sample)``, so a shuffled shard still knows
+    where each sample came from (for its random generator and its error messages)."""
+
+    __slots__ = ("reader",)
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def iter(self, start: int | None = None, stop: int | None = None, yield_key: bool = False,
+             raw: bool = False, copy: bool = True, chunk_size: int = 16) -> Iterator[tuple[int, Any]]:
+        window = range(len(self.reader))[start:stop]
+        samples = self.reader.iter(window.start, window.stop, copy=copy, chunk_size=chunk_size)
+        return zip(window, samples)
+
+    def get(self, index: int, yield_key: bool = False, raw: bool = False,
+            copy: bool = True) -> tuple[int, Any]:
+        return index, self.reader.get(index)
+
+
+def _distributed(group: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None and world_size is None:
+        distributed = torch.distributed
+        if distributed.is_available() and distributed.is_initialized():
+            return distributed.get_rank(group), distributed.get_world_size(group)
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ValueError(f"pass rank and world_size together; got rank={rank!r}, world_size={world_size!r}")
+    world_size = _integer("world_size", world_size, 1)
+    if not 0 <= _integer("rank", rank) < world_size:
+        raise ValueError(f"rank must be in [0, world_size); got rank={rank}, world_size={world_size}")
+    return int(rank), world_size
+
+
+def _check_buffer(buf_size: Any) -> float:
+    number = (int, float, np.integer, np.floating)
+    if isinstance(buf_size, (bool, np.bool_)) or not isinstance(buf_size, number):
+        raise TypeError(f"buf_size must be a number; got buf_size={buf_size!r}")
+    if not (0 < buf_size < 1 or (buf_size >= 1 and float(buf_size).is_integer())):
+        raise ValueError("buf_size must be a fraction in (0, 1) or a whole number of samples >= 1; "
+                         f"got buf_size={buf_size!r}")
+    return buf_size
+
+
+def _shard_seed(seed: int, start: int) -> int:
+    # a 3-number spawn key, so no shard's seed is ever an item generator's (2 numbers)
+    return seed_entropy(np.random.SeedSequence(seed, spawn_key=(start, 0, 1)))
+
+
+class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
+    """An iterable dataset that shards ``reader`` over distributed ranks and DataLoader workers.
+
+    Each of the ``world_size * num_workers`` workers reads one contiguous shard, in chunks of
+    ``chunk_size`` samples (``copy`` goes to the reader), as datadings does; ranks rotate
+    through the shards from epoch to epoch (:func:`worker_range` gives the exact layout).
+    ``reader`` may be a reader or an ordering (:class:`~fpipe.storage.order.Shuffler`,
+    :class:`~fpipe.storage.order.QuasiShuffler`, ...), which is read at the dataset's epoch.
+    ``rank`` and ``world_size`` come from ``torch.distributed`` (process ``group``) when it
+    is initialised at construction, or are given.
+
+    Epochs: a pass reads the epoch last given to :meth:`~DatasetBase.set_epoch` (or
+    ``epoch=``) plus the number of passes begun since, counted per worker in shared memory.
+    So calling ``set_epoch(e)`` before each epoch reads epoch ``e``, and not calling it
+    advances one epoch per pass — with persistent DataLoader workers or without.
+
+    ``batch_size`` (the DataLoader's) turns on datadings's guard: a ``RuntimeError`` when
+    ``0 < len(shard) % batch_size < 1``, that is when workers may make different numbers
+    of batches. ``even="drop"`` or ``"pad"`` removes the problem instead: every rank reads
+    the same number of samples in the same pieces, so all make the same number of batches
+    and ``DistributedDataParallel`` never waits for a rank that has run out.
+
+    ``shuffle=True`` shuffles each shard QuasiShuffler-style (chunks of ``chunk_size`` in a
+    random order through a buffer of ``buf_size``, a fraction of the shard or a number of
+    samples), differently every epoch, from ``seed``. ``len()`` is what the calling process
+    yields in its next pass: the rank's samples in the main process, the worker's in a worker.
+
+    >>> from fpipe.storage import ListReader
+    >>> reader = ListReader([{"x": i} for i in range(10)])
+    >>> ranks = [IterableDataset(reader, rank=r, world_size=2, even="drop") for r in range(2)]
+    >>> [[s["x"] for s in rank] for rank in ranks]
+    [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    >>> [[s["x"] for s in rank] for rank in ranks]           # the next epoch: ranks swap
+    [[5, 6, 7, 8, 9], [0, 1, 2, 3, 4]]
+    >>> shuffled = IterableDataset(reader, shuffle=True, seed=0, buf_size=4, chunk_size=2)
+    >>> sorted(s["x"] for s in shuffled) == list(range(10))
+    True
+    """
+
+    def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
+                 rng: Callable[[Any], Mapping] | None = None, batch_size: int | None = None,
+                 epoch: int = 0, copy: bool = True, chunk_size: int = 16, group: Any = None, *,
+                 even: str | None = None, shuffle: bool = False, buf_size: float = 0.01,
+                 seed: Seed = None, rank: int | None = None, world_size: int | None = None) -> None:
+        if not callable(getattr(reader, "iter", None)):
+            raise TypeError(f"reader must be a reader or an ordering (with iter); got reader={reader!r:.80}")
+        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch)
+        self.batch_size = None if batch_size is None else _integer("batch_size", batch_size, 1)
+        self.copy = bool(copy)
+        self.chunk_size = _integer("chunk_size", chunk_size, 1)
+        if even not in _EVEN:
+            raise ValueError(f"even must be None, 'drop' or 'pad'; got even={even!r}")
+        self.even, self.shuffle, self.buf_size = even, bool(shuffle), _check_buffer(buf_size)
+        # the shuffle needs a seed even when the transforms draw fresh entropy
+        self._shuffle_seed = seed_entropy(seed) if self.seed is None else self.seed
+        self.rank, self.world_size = _distributed(group, rank, world_size)
+
+    def __len__(self) -> int:
+        worker, workers = _worker()
+        return len(self._window(self._clock.peek(worker), worker, workers, guard=False))
+
+    def __iter__(self) -> Iterator[Any]:
+        worker, workers = _worker()
+        epoch = self._clock.begin(worker)
+        window = self._window(epoch, worker, workers, guard=True)
+        return self._stream(window, epoch)
+
+    def _window(self, epoch: int, worker: int, workers: int, guard: bool) -> range:
+        n = len(self.reader)
+        if guard and self.batch_size is not None and self.even is None:
+            overhang = n / (self.world_size * workers) % self.batch_size
+            if 0 < overhang < 1:
+                raise RuntimeError(
+                    f"len(shard) % batch_size = {overhang}: with {n} samples in "
+                    f"{self.world_size * workers} shards and batch_size={self.batch_size}, workers "
+                    "make different numbers of batches; change num_workers, batch_size or "
+                    "world_size, or pass even='drop' or even='pad'")
+        return worker_range(n, self.rank, self.world_size, worker, workers, epoch, self.even)
+
+    def _stream(self, window: range, epoch: int) -> Iterator[Any]:
+        if not window:
+            return
+        self._follow(epoch)
+        if self.shuffle:
+            pairs = self._shuffled(window, epoch)
+        else:
+            samples = self.reader.iter(window.start, window.stop, copy=self.copy,
+                                       chunk_size=self.chunk_size)
+            if self._transform is None:
+                yield from samples
+                return
+            pairs = zip(window, samples)
+        if self._transform is None:
+            for _, sample in pairs:
+                yield sample
+            return
+        apply = self._apply
+        for index, sample in pairs:
+            yield apply(sample, index, epoch)
+
+    def _shuffled(self, window: range, epoch: int) -> Iterator[tuple[int, Any]]:
+        shard = Range(_Indexed(self.reader), window.start, window.stop)
+        shuffler = QuasiShuffler(shard, buf_size=self.buf_size, chunk_size=self.chunk_size,
+                                 seed=_shard_seed(self._shuffle_seed, window.start))
+        shuffler.set_epoch(epoch)
+        return shuffler.iter(copy=self.copy)
+
+    def __repr__(self) -> str:
+        options = [f"batch_size={self.batch_size}"] if self.batch_size is not None else []
+        options += [f"even={self.even!r}"] if self.even else []
+        options += ["shuffle=True"] if self.shuffle else []
+        options += [f"rank={self.rank}", f"world_size={self.world_size}"]
+        return f"IterableDataset({self.reader!r}, {', '.join(options)})"
