@@ -1,11 +1,12 @@
-"""Small archives in each dataset's official format, and what a writer should make of them."""
+"""Small archives in each dataset's official format, and what a writer should make of them.
+
+The CIFAR batches are pickled the way Python 2 and numpy 1 wrote the official ones."""
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
 import io
-import pickle
 import tarfile
 from pathlib import Path
 
@@ -28,6 +29,34 @@ def _add(archive: tarfile.TarFile, name: str, data: bytes) -> None:
     archive.addfile(info, io.BytesIO(data))
 
 
+def _py2_str(data: bytes) -> bytes:
+    # Python 2 pickled its str (bytes) as BINSTRING; Python 3 cannot write that opcode itself.
+    return b"T" + len(data).to_bytes(4, "little") + data
+
+
+def _py2_value(value) -> bytes:
+    if isinstance(value, bytes):
+        return _py2_str(value)
+    if isinstance(value, list):
+        return b"](" + b"".join(_py2_value(item) for item in value) + b"e"
+    if isinstance(value, int):
+        return b"J" + value.to_bytes(4, "little", signed=True)
+    # numpy 1.x under Python 2: _reconstruct(ndarray, (0,), 'b'), then the state
+    # (1, shape, dtype('u1', 0, 1) with its own state, fortran=False, raw bytes).
+    assert value.dtype == np.uint8 and value.ndim == 2
+    dtype = (b"cnumpy\ndtype\n" + _py2_str(b"u1") + b"K\x00K\x01\x87R(K\x03" + _py2_str(b"|")
+             + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb")
+    shape = b"".join(b"J" + n.to_bytes(4, "little") for n in value.shape) + b"\x86"
+    return (b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nK\x00\x85" + _py2_str(b"b")
+            + b"\x87R(K\x01" + shape + dtype + b"\x89" + _py2_str(value.tobytes()) + b"tb")
+
+
+def py2_pickle(batch: dict) -> bytes:
+    """``batch`` pickled as Python 2 (protocol 2) wrote the official CIFAR batches."""
+    items = b"".join(_py2_value(key) + _py2_value(value) for key, value in batch.items())
+    return b"\x80\x02}(" + items + b"u."
+
+
 def _cifar_batch(rng: np.random.Generator, n: int, first: int, fields: dict) -> dict:
     batch = {b"batch_label": b"testing batch", b"data": rng.integers(0, 256, (n, 3072), np.uint8),
              b"filenames": [f"thing_s_{first + i:06d}.png".encode() for i in range(n)]}
@@ -43,10 +72,10 @@ def make_cifar10(folder: Path, per_batch: int = 2, test: int = 3, seed: int = 0)
     expected: dict[str, list] = {"train": [], "test": []}
     path = folder / "cifar-10-python.tar.gz"
     with tarfile.open(path, "w:gz") as archive:
-        _add(archive, "cifar-10-batches-py/batches.meta", pickle.dumps({b"label_names": []}, 3))
+        _add(archive, "cifar-10-batches-py/batches.meta", py2_pickle({b"label_names": [b"x"]}))
         for number, (name, n) in enumerate(zip(names, sizes)):
             batch = _cifar_batch(rng, n, 100 * number, {b"labels": rng.integers(0, 10, n)})
-            _add(archive, f"cifar-10-batches-py/{name}", pickle.dumps(batch, protocol=3))
+            _add(archive, f"cifar-10-batches-py/{name}", py2_pickle(batch))
             split = "test" if name == "test_batch" else "train"
             expected[split] += _expected_rows(batch, b"labels")
     return expected
@@ -68,13 +97,13 @@ def make_cifar100(folder: Path, train: int = 4, test: int = 2, seed: int = 1) ->
     expected = {}
     path = folder / "cifar-100-python.tar.gz"
     with tarfile.open(path, "w:gz") as archive:
-        _add(archive, "cifar-100-python/meta", pickle.dumps({b"fine_label_names": []}, 3))
+        _add(archive, "cifar-100-python/meta", py2_pickle({b"fine_label_names": [b"x"]}))
         for split, n in (("train", train), ("test", test)):
             fields = {b"fine_labels": rng.integers(0, 100, n), b"coarse_labels": rng.integers(0, 20, n)}
             batch = _cifar_batch(rng, n, 0 if split == "train" else 500, fields)
             if split == "train":
                 batch[b"filenames"][1] = batch[b"filenames"][0]
-            _add(archive, f"cifar-100-python/{split}", pickle.dumps(batch, protocol=3))
+            _add(archive, f"cifar-100-python/{split}", py2_pickle(batch))
             expected[split] = _expected_rows(batch, b"fine_labels", b"coarse_labels")
     first = expected["train"][1]
     expected["train"][1] = (first[0].replace(".png", "-2.png"), *first[1:])
