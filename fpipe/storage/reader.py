@@ -158,6 +158,8 @@ class Reader:
         [{'key': 'd'}, {'key': 'a'}, {'key': 'b'}, {'key': 'd'}]
         """
         positions = np.array([self._index(i) for i in indices], dtype=np.int64)
+        if not positions.size:
+            return []
         order = np.argsort(positions, kind="stable")
         ranked = positions[order]
         # A run breaks wherever the next index is not the successor (repeats too: each
