@@ -156,3 +156,60 @@ def build(spec: list, reader, seed=None):
         else:
             ordering = Cycler(ordering)
     return ordering
+
+
+# --- packed datasets (storage) -----------------------------------------------------------
+# Everything a packed dataset stores: msgpack values plus numpy arrays and scalars. Tuples
+# come back as lists; floats avoid NaN so that plain equality works outside arrays (arrays are
+# compared by bytes).
+
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+array_dtypes = st.one_of(
+    hnp.boolean_dtypes(), hnp.integer_dtypes(), hnp.unsigned_integer_dtypes(),
+    hnp.floating_dtypes(), hnp.complex_number_dtypes(), hnp.byte_string_dtypes(min_len=1),
+    hnp.unicode_string_dtypes(min_len=1), hnp.datetime64_dtypes(), hnp.timedelta64_dtypes(),
+)
+# The dtypes msgpack-numpy can pack itself (no datetimes: they have no buffer protocol).
+msgpack_numpy_dtypes = st.one_of(
+    hnp.boolean_dtypes(), hnp.integer_dtypes(), hnp.unsigned_integer_dtypes(),
+    hnp.floating_dtypes(), hnp.complex_number_dtypes(), hnp.byte_string_dtypes(min_len=1),
+)
+
+
+def numpy_arrays(dtypes: st.SearchStrategy = array_dtypes) -> st.SearchStrategy:
+    shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4)
+    return hnp.arrays(dtypes, shapes)
+
+
+msgpack_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=False),
+    st.text(max_size=8), st.binary(max_size=16),
+)
+
+
+def msgpack_values(arrays: st.SearchStrategy | None = None) -> st.SearchStrategy:
+    """Nested lists, tuples and maps (str and int keys) of scalars and numpy arrays."""
+    leaves = msgpack_scalars | (numpy_arrays() if arrays is None else arrays)
+    return st.recursive(leaves, lambda children: st.one_of(
+        st.lists(children, max_size=3), st.tuples(children, children),
+        st.dictionaries(st.text(max_size=4) | st.integers(-3, 3), children, max_size=3),
+    ), max_leaves=8)
+
+
+@st.composite
+def dataset_samples(draw: st.DrawFn, max_size: int = 12) -> list[dict]:
+    """Dict samples with unique str keys, ready for a FileWriter."""
+    keys = draw(st.lists(st.text(max_size=6), unique=True, max_size=max_size))
+    fields = st.dictionaries(st.text(max_size=5).filter(lambda name: name != "key"),
+                             msgpack_values(), max_size=3)
+    return [{"key": key, **draw(fields)} for key in keys]
+
+
+def as_decoded(value):
+    """What reading back gives for ``value``: tuples become lists."""
+    if isinstance(value, (list, tuple)):
+        return [as_decoded(item) for item in value]
+    if isinstance(value, dict):
+        return {key: as_decoded(item) for key, item in value.items()}
+    return value
