@@ -308,8 +308,9 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
     ``reader`` is a reader or an ordering with random access (``get``), such as
     :class:`~fpipe.storage.order.Shuffler` or :class:`~fpipe.storage.order.Range`; an
     ordering is read at the dataset's epoch. Readers are thread- and fork-safe, so the
-    DataLoader may fork or spawn workers at any time, also after the parent has read. A
-    batch is read with the reader's ``get_many`` (DataLoader calls ``__getitems__``).
+    DataLoader may fork or spawn workers at any time, also after the parent has read. The
+    DataLoader asks for a batch at once (``__getitems__``): a batch of consecutive indices is
+    read with one ``get_slice``.
 
     ``seed`` makes ``rng`` and the transforms reproducible per index (see
     :class:`DatasetBase`); their draws depend on the epoch too, so call
@@ -345,11 +346,22 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
         """Samples ``indices``, read at once (``get_many`` where the reader has it)."""
         epoch = self._clock.base
         self._follow(epoch)
-        get_many = getattr(self.reader, "get_many", None)
-        samples = get_many(indices) if get_many is not None else [self.reader.get(i) for i in indices]
+        samples = self._read_batch(indices)
         if self._transform is None:
             return samples
         return [self._apply(s, self._position(i), epoch) for s, i in zip(samples, indices)]
+
+    def _read_batch(self, indices: list[int]) -> list:
+        # A sequential sampler's batch is one run: one contiguous read. Shuffled batches are
+        # read sample by sample, which beats sorting them into runs that are nearly all 1 long.
+        reader = self.reader
+        if len(indices) > 1 and callable(getattr(reader, "get_slice", None)):
+            first = indices[0]
+            stop = first + len(indices)
+            if first >= 0 and indices[-1] == stop - 1 and indices == list(range(first, stop)):
+                return reader.get_slice(first, stop)
+        get = reader.get
+        return [get(i) for i in indices]
 
     def _position(self, index: int) -> int:
         index = operator.index(index)
