@@ -1,0 +1,170 @@
+"""What the subcommands share: argument types, progress bars, summaries, opening datasets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import FpipeError
+
+__all__ = [
+    "UsageError",
+    "add_command",
+    "add_output_options",
+    "copy_classes",
+    "dataset_keys",
+    "fraction",
+    "human_bytes",
+    "load_classes",
+    "non_negative_int",
+    "open_dataset",
+    "positive_int",
+    "progress_bar",
+    "say",
+    "shows_progress",
+]
+
+CLASSES_SUFFIX = ".classes.json"
+
+
+class UsageError(FpipeError, ValueError):
+    """A mistake in the command line found after parsing (exit status 2)."""
+
+
+def add_command(commands: argparse._SubParsersAction, name: str, summary: str, description: str,
+                example: str, run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """Register subcommand ``name``; ``example`` becomes the help's epilog, verbatim."""
+    parser = commands.add_parser(
+        name, help=summary, description=description, epilog="example:\n" + example,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def add_output_options(parser: argparse.ArgumentParser, overwrite: bool = True) -> None:
+    """``-y/--overwrite`` (if the command writes datasets) and ``-q/--quiet``."""
+    if overwrite:
+        parser.add_argument("-y", "--overwrite", action="store_true",
+                            help="replace output datasets that already exist")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bar and no summary")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0; got {value}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number; got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1; got {text}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer; got {text!r}") from None
+
+
+def shows_progress(args: argparse.Namespace) -> bool:
+    """Whether to draw progress bars: not ``--quiet``, and stderr is a terminal."""
+    return not getattr(args, "quiet", False) and sys.stderr.isatty()
+
+
+def progress_bar(args: argparse.Namespace, iterable: Iterable | None = None, **options: Any) -> Any:
+    """A tqdm bar on stderr, disabled unless :func:`shows_progress`."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, disable=not shows_progress(args), leave=False, dynamic_ncols=True,
+                mininterval=0.2, **options)
+
+
+def say(args: argparse.Namespace, text: str) -> None:
+    """Print a summary line on stdout, unless ``--quiet``."""
+    if not getattr(args, "quiet", False):
+        print(text, flush=True)
+
+
+def human_bytes(size: float) -> str:
+    """``1536`` -> ``'1.5 KiB'``.
+
+    >>> human_bytes(1536), human_bytes(12), human_bytes(3 * 2 ** 30)
+    ('1.5 KiB', '12 B', '3.0 GiB')
+    """
+    if size < 1024:
+        return f"{size:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            break
+    return f"{size:.1f} {unit}"
+
+
+def open_dataset(path: str | Path) -> Any:
+    """A :class:`~fpipe.storage.MsgpackReader` of ``path`` with a clear error if it is missing."""
+    from ..storage import MsgpackReader
+
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.msgpack"))
+        hint = f" (it holds {', '.join(found[:5])})" if found else ""
+        raise UsageError(f"{path} is a folder, not a dataset{hint}")
+    if not path.exists():
+        raise FileNotFoundError(f"dataset {path} not found")
+    return MsgpackReader(path)
+
+
+def load_classes(path: str | Path) -> dict | None:
+    """The parsed ``.classes.json`` beside dataset ``path``, or None when there is none."""
+    file = Path(str(path) + CLASSES_SUFFIX)
+    if not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise FpipeError(f"{file}: not valid JSON ({error})") from error
+
+
+def copy_classes(sources: Sequence[Path], targets: Sequence[Path]) -> None:
+    """Copy the class names of ``sources`` beside each staged target, if they all agree."""
+    stored = [load_classes(source) for source in sources]
+    if all(item is None for item in stored):
+        return
+    if any(item is None or item.get("classes") != stored[0].get("classes") for item in stored):
+        print("fpipe: note: the inputs' class lists differ (or some have none); "
+              "no class list is written", file=sys.stderr)
+        return
+    for target in targets:
+        shutil.copyfile(str(sources[0]) + CLASSES_SUFFIX, str(target) + CLASSES_SUFFIX)
+
+
+def dataset_keys(reader: Any) -> list[str]:
+    """Every key of the dataset that ``reader`` (a MsgpackReader) reads, in file order."""
+    from ..storage import DatasetFiles, read_keys, read_legacy_index
+
+    if DatasetFiles(reader.path).keys.exists():
+        return read_keys(reader.path)
+    return read_legacy_index(reader.path)[0]

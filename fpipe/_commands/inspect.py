@@ -1,0 +1,336 @@
+"""``fpipe cat`` (readable sample dumps) and ``fpipe info`` (what a dataset holds)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ._common import (
+    UsageError,
+    add_command,
+    dataset_keys,
+    human_bytes,
+    load_classes,
+    non_negative_int,
+    open_dataset,
+    positive_int,
+    progress_bar,
+)
+
+__all__ = ["FieldSummary", "add_parsers", "short_repr"]
+
+_MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF8", "GIF"),
+          (b"RIFF", "RIFF/WebP"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+_LIST_ITEMS = 8
+_BAR_WIDTH = 40
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    """Register ``fpipe cat`` and ``fpipe info``."""
+    cat = add_command(commands, "cat", "print samples readably",
+                      "Print samples, one per line, with long bytes, strings, lists and arrays "
+                      "shortened. Piping into head or less and quitting early is fine.",
+                      "  fpipe cat train.msgpack | head -3\n  fpipe cat train.msgpack --key "
+                      "cat/1.jpg\n  fpipe cat train.msgpack --keys > keys.txt", _run_cat)
+    cat.add_argument("dataset", metavar="DATASET", help="the dataset file (X.msgpack)")
+    cat.add_argument("--start", type=non_negative_int, default=0, help="first sample (0)")
+    cat.add_argument("-n", "--limit", type=non_negative_int, help="print at most this many samples")
+    cat.add_argument("--key", action="append", metavar="KEY",
+                     help="print the sample with this key (repeatable)")
+    cat.add_argument("--keys", action="store_true", help="print only the keys")
+    cat.add_argument("-s", "--max-string", type=positive_int, default=40, metavar="N",
+                     help="shorten bytes and strings longer than N (40)")
+    info = add_command(commands, "info", "summarise a dataset: sizes, keys, fields, labels",
+                       "Summarise a dataset: sample count, file and sample sizes, the range of "
+                       "keys, the fields with their types and value ranges, and a histogram of "
+                       "the label field (with the class names stored beside the dataset). "
+                       "Fields and labels come from --samples samples spread over the dataset, "
+                       "or from every sample with --all.",
+                       "  fpipe info train.msgpack\n  fpipe info train.msgpack --all --json",
+                       _run_info)
+    info.add_argument("dataset", metavar="DATASET", help="the dataset file (X.msgpack)")
+    info.add_argument("--samples", type=positive_int, default=1000, metavar="N",
+                      help="examine N samples spread evenly over the dataset (1000)")
+    info.add_argument("--all", action="store_true", help="examine every sample")
+    info.add_argument("--label", default="label", metavar="FIELD",
+                      help="the field to count in the histogram (label)")
+    info.add_argument("--json", action="store_true", help="print the summary as JSON")
+    info.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+# --- cat --------------------------------------------------------------------------------
+
+
+def _run_cat(args: argparse.Namespace) -> int:
+    with open_dataset(args.dataset) as reader:
+        write = sys.stdout.write
+        if args.keys:
+            for key in _selected(reader, args, keys_only=True):
+                write(f"{key}\n")
+        else:
+            for sample in _selected(reader, args, keys_only=False):
+                write(short_repr(sample, args.max_string) + "\n")
+    return 0
+
+
+def _selected(reader: Any, args: argparse.Namespace, keys_only: bool) -> Iterator:
+    if args.key:
+        for key in args.key:
+            try:
+                index = reader.find_index(key)
+            except KeyError:
+                raise UsageError(f"{args.dataset} has no sample with key {key!r}") from None
+            yield reader.find_key(index) if keys_only else reader.get(index)
+        return
+    stop = len(reader) if args.limit is None else min(len(reader), args.start + args.limit)
+    if keys_only:
+        yield from (reader.find_key(i) for i in range(args.start, stop))
+    elif args.start < stop:
+        yield from reader.iter(args.start, stop)
+
+
+def short_repr(value: Any, width: int = 40) -> str:
+    """``repr(value)`` with bytes and strings longer than ``width`` cut, long lists shortened
+    and arrays summarised.
+
+    >>> print(short_repr({"key": "a", "data": b"abcdefgh", "xs": list(range(20))}, 4))
+    {'key': 'a', 'data': b'abcd'...(8 bytes), 'xs': [0, 1, 2, 3, 4, 5, 6, 7, ...(20 items)]}
+    >>> short_repr(np.zeros((2, 3), np.uint8))
+    'array(shape=(2, 3), dtype=uint8)'
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        return repr(data) if len(data) <= width else f"{data[:width]!r}...({len(data)} bytes)"
+    if isinstance(value, str):
+        return repr(value) if len(value) <= width else f"{value[:width]!r}...({len(value)} chars)"
+    if isinstance(value, dict):
+        items = ", ".join(f"{short_repr(k, width)}: {short_repr(v, width)}" for k, v in value.items())
+        return "{" + items + "}"
+    if isinstance(value, (list, tuple)):
+        shown = [short_repr(item, width) for item in value[:_LIST_ITEMS]]
+        if len(value) > _LIST_ITEMS:
+            shown.append(f"...({len(value)} items)")
+        return "[" + ", ".join(shown) + "]"
+    if isinstance(value, np.ndarray):
+        if value.size <= _LIST_ITEMS and value.ndim <= 1:
+            return f"array({value.tolist()!r}, dtype={value.dtype})"
+        return f"array(shape={value.shape}, dtype={value.dtype})"
+    return repr(value)
+
+
+# --- info -------------------------------------------------------------------------------
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    with open_dataset(args.dataset) as reader:
+        summary = _file_summary(reader)
+        indices = _examined(len(reader), None if args.all else args.samples)
+        fields, labels = _content_summary(reader, indices, args)
+    summary["examined"] = len(indices)
+    summary["fields"] = {name: field.as_dict() for name, field in fields.items()}
+    summary["labels"] = _label_summary(args, labels)
+    if args.json:
+        print(json.dumps(summary, indent=1, ensure_ascii=False))
+    else:
+        print("\n".join(_info_lines(summary)))
+    return 0
+
+
+def _file_summary(reader: Any) -> dict:
+    from ..storage import DatasetFiles
+
+    files = DatasetFiles(reader.path)
+    n = len(reader)
+    sizes = np.diff(_offsets(reader)) if n else np.zeros(0, np.int64)
+    present = {path.name: path.stat().st_size for path in (*files.all_files, files.legacy_index)
+               if path.exists()}
+    keys = dataset_keys(reader) if n else []
+    return {
+        "path": str(reader.path),
+        "samples": n,
+        "files": present,
+        "data_bytes": present.get(files.data.name, 0),
+        "index_bytes": sum(size for name, size in present.items() if name != files.data.name),
+        "sample_bytes": ({"min": int(sizes.min()), "mean": float(sizes.mean()),
+                          "max": int(sizes.max())} if n else None),
+        "keys": {"first": keys[0], "last": keys[-1], "min": min(keys), "max": max(keys)} if n else None,
+    }
+
+
+def _offsets(reader: Any) -> np.ndarray:
+    from ..storage import DatasetFiles, read_legacy_index, read_offsets
+
+    if DatasetFiles(reader.path).offsets.exists():
+        return read_offsets(reader.path).astype(np.int64)
+    return read_legacy_index(reader.path)[1].astype(np.int64)
+
+
+def _examined(n: int, limit: int | None) -> list[int]:
+    """All indices, or ``limit`` of them spread evenly from the first to the last."""
+    if limit is None or limit >= n:
+        return list(range(n))
+    return np.unique(np.linspace(0, n - 1, limit).round().astype(np.int64)).tolist()
+
+
+def _content_summary(reader: Any, indices: list[int], args: argparse.Namespace) -> tuple:
+    fields: dict[str, FieldSummary] = {}
+    labels: Counter = Counter()
+    everything = len(indices) == len(reader)
+    samples = reader.iter() if everything else map(reader.get, indices)
+    for sample in progress_bar(args, samples, total=len(indices), desc="examining", unit=" samples"):
+        if not isinstance(sample, dict):
+            fields.setdefault("(not a map)", FieldSummary()).add(sample)
+            continue
+        for name, value in sample.items():
+            fields.setdefault(str(name), FieldSummary()).add(value)
+        if args.label in sample:
+            labels[_hashable(sample[args.label])] += 1
+    return fields, labels
+
+
+def _hashable(value: Any) -> Any:
+    return value if isinstance(value, (int, float, str, bool, type(None))) else repr(value)
+
+
+class FieldSummary:
+    """Running summary of one field's values: how many, of which types, numeric and length
+    ranges, image formats of bytes values, shapes and dtypes of arrays.
+
+    >>> summary = FieldSummary()
+    >>> for value in (3, 7, b"\\xff\\xd8\\xff\\xe0"):
+    ...     summary.add(value)
+    >>> summary.describe()
+    'int 2 (3 .. 7); bytes 1 (4 .. 4 bytes, JPEG 1)'
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.types: Counter = Counter()
+        self.ranges: dict[str, list] = {}
+        self.details: dict[str, Counter] = {}
+
+    def add(self, value: Any) -> None:
+        """Count one value."""
+        self.count += 1
+        kind = _type_name(value)
+        self.types[kind] += 1
+        measure, detail = _measure(value)
+        if measure is not None:
+            low, high = self.ranges.get(kind, (measure, measure))
+            self.ranges[kind] = [min(low, measure), max(high, measure)]
+        if detail is not None:
+            self.details.setdefault(kind, Counter())[detail] += 1
+
+    def as_dict(self) -> dict:
+        """The summary as plain JSON-ready data."""
+        return {"count": self.count, "types": {
+            kind: {"count": count, **({"range": self.ranges[kind]} if kind in self.ranges else {}),
+                   **({"kinds": dict(self.details[kind].most_common(5))}
+                      if kind in self.details else {})}
+            for kind, count in self.types.most_common()}}
+
+    def describe(self) -> str:
+        """One line: each type with its count, range and most common details."""
+        return "; ".join(_describe_type(kind, info) for kind, info in self.as_dict()["types"].items())
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return "array"
+    if isinstance(value, np.generic):
+        return f"numpy {value.dtype}"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytes"
+    return {dict: "map", list: "list", tuple: "list", type(None): "nil"}.get(
+        type(value), type(value).__name__)
+
+
+def _measure(value: Any) -> tuple[Any, Any]:
+    """A number whose range is worth showing, and a detail worth counting."""
+    if isinstance(value, bool) or value is None:
+        return None, None
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return value.item() if isinstance(value, np.generic) else value, None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        head = bytes(value[:8])
+        return len(value), next((name for magic, name in _MAGIC if head.startswith(magic)), None)
+    if isinstance(value, (str, list, tuple, dict)):
+        return len(value), None
+    if isinstance(value, np.ndarray):
+        return None, f"{value.dtype}{list(value.shape)}"
+    return None, None
+
+
+def _describe_type(kind: str, info: dict) -> str:
+    unit = {"bytes": " bytes", "str": " chars", "list": " items", "map": " keys"}.get(kind, "")
+    text = f"{kind} {info['count']}"
+    parts = []
+    if "range" in info:
+        low, high = info["range"]
+        parts.append(f"{_number(low)} .. {_number(high)}{unit}")
+    if "kinds" in info:
+        parts.append(", ".join(f"{name} {count}" for name, count in info["kinds"].items()))
+    return text + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _label_summary(args: argparse.Namespace, counts: Counter) -> dict | None:
+    if not counts:
+        return None
+    stored = load_classes(args.dataset) or {}
+    names = (stored.get("classes") or {}).get(args.label, [])
+    rows = sorted(counts.items(), key=_label_order)
+    return {"field": args.label, "counts": [
+        {"value": value, "count": count,
+         **({"name": names[value]} if isinstance(value, int) and 0 <= value < len(names) else {})}
+        for value, count in rows]}
+
+
+def _label_order(item: tuple) -> tuple:
+    value = item[0]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return 0, value, ""
+    return 1, 0, str(value)
+
+
+def _info_lines(summary: dict) -> list[str]:
+    lines = [f"dataset      {summary['path']}",
+             f"samples      {summary['samples']}",
+             f"data file    {human_bytes(summary['data_bytes'])} (+ {human_bytes(summary['index_bytes'])}"
+             f" index, {len(summary['files']) - 1} files)"]
+    if summary["sample_bytes"]:
+        sizes = summary["sample_bytes"]
+        lines.append(f"sample size  {human_bytes(sizes['min'])} .. {human_bytes(sizes['max'])}, "
+                     f"mean {human_bytes(sizes['mean'])}")
+        keys = summary["keys"]
+        lines.append(f"keys         {keys['first']!r} .. {keys['last']!r} in file order; "
+                     f"sorted {keys['min']!r} .. {keys['max']!r}")
+    lines.append(f"fields       (from {summary['examined']} of {summary['samples']} samples)")
+    width = max([len(name) for name in summary["fields"]] + [4])
+    for name, info in summary["fields"].items():
+        text = "; ".join(_describe_type(kind, detail) for kind, detail in info["types"].items())
+        lines.append(f"  {name:<{width}}  {text}")
+    if summary["labels"]:
+        lines.extend(_histogram_lines(summary["labels"]))
+    return lines
+
+
+def _histogram_lines(labels: dict) -> list[str]:
+    rows = labels["counts"]
+    top = max(row["count"] for row in rows)
+    names = [f"{row['value']}" + (f" {row['name']}" if "name" in row else "") for row in rows]
+    width = max(len(name) for name in names)
+    lines = [f"labels       {labels['field']}: {len(rows)} values"]
+    for name, row in zip(names, rows):
+        bar = "#" * max(1, round(_BAR_WIDTH * row["count"] / top))
+        lines.append(f"  {name:<{width}}  {row['count']:>8}  {bar}")
+    return lines

@@ -1,0 +1,327 @@
+"""``fpipe shuffle``, ``merge``, ``split`` and ``sample``: new datasets from old ones.
+
+All of them copy the packed bytes of each sample (no decoding), write through a staging
+folder (nothing appears under an output name unless the run succeeds), and copy the class
+names stored beside the input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._staging import staged_datasets
+from ..errors import FpipeError
+from ._common import (
+    UsageError,
+    add_command,
+    add_output_options,
+    copy_classes,
+    dataset_keys,
+    human_bytes,
+    non_negative_int,
+    open_dataset,
+    positive_int,
+    say,
+    shows_progress,
+)
+
+__all__ = ["add_parsers", "part_bounds"]
+
+_BLOCK = 4096
+_SHOWN_DUPLICATES = 5
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    """Register ``fpipe shuffle``, ``merge``, ``split`` and ``sample``."""
+    _add_shuffle(commands)
+    _add_merge(commands)
+    _add_split(commands)
+    _add_sample(commands)
+
+
+def _seed_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help=f"seed of the {what} (0); the same seed gives the same output")
+
+
+def _add_shuffle(commands: argparse._SubParsersAction) -> None:
+    parser = add_command(
+        commands, "shuffle", "write a dataset's samples in a shuffled order",
+        "Write the samples of IN to OUT in a shuffled order, copying their bytes. --mode true "
+        "draws a uniform permutation and reads sample by sample; --mode quasi reads chunks of "
+        "--chunk-size samples in a shuffled order through a buffer of --buf-size samples "
+        "(fewer, larger reads: for slow disks; see fpipe.QuasiShuffler).",
+        "  fpipe shuffle train.msgpack train-shuffled.msgpack --seed 7\n"
+        "  fpipe shuffle huge.msgpack huge-shuffled.msgpack --mode quasi --buf-size 0.05",
+        _run_shuffle)
+    parser.add_argument("input", metavar="IN", help="the dataset to shuffle")
+    parser.add_argument("output", metavar="OUT", help="the dataset to write (may be IN, with -y)")
+    parser.add_argument("--mode", choices=("true", "quasi"), default="true",
+                        help="true: a uniform permutation (default); quasi: chunked and buffered")
+    _seed_option(parser, "shuffle")
+    parser.add_argument("--buf-size", type=float, default=0.01, metavar="F",
+                        help="quasi: buffer size, a fraction of IN below 1 or a number of "
+                             "samples (0.01)")
+    parser.add_argument("--chunk-size", type=positive_int, default=16, metavar="N",
+                        help="quasi: samples per contiguous read (16)")
+    add_output_options(parser)
+
+
+def _add_merge(commands: argparse._SubParsersAction) -> None:
+    parser = add_command(
+        commands, "merge", "merge datasets into one",
+        "Merge datasets into OUT, copying their bytes. --strategy concat writes IN one after "
+        "the other; --strategy random interleaves them at random, each next sample taken from "
+        "an input with probability proportional to the samples it has left (so every input is "
+        "spread evenly over OUT, in its own order). Keys must be unique across the inputs: "
+        "duplicates are listed and nothing is written.",
+        "  fpipe merge part-0.msgpack part-1.msgpack all.msgpack\n"
+        "  fpipe merge a.msgpack b.msgpack mixed.msgpack --strategy random --seed 3",
+        _run_merge)
+    parser.add_argument("inputs", nargs="+", metavar="IN", help="the datasets to merge")
+    parser.add_argument("output", metavar="OUT", help="the dataset to write")
+    parser.add_argument("--strategy", choices=("concat", "random"), default="concat",
+                        help="concat (default) or random interleaving")
+    _seed_option(parser, "random interleaving")
+    add_output_options(parser)
+
+
+def _add_split(commands: argparse._SubParsersAction) -> None:
+    parser = add_command(
+        commands, "split", "split a dataset into parts",
+        "Split IN into the datasets given with -o, copying their bytes: every sample goes to "
+        "exactly one part. Give a count or a fraction per part, or one fewer and the last part "
+        "takes the rest. Parts are contiguous ranges of IN, or with --shuffle random subsets "
+        "(each in IN's order).",
+        "  fpipe split all.msgpack --fractions 0.9 -o train.msgpack val.msgpack --shuffle\n"
+        "  fpipe split all.msgpack --counts 1000 1000 -o a.msgpack b.msgpack rest.msgpack",
+        _run_split)
+    parser.add_argument("input", metavar="IN", help="the dataset to split")
+    sizes = parser.add_mutually_exclusive_group(required=True)
+    sizes.add_argument("--counts", nargs="+", type=non_negative_int, metavar="N",
+                       help="samples per part")
+    sizes.add_argument("--fractions", nargs="+", type=float, metavar="F",
+                       help="fraction of IN per part (rounded so that the parts add up)")
+    parser.add_argument("-o", "--outputs", nargs="+", required=True, metavar="OUT",
+                        help="the parts to write, in order")
+    parser.add_argument("--shuffle", action="store_true",
+                        help="assign samples to parts at random (by --seed)")
+    _seed_option(parser, "assignment")
+    add_output_options(parser)
+
+
+def _add_sample(commands: argparse._SubParsersAction) -> None:
+    parser = add_command(
+        commands, "sample", "write a random subset of a dataset",
+        "Write N samples of IN, drawn at random without replacement, to OUT in IN's order, "
+        "copying their bytes.",
+        "  fpipe sample train.msgpack tiny.msgpack 100 --seed 1", _run_sample)
+    parser.add_argument("input", metavar="IN", help="the dataset to sample from")
+    parser.add_argument("output", metavar="OUT", help="the dataset to write")
+    parser.add_argument("count", type=non_negative_int, metavar="N", help="how many samples")
+    _seed_option(parser, "draw")
+    add_output_options(parser)
+
+
+# --- copying ----------------------------------------------------------------------------
+
+
+def _copy(pairs: Iterable[tuple[str, Any]], path: Path, total: int, name: str,
+          args: argparse.Namespace) -> None:
+    """Write ``(key, packed bytes)`` pairs to the dataset ``path`` with a progress bar."""
+    from ..storage import RawWriter
+
+    shown = shows_progress(args)
+    with RawWriter(path, progress=shown, disable=not shown, total=total, desc=name,
+                   unit=" samples") as writer:
+        write = writer.write
+        for key, data in pairs:
+            write(key, data)
+
+
+def _written(args: argparse.Namespace, outputs: Sequence[Path]) -> None:
+    from ..storage import MsgpackReader
+
+    for output in outputs:
+        with MsgpackReader(output) as reader:
+            say(args, f"wrote {len(reader)} samples to {output} "
+                      f"({human_bytes(output.stat().st_size)})")
+
+
+def _in_blocks(reader: Any, indices: np.ndarray) -> Iterator[tuple[str, Any]]:
+    """Raw ``(key, bytes)`` of the samples at ``indices``, read a block of indices at a time."""
+    for low in range(0, len(indices), _BLOCK):
+        yield from reader.get_many(indices[low:low + _BLOCK].tolist(), yield_key=True, raw=True)
+
+
+# --- shuffle ----------------------------------------------------------------------------
+
+
+def _run_shuffle(args: argparse.Namespace) -> int:
+    from ..storage import QuasiShuffler, Shuffler
+
+    if args.buf_size <= 0:
+        raise UsageError(f"--buf-size must be > 0; got {args.buf_size}")
+    source, target = Path(args.input), Path(args.output)
+    with open_dataset(source) as reader, staged_datasets([target], args.overwrite) as (staged,):
+        order = (Shuffler(reader, seed=args.seed) if args.mode == "true" else
+                 QuasiShuffler(reader, buf_size=_buffer(args.buf_size), chunk_size=args.chunk_size,
+                               seed=args.seed))
+        _copy(order.iter(yield_key=True, raw=True), staged, len(reader), target.name, args)
+        copy_classes([source], [staged])
+    _written(args, [target])
+    return 0
+
+
+def _buffer(value: float) -> float | int:
+    return value if value < 1 else int(value)
+
+
+# --- merge ------------------------------------------------------------------------------
+
+
+def _run_merge(args: argparse.Namespace) -> int:
+    sources, target = [Path(p) for p in args.inputs], Path(args.output)
+    readers = [open_dataset(source) for source in sources]
+    try:
+        _check_unique_keys(sources, readers)
+        lengths = [len(reader) for reader in readers]
+        with staged_datasets([target], args.overwrite) as (staged,):
+            pairs = (_interleaved(readers, lengths, args.seed) if args.strategy == "random"
+                     else itertools.chain.from_iterable(
+                         reader.iter(yield_key=True, raw=True) for reader in readers))
+            _copy(pairs, staged, sum(lengths), target.name, args)
+            copy_classes(sources, [staged])
+    finally:
+        for reader in readers:
+            reader.close()
+    _written(args, [target])
+    return 0
+
+
+def _check_unique_keys(sources: list[Path], readers: list) -> None:
+    owner: dict[str, tuple[int, int]] = {}
+    duplicates = []
+    for which, reader in enumerate(readers):
+        for index, key in enumerate(dataset_keys(reader)):
+            first = owner.setdefault(key, (which, index))
+            if first != (which, index):
+                duplicates.append((key, first, (which, index)))
+    if duplicates:
+        shown = "; ".join(f"{key!r} is sample {a} of {sources[i]} and sample {b} of {sources[j]}"
+                          for key, (i, a), (j, b) in duplicates[:_SHOWN_DUPLICATES])
+        more = (f" (and {len(duplicates) - _SHOWN_DUPLICATES} more)"
+                if len(duplicates) > _SHOWN_DUPLICATES else "")
+        raise FpipeError(f"{len(duplicates)} duplicate key(s), nothing was written: {shown}{more}")
+
+
+def _interleaved(readers: list, lengths: list[int], seed: int) -> Iterator[tuple[str, Any]]:
+    """Each next sample from a random input, chosen with probability proportional to the
+    samples it has left: a uniformly random interleaving that keeps every input's order."""
+    from ..random import item_rng
+
+    picks = np.repeat(np.arange(len(readers), dtype=np.int32), lengths)
+    item_rng(seed, 0, 0).shuffle(picks)
+    streams = [reader.iter(yield_key=True, raw=True) for reader in readers]
+    return (next(streams[pick]) for pick in picks.tolist())
+
+
+# --- split ------------------------------------------------------------------------------
+
+
+def part_bounds(n: int, parts: int, counts: Sequence[int] | None = None,
+                fractions: Sequence[float] | None = None) -> list[int]:
+    """The ``parts + 1`` boundaries that cut ``n`` samples into parts of the given counts or
+    fractions (one fewer: the last part takes the rest). Raises :class:`UsageError` if they
+    do not add up to ``n``.
+
+    >>> part_bounds(10, 3, counts=[3, 3])
+    [0, 3, 6, 10]
+    >>> part_bounds(10, 2, fractions=[0.25, 0.75])
+    [0, 2, 10]
+    >>> part_bounds(10, 2, counts=[3, 3])
+    Traceback (most recent call last):
+    ...
+    fpipe._commands._common.UsageError: --counts add up to 6 but IN has 10 samples; ...
+    """
+    given = counts if counts is not None else fractions
+    name = "--counts" if counts is not None else "--fractions"
+    if len(given) not in (parts, parts - 1):
+        raise UsageError(f"{name} needs {parts} or {parts - 1} values for {parts} outputs; "
+                         f"got {len(given)}")
+    bounds = _count_bounds(n, counts, parts) if counts is not None else \
+        _fraction_bounds(n, fractions, parts)
+    if bounds[-2] > n:
+        what = f"add up to {bounds[-2]} samples" if counts is not None else "add up to more than 1"
+        raise UsageError(f"{name} {what}, but IN has {n} samples")
+    return bounds
+
+
+def _count_bounds(n: int, counts: Sequence[int], parts: int) -> list[int]:
+    bounds = np.cumsum([0, *counts]).tolist()
+    if len(counts) == parts:
+        if bounds[-1] != n:
+            raise UsageError(f"--counts add up to {bounds[-1]} but IN has {n} samples; give one "
+                             "count fewer to let the last part take the rest")
+        return bounds
+    return [*bounds, max(n, bounds[-1])]
+
+
+def _fraction_bounds(n: int, fractions: Sequence[float], parts: int) -> list[int]:
+    if any(not 0 <= f <= 1 for f in fractions):
+        raise UsageError(f"--fractions must be between 0 and 1; got {' '.join(map(str, fractions))}")
+    total = float(sum(fractions))
+    if len(fractions) == parts and abs(total - 1) > 1e-6:
+        raise UsageError(f"--fractions add up to {total:g}, not 1; give one fraction fewer to let "
+                         "the last part take the rest")
+    if total > 1 + 1e-6:
+        raise UsageError(f"--fractions add up to {total:g}, more than 1")
+    cuts = np.round(np.cumsum(fractions[:parts - 1]) * n).astype(np.int64).tolist()
+    return [0, *(min(cut, n) for cut in cuts), n]
+
+
+def _run_split(args: argparse.Namespace) -> int:
+    source, targets = Path(args.input), [Path(p) for p in args.outputs]
+    with open_dataset(source) as reader:
+        n = len(reader)
+        bounds = part_bounds(n, len(targets), args.counts, args.fractions)
+        order = _split_order(n, args)
+        with staged_datasets(targets, args.overwrite) as staged:
+            for target, path, low, high in zip(targets, staged, bounds, bounds[1:]):
+                part = np.sort(order[low:high]) if args.shuffle else order[low:high]
+                _copy(_in_blocks(reader, part), path, high - low, target.name, args)
+            copy_classes([source], staged)
+    _written(args, targets)
+    return 0
+
+
+def _split_order(n: int, args: argparse.Namespace) -> np.ndarray:
+    if not args.shuffle:
+        return np.arange(n, dtype=np.int64)
+    from ..random import item_rng
+
+    return item_rng(args.seed, 0, 0).permutation(n)
+
+
+# --- sample -----------------------------------------------------------------------------
+
+
+def _run_sample(args: argparse.Namespace) -> int:
+    from ..random import item_rng
+
+    source, target = Path(args.input), Path(args.output)
+    with open_dataset(source) as reader:
+        if args.count > len(reader):
+            raise UsageError(f"N is {args.count} but {source} has only {len(reader)} samples")
+        chosen = np.sort(item_rng(args.seed, 0, 0).choice(len(reader), args.count, replace=False))
+        with staged_datasets([target], args.overwrite) as (staged,):
+            _copy(_in_blocks(reader, chosen), staged, args.count, target.name, args)
+            copy_classes([source], [staged])
+    _written(args, [target])
+    return 0

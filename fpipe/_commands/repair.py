@@ -1,0 +1,303 @@
+"""``fpipe verify`` (checksums and structure) and ``fpipe index`` (rebuild or convert an index)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._staging import staging_folder
+from ..errors import FormatError
+from ._common import add_command, human_bytes, progress_bar, say
+
+__all__ = ["add_parsers", "check_dataset"]
+
+_MAX_SAMPLE_PROBLEMS = 10
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    """Register ``fpipe verify`` and ``fpipe index``."""
+    verify = add_command(
+        commands, "verify", "check a dataset's checksums and structure",
+        "Check datasets: every file against the checksums in X.msgpack.md5; the index (offsets "
+        "start at 0, increase, and end at the data file's size; one unique key per sample; key "
+        "hashes and Bloom filter match the keys); and that every sample is exactly one msgpack "
+        "message whose \"key\" is its key in the index. Prints each problem with the sample and "
+        "byte offset; the exit status is 1 if there is any.",
+        "  fpipe verify train.msgpack val.msgpack\n  fpipe verify big.msgpack --quick",
+        _run_verify)
+    verify.add_argument("datasets", nargs="+", metavar="DATASET", help="dataset files (X.msgpack)")
+    verify.add_argument("--quick", action="store_true",
+                        help="check checksums and the index, not every sample")
+    verify.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bar; print only problems")
+    index = add_command(
+        commands, "index", "rebuild the index of a damaged data file, or convert a legacy .index",
+        "Rebuild the index files (.offsets, .keys, .key_hashes, .filter) and .md5 of a data "
+        "file by reading its samples, e.g. after the writer was killed. The scan stops at the "
+        "first incomplete sample; the bytes from there on are cut off the data file, so the "
+        "result is a valid dataset of every complete sample. A dataset with only a legacy "
+        "X.msgpack.index (datadings < 3.1) is converted from that index instead (--scan reads "
+        "the samples anyway). The new files are written beside the dataset and renamed into "
+        "place at the end.",
+        "  fpipe index killed.msgpack --dry-run\n  fpipe index killed.msgpack", _run_index)
+    index.add_argument("dataset", metavar="DATASET", help="the data file (X.msgpack)")
+    index.add_argument("--scan", action="store_true",
+                       help="rebuild from the samples even when a legacy .index exists")
+    index.add_argument("--dry-run", action="store_true",
+                       help="report what would be recovered; change nothing")
+    index.add_argument("-q", "--quiet", action="store_true", help="no summary")
+
+
+# --- verify -----------------------------------------------------------------------------
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    failed = False
+    for dataset in args.datasets:
+        problems, checked = check_dataset(Path(dataset), args)
+        if problems:
+            failed = True
+            print(f"{dataset}: {len(problems)} problem(s)")
+            print("\n".join(f"  {problem}" for problem in problems))
+            hint = _hint(problems)
+            if hint:
+                print(f"  hint: {hint}")
+        else:
+            say(args, f"{dataset}: ok ({checked})")
+    return 1 if failed else 0
+
+
+def check_dataset(path: Path, args: argparse.Namespace) -> tuple[list[str], str]:
+    """The problems found in dataset ``path``, and what was checked."""
+    from ..storage import DatasetFiles
+
+    files = DatasetFiles(path)
+    if not files.data.is_file():
+        raise FileNotFoundError(f"dataset {path} not found")
+    problems = _check_md5(files, args)
+    index, index_problems = _check_index(files)
+    problems += index_problems
+    checked = f"md5 of {len(_md5_entries(files))} files, index"
+    if index is not None and not args.quick:
+        problems += _check_samples(files, index, args)
+        checked += f", {len(index[0])} samples"
+    return problems, checked
+
+
+def _md5_entries(files: Any) -> dict[str, str]:
+    from ..storage import read_md5
+
+    return read_md5(files.data) if files.md5.exists() else {}
+
+
+def _check_md5(files: Any, args: argparse.Namespace) -> list[str]:
+    from ..storage import md5_file
+
+    if not files.md5.exists():
+        return [f"{files.md5.name} is missing: nothing to check the files against"]
+    problems = []
+    entries = _md5_entries(files)
+    if files.data.name not in entries:
+        problems.append(f"{files.md5.name} has no entry for {files.data.name}")
+    for name, expected in entries.items():
+        target = files.data.with_name(name)
+        if not target.exists():
+            problems.append(f"{name} is missing (listed in {files.md5.name})")
+            continue
+        actual = md5_file(target, progress=target == files.data and _bars(args))
+        if actual != expected:
+            problems.append(f"{name}: md5 is {actual}, {files.md5.name} says {expected}")
+    return problems
+
+
+def _bars(args: argparse.Namespace) -> bool:
+    from ._common import shows_progress
+
+    return shows_progress(args)
+
+
+def _check_index(files: Any) -> tuple[tuple[list, np.ndarray] | None, list[str]]:
+    """Read and check the index; return ``(keys, offsets)`` if samples can be checked."""
+    try:
+        keys, offsets = _read_index(files)
+    except (FormatError, OSError, ValueError) as error:
+        return None, [f"index: {error}"]
+    size = files.data.stat().st_size
+    problems = _check_offsets(offsets, size, len(keys))
+    problems += _check_keys(files, keys)
+    return (None if problems and _offsets_broken(offsets, size) else (keys, offsets)), problems
+
+
+def _read_index(files: Any) -> tuple[list, np.ndarray]:
+    from ..storage import read_keys, read_legacy_index, read_offsets
+
+    if not files.offsets.exists():
+        if files.legacy_index.exists():
+            keys, offsets = read_legacy_index(files.data)
+            return keys, offsets.astype(np.int64)
+        raise FileNotFoundError(f"{files.offsets.name} is missing")
+    if not files.keys.exists():
+        raise FileNotFoundError(f"{files.keys.name} is missing")
+    return read_keys(files.data), read_offsets(files.data).astype(np.int64)
+
+
+def _check_offsets(offsets: np.ndarray, size: int, count: int) -> list[str]:
+    problems = []
+    if len(offsets) != count + 1:
+        problems.append(f"index: {len(offsets) - 1} offsets for {count} keys")
+    if len(offsets) and offsets[0] != 0:
+        problems.append(f"index: the first sample starts at byte {offsets[0]}, not 0")
+    steps = np.flatnonzero(np.diff(offsets) <= 0)
+    if steps.size:
+        problems.append(f"index: sample {steps[0]} at byte {offsets[steps[0]]} is empty or "
+                        f"ends before it starts ({steps.size} such samples)")
+    end = int(offsets[-1]) if len(offsets) else 0
+    if end > size:
+        problems.append(f"data file is truncated: the index ends at byte {end}, the file has "
+                        f"{size} bytes")
+    elif end < size:
+        problems.append(f"data file has {size - end} bytes after its last sample (byte {end})")
+    return problems
+
+
+def _offsets_broken(offsets: np.ndarray, size: int) -> bool:
+    return bool(len(offsets) == 0 or offsets[0] != 0 or (np.diff(offsets) <= 0).any()
+                or offsets[-1] > size)
+
+
+def _check_keys(files: Any, keys: list) -> list[str]:
+    from ..storage import BloomFilter, read_key_hashes
+    from ..storage.format import hash_key
+
+    if len(set(keys)) != len(keys):
+        return [f"index: {len(keys) - len(set(keys))} duplicate keys"]
+    problems = []
+    if files.key_hashes.exists():
+        salt, hashes = read_key_hashes(files.data)
+        if len(hashes) != len(keys):
+            problems.append(f"{files.key_hashes.name}: {len(hashes)} hashes for {len(keys)} keys")
+        else:
+            wrong = [i for i, key in enumerate(keys) if hash_key(key, salt) != int(hashes[i])]
+            if wrong:
+                problems.append(f"{files.key_hashes.name}: {len(wrong)} hashes do not match "
+                                f"their keys (first: sample {wrong[0]})")
+    if files.filter.exists():
+        bloom = BloomFilter.loads(files.filter.read_bytes())
+        absent = sum(key not in bloom for key in keys)
+        if absent:
+            problems.append(f"{files.filter.name}: {absent} keys are not in the filter")
+    return problems
+
+
+def _check_samples(files: Any, index: tuple[list, np.ndarray], args: argparse.Namespace) -> list[str]:
+    keys, offsets = index
+    problems = []
+    bar = progress_bar(args, total=len(keys), desc=f"checking {files.data.name}", unit=" samples")
+    with bar, open(files.data, "rb") as data:
+        for i, problem in _sample_problems(data, keys, offsets, bar.update):
+            problems.append(problem)
+            if len(problems) == _MAX_SAMPLE_PROBLEMS:
+                problems.append("... (stopped after "
+                                f"{_MAX_SAMPLE_PROBLEMS} bad samples; sample {i} was the last)")
+                break
+    return problems
+
+
+def _sample_problems(data: Any, keys: list, offsets: np.ndarray,
+                     tick: Callable[[int], Any]) -> Iterator[tuple[int, str]]:
+    from ..storage import unpack_sample
+
+    block_samples = 4096
+    for first in range(0, len(keys), block_samples):
+        last = min(len(keys), first + block_samples)
+        base = int(offsets[first])
+        data.seek(base)
+        buffer = memoryview(data.read(int(offsets[last]) - base))
+        for i in range(first, last):
+            start, stop = int(offsets[i]), int(offsets[i + 1])
+            try:
+                sample = unpack_sample(buffer[start - base:stop - base], path=data.name, index=i,
+                                       offset=start)
+            except FormatError as error:
+                yield i, str(error)
+                continue
+            found = sample.get("key") if isinstance(sample, dict) else None
+            if found != keys[i]:
+                yield i, f"sample {i} at byte {start}: its \"key\" is {found!r}, the index says {keys[i]!r}"
+        tick(last - first)
+
+
+def _hint(problems: list[str]) -> str:
+    text = " ".join(problems)
+    if "index" in text or "truncated" in text or "after its last sample" in text or ".offsets" in text:
+        return "'fpipe index DATASET' rebuilds the index from the samples in the data file"
+    return ""
+
+
+# --- index ------------------------------------------------------------------------------
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from ..storage import DatasetFiles
+
+    files = DatasetFiles(args.dataset)
+    if not files.data.is_file():
+        raise FileNotFoundError(f"data file {files.data} not found")
+    if files.legacy_index.exists() and not files.offsets.exists() and not args.scan:
+        count = _convert_legacy(files, args.dry_run)
+        verb = "would convert" if args.dry_run else "converted"
+        say(args, f"{files.data}: {verb} the legacy index ({count} samples)")
+        return 0
+    report = _rebuild(files.data, args.dry_run)
+    say(args, _rebuild_summary(files.data, report, args.dry_run))
+    return 0
+
+
+def _rebuild(data: Path, dry_run: bool) -> Any:
+    """Rebuild through a link in a staging folder, so that the index files are written there
+    and only renamed into place when the scan succeeded."""
+    from ..storage import rebuild_index
+
+    with staging_folder(data) as folder:
+        link = folder / data.name
+        os.symlink(data.resolve(), link)
+        report = rebuild_index(link, truncate=not dry_run)
+        link.unlink()
+        if not dry_run:
+            _move_all(folder, data.parent)
+    return report
+
+
+def _move_all(folder: Path, target: Path) -> None:
+    for staged in sorted(folder.iterdir()):
+        os.replace(staged, target / staged.name)
+
+
+def _rebuild_summary(data: Path, report: Any, dry_run: bool) -> str:
+    verb = "would index" if dry_run else "indexed"
+    text = f"{data}: {verb} {report.samples} samples ({human_bytes(report.valid_bytes)})"
+    if report.incomplete_bytes:
+        cut = "would cut off" if dry_run else "cut off"
+        text += (f"; {cut} {report.incomplete_bytes} bytes of an incomplete sample at byte "
+                 f"{report.valid_bytes}")
+    return text
+
+
+def _convert_legacy(files: Any, dry_run: bool) -> int:
+    from ..storage import md5_file, read_legacy_index, write_index
+
+    keys, offsets = read_legacy_index(files.data)
+    problems = _check_offsets(offsets.astype(np.int64), files.data.stat().st_size, len(keys))
+    if problems:
+        raise FormatError(f"the legacy index is damaged ({problems[0]}); pass --scan to rebuild "
+                          "from the samples", path=files.legacy_index)
+    if not dry_run:
+        with staging_folder(files.data) as folder:
+            write_index(folder / files.data.name, keys, offsets, md5_file(files.data))
+            _move_all(folder, files.data.parent)
+    return len(keys)
