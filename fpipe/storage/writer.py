@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from ..errors import FormatError
 from .format import DECODE_ERRORS, DatasetFiles, PathLike, md5_file, new_packer, write_index
@@ -68,10 +69,10 @@ class Writer:
         self._files = DatasetFiles(self.path)
         self._buffering = buffering
         self._bar = _progress_bar(self.path, progress, tqdm_kwargs)
-        self._keys: dict[str, None] = {}
-        self._offsets = array("Q", [0])
+        self._keys: dict[str, None] | _ClosedKeys = {}
+        self._lengths = array("Q")
         self._chunks: list[bytes] = []
-        self._end = self._flushed = 0
+        self._pending = 0
         self._sink: _Sink | None = _Sink(_create(self._files, overwrite), buffering >= _THREAD_MIN)
         # A writer dropped without close() still stops its thread and closes its file.
         self._finalizer = weakref.finalize(self, self._sink.finish)
@@ -92,18 +93,15 @@ class Writer:
         return f"{type(self).__name__}({str(self.path)!r}, written={self.written}, {state})"
 
     def _add(self, key: object, packed: bytes) -> None:
-        keys = self._keys
         if type(key) is not str and not isinstance(key, str):
             raise TypeError(f"keys must be str; got {type(key).__name__} {key!r:.80}")
+        keys = self._keys
         if key in keys:
             raise ValueError(f"duplicate key {key!r}: keys must be unique")
-        if self._sink is None:
-            raise ValueError(f"{self.path}: write to a closed writer")
         keys[key] = None
         self._chunks.append(packed)
-        self._end += len(packed)
-        self._offsets.append(self._end)
-        if self._end - self._flushed >= self._buffering:
+        self._pending += len(packed)
+        if self._pending >= self._buffering:
             self.flush()
         if self._bar is not None:
             self._bar.update()
@@ -111,25 +109,42 @@ class Writer:
     def flush(self) -> None:
         """Hand the buffered samples to the data file (the index is written at close)."""
         if self._chunks and self._sink is not None:
+            self._lengths.extend(map(len, self._chunks))
             block = b"".join(self._chunks)
             self._chunks.clear()
-            self._flushed = self._end
+            self._pending = 0
             self._sink.put(block)
 
     def close(self) -> None:
         """Flush the data, then write the index files and ``.md5``. Closing twice is harmless."""
         if self._sink is None:
             return
-        sink = self._sink
+        sink, keys = self._sink, list(self._keys)
         try:
             self.flush()
         finally:
-            self._sink = None
+            self._sink, self._keys = None, _ClosedKeys(len(keys), self.path)
             self._finalizer.detach()
             digest = sink.finish()
-        write_index(self.path, list(self._keys), self._offsets, digest)
+        offsets = np.zeros(len(self._lengths) + 1, np.uint64)
+        np.cumsum(self._lengths, out=offsets[1:])
+        write_index(self.path, keys, offsets, digest)
         if self._bar is not None:
             self._bar.close()
+
+
+class _ClosedKeys:
+    """Stands in for the keys of a closed writer: it has their count and refuses writes
+    (so that a write need not check whether the writer is open)."""
+
+    def __init__(self, count: int, path: Path) -> None:
+        self.count, self.path = count, path
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, key: object) -> bool:
+        raise ValueError(f"{self.path}: write to a closed writer")
 
 
 class _Sink:

@@ -1,0 +1,110 @@
+"""The benchmark datasets (``../shared/BENCHMARKS.md``), written once and cached.
+
+``small_path()``, ``large_path()``, ``images_path()`` and ``tiny_path()`` return the path of a
+packed dataset, writing it on first use into ``$FPIPE_BENCH_DATA`` (default: a folder in the
+system's temporary directory). Each dataset is built in a private folder and renamed into
+place, so concurrent benchmark runs never see a half-written one. ``small_samples()`` gives
+the samples of ``small`` in memory (for write benchmarks).
+
+=========  ==========================================================================
+``small``  100,000 samples ``{"key": f"{i:08d}", "data": 1,024 random bytes, "label": i % 1000}``
+``large``  10,000 samples like ``small`` with 102,400 random bytes
+``images`` 2,000 labelled JPEGs (about 500 px long side, quality 90) of smooth random fields
+``tiny``   2,000,000 samples ``{"key": f"{i:08d}", "data": 16 random bytes}`` (workload M1)
+=========  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from fpipe.storage import FileWriter
+
+__all__ = ["cache_folder", "images_path", "large_path", "small_path", "small_samples", "tiny_path"]
+
+# Bump when a dataset's definition changes, so stale caches are not reused.
+_VERSION = "v1"
+
+
+def cache_folder() -> Path:
+    """Where the datasets live: ``$FPIPE_BENCH_DATA`` or ``<tmp>/fpipe-bench-data``."""
+    default = Path(tempfile.gettempdir()) / "fpipe-bench-data"
+    return Path(os.environ.get("FPIPE_BENCH_DATA", default)) / _VERSION
+
+
+def _random_samples(n: int, size: int, seed: int, label: bool = True) -> Iterator[dict]:
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        sample = {"key": f"{i:08d}", "data": rng.bytes(size)}
+        if label:
+            sample["label"] = i % 1000
+        yield sample
+
+
+def small_samples() -> list[dict]:
+    """The samples of ``small``, in memory."""
+    return list(_random_samples(100_000, 1024, seed=0))
+
+
+def _cached(name: str, make: Callable[[], Iterator[dict]]) -> str:
+    folder = cache_folder() / name
+    path = folder / f"{name}.msgpack"
+    if path.with_name(path.name + ".md5").exists():
+        return str(path)
+    cache_folder().mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_folder()))
+    try:
+        with FileWriter(building / path.name) as writer:
+            for sample in make():
+                writer.write(sample)
+        try:
+            os.rename(building, folder)
+        except OSError:  # another run built it first
+            pass
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return str(path)
+
+
+def small_path() -> str:
+    """Path of ``small`` (about 106 MB)."""
+    return _cached("small", lambda: _random_samples(100_000, 1024, seed=0))
+
+
+def large_path() -> str:
+    """Path of ``large`` (about 1 GB)."""
+    return _cached("large", lambda: _random_samples(10_000, 102_400, seed=1))
+
+
+def tiny_path() -> str:
+    """Path of ``tiny``: two million samples of 16-byte payloads (about 70 MB)."""
+    return _cached("tiny", lambda: _random_samples(2_000_000, 16, seed=2, label=False))
+
+
+def images_path() -> str:
+    """Path of ``images``: 2,000 labelled JPEGs of smooth random fields."""
+    return _cached("images", _image_samples)
+
+
+def _image_samples() -> Iterator[dict]:
+    from PIL import Image  # Pillow only for this dataset
+
+    rng = np.random.default_rng(3)
+    for i in range(2000):
+        long_side, short_side = 500, int(rng.integers(300, 500))
+        width, height = (long_side, short_side) if rng.random() < 0.5 else (short_side, long_side)
+        # Upsampled coarse noise plus fine grain: compresses like a photograph, not like noise.
+        coarse = rng.integers(0, 256, (int(rng.integers(3, 12)), int(rng.integers(3, 12)), 3), np.uint8)
+        field = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC), np.int16)
+        grain = rng.normal(0, 6, field.shape).astype(np.int16)
+        pixels = np.clip(field + grain, 0, 255).astype(np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+        yield {"key": f"{i:08d}", "image": buffer.getvalue(), "label": i % 10}
