@@ -879,11 +879,31 @@ def threads(func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 2
 
 _IDLE_SECONDS = (1e-3, 2e-2)  # an idle task sleeps this long, doubling up to the maximum
 _KEEP_ALIVE = 1.0  # the joblib generator ends after this long without a task
-_EXIT_SECONDS = 1.0  # at exit, wait this long for each joblib generator to end
+_EXIT_SECONDS = 1.0  # at exit, running tasks get this long before their workers are killed
 _STOP = object()
 _POOLS: weakref.WeakSet = weakref.WeakSet()
 _exit_hook = threading.Lock()
 _exit_hook_set = False
+
+
+_loky = {"size": 0, "users": 0}
+_loky_lock = threading.Lock()
+
+
+def _join_loky(n_workers: int) -> int:
+    """The size to ask of joblib's one loky pool. joblib resizes the pool to each call's
+    n_jobs, and a resize waits for every running task, so while one stage uses the pool,
+    a stage that starts adopts its size instead of waiting (possibly forever)."""
+    with _loky_lock:
+        if not _loky["users"]:
+            _loky["size"] = n_workers
+        _loky["users"] += 1
+        return _loky["size"]
+
+
+def _leave_loky() -> None:
+    with _loky_lock:
+        _loky["users"] -= 1
 
 
 def _run_task(call: _ItemCall, token: int, seq: int, index: int, chunk: list,
@@ -912,6 +932,7 @@ class _ProcessPool:
         self._routes: dict[int, queue.SimpleQueue] = {}
         self._tokens = itertools.count()
         self._pump: threading.Thread | None = None
+        self._parallel: Any = None  # the joblib call of the newest generator
         self._generation = 0  # of the joblib generator now fed; older ones only finish
         self._feeding = self._closed = False
         self._last_task = time.monotonic()
@@ -941,16 +962,26 @@ class _ProcessPool:
     def _pump_results(self, generation: int) -> None:
         from joblib import Parallel, delayed
 
+        n_jobs = _join_loky(self.n_workers) if self._shares_loky() else self.n_workers
         try:
-            parallel = Parallel(n_jobs=self.n_workers, backend=self.backend, batch_size=1,
-                                pre_dispatch="n_jobs", return_as="generator_unordered")
+            # at most n_workers tasks of this stage run at once, whatever the pool's size
+            parallel = Parallel(n_jobs=n_jobs, backend=self.backend, batch_size=1,
+                                pre_dispatch=self.n_workers if self.n_workers > 0 else "n_jobs",
+                                return_as="generator_unordered")
             results = parallel(self._feed(delayed, generation))
+            self._parallel = parallel
             _set_exit_hook()  # now that loky has set its own (see there)
             for result in results:
                 if result is not None:
                     self._route(result)
         except BaseException as error:
             self._fail(capture(error), generation)
+        finally:
+            if self._shares_loky():
+                _leave_loky()
+
+    def _shares_loky(self) -> bool:
+        return self.backend == "loky" and self.n_workers != 1  # joblib runs 1 job in-process
 
     def _feed(self, delayed: Callable, generation: int) -> Iterator:
         idle = _IDLE_SECONDS[0]
@@ -994,18 +1025,32 @@ class _ProcessPool:
         for results in routes:
             results.put((None, [], error, 0.0, 0))
 
-    def shutdown(self, timeout: float) -> None:
-        """End the joblib generator (the workers stay in joblib's pool) and wait for it."""
+    def shutdown(self) -> None:
+        """Feed no more tasks: the joblib generator ends when its running tasks are done."""
         with self._lock:
             self._closed = True
-            pump = self._pump
-        if pump is not None and pump is not threading.current_thread():
-            pump.join(timeout)
+
+    def wait(self, deadline: float) -> None:
+        """Wait for the joblib generator to end; past ``deadline``, stop it and its workers."""
+        pump, parallel = self._pump, self._parallel
+        if pump is None or pump is threading.current_thread():
+            return
+        pump.join(max(0.0, deadline - time.monotonic()))
+        if pump.is_alive() and parallel is not None:
+            # joblib has no public way to stop a running call: this is what it does itself
+            # when a task fails, and with loky it kills the workers
+            parallel._abort()
+            pump.join(_EXIT_SECONDS)
 
 
 def _shutdown_pools() -> None:
-    for pool in list(_POOLS):
-        pool.shutdown(_EXIT_SECONDS)
+    # at exit: stop every pool, give running tasks a moment, then kill what still runs
+    pools = list(_POOLS)
+    for pool in pools:
+        pool.shutdown()
+    deadline = time.monotonic() + _EXIT_SECONDS
+    for pool in pools:
+        pool.wait(deadline)
 
 
 def _set_exit_hook() -> None:

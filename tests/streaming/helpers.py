@@ -1,0 +1,54 @@
+"""Module-level functions for the streaming tests, so that they pickle to worker processes."""
+
+import os
+import threading
+import time
+
+from fpipe import random_apply, sample_args, uniform
+
+
+def double(x):
+    return 2 * x
+
+
+def slow_double(x, seconds=0.002):
+    time.sleep(seconds)
+    return 2 * x
+
+
+def fail_at(x, bad=7):
+    if x == bad:
+        raise KeyError(f"bad item {x}")
+    return x
+
+
+def pid(_):
+    return os.getpid()
+
+
+def exit_worker(x):
+    os._exit(3)
+
+
+def jitter(x):
+    # finish out of order: later items are quicker
+    time.sleep(0.002 * (x % 3 == 0))
+    return x
+
+
+def with_noise(x, noise):
+    return x, noise
+
+
+def negate(x):
+    return -x
+
+
+# seeded transforms: they draw from the item's generator when one is active
+noisy = sample_args(with_noise, noise=uniform(0.0, 1.0))
+maybe_negate = random_apply(0.5, negate)
+
+
+def fpipe_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("fpipe-")
+            and t.name != "fpipe-joblib"]

@@ -1,0 +1,141 @@
+"""processes on joblib: order, seeds, errors, warm workers across epochs, early closes,
+leftovers, and leaks. Every loky stage here uses two workers, so joblib's one pool of workers
+is never resized."""
+
+import itertools
+import os
+import threading
+import time
+from collections import Counter
+
+import psutil
+import pytest
+from toolz import pipe
+
+import fpipe as fp
+
+from .helpers import double, exit_worker, fail_at, jitter, noisy, pid, slow_double
+
+
+def loky(func, *args, **kwargs):
+    return fp.processes(func, *args, n_workers=2, **kwargs)
+
+
+def test_results_keep_the_input_order_and_lambdas_work():
+    assert list(loky(lambda x: x * 3)(range(500))) == [3 * x for x in range(500)]
+    assert list(loky(slow_double, 0.0)(range(5))) == [0, 2, 4, 6, 8]
+
+
+def test_unordered_results_are_every_result_once():
+    out = list(loky(jitter, ordered=False, chunk_size=2)(range(40)))
+    assert Counter(out) == Counter(range(40))
+
+
+def test_workers_are_other_processes_and_stay_warm_across_epochs():
+    stage = loky(pid)
+    first = set(stage(range(200)))
+    assert os.getpid() not in first
+    second = set(stage(range(200)))
+    assert second <= first | second and len(first | second) <= 2  # the same two workers
+
+
+def test_an_early_close_keeps_the_workers_and_leaves_no_leftovers():
+    stage = loky(slow_double, 0.001)
+    workers = set(loky(pid)(range(100)))
+    for _ in range(5):
+        with stage(itertools.count()) as stream:
+            assert list(itertools.islice(stream, 3)) == [0, 2, 4]  # the rest is dropped
+    assert list(stage(range(10))) == [2 * x for x in range(10)]
+    assert set(loky(pid)(range(100))) == workers
+
+
+def test_two_runs_of_one_stage_at_once_get_their_own_results():
+    stage = loky(double)
+    a, b = stage(range(0, 300)), stage(range(1000, 1300))
+    out_a, out_b = [], []
+    for x, y in zip(a, b):
+        out_a.append(x)
+        out_b.append(y)
+    assert out_a == [2 * x for x in range(300)] and out_b == [2 * x for x in range(1000, 1300)]
+
+
+@pytest.mark.parametrize("backend", ["loky", "threading"])
+@pytest.mark.parametrize("n_workers", [1, 2])
+def test_seeded_results_do_not_depend_on_workers_or_backend(backend, n_workers):
+    reference = list(fp.map(noisy, seed=5)(range(60)))
+    stage = fp.processes(noisy, n_workers=n_workers, backend=backend, seed=5, chunk_size=7)
+    assert list(stage(range(60))) == reference
+    unordered = fp.processes(noisy, n_workers=n_workers, backend=backend, seed=5,
+                             ordered=False, chunk_size=3)
+    assert sorted(unordered(range(60))) == sorted(reference)
+
+
+def test_a_worker_error_arrives_whole_after_the_items_before_it():
+    got = []
+    with pytest.raises(KeyError, match="bad item 7") as raised:
+        for x in loky(fail_at, chunk_size=2)(range(30)):
+            got.append(x)
+    assert got == list(range(7))
+    assert "in fail_at" in str(raised.value.__cause__)  # the worker's traceback
+
+
+def test_an_exception_that_does_not_pickle_arrives_as_a_worker_error():
+    def unpicklable(x):
+        error = ValueError("with a lock")
+        error.lock = threading.Lock()
+        raise error
+
+    with pytest.raises(fp.WorkerError, match="ValueError: with a lock"):
+        list(loky(unpicklable)(range(3)))
+
+
+def test_a_dead_worker_is_reported_and_the_stage_recovers():
+    with pytest.raises(Exception, match="(?i)terminated|killed|exit"):
+        list(loky(exit_worker)(range(4)))
+    assert list(loky(double)(range(5))) == [0, 2, 4, 6, 8]
+
+
+def test_no_thread_or_process_leaks_after_100_cycles():
+    stage = loky(double)
+    me = psutil.Process()
+
+    def cycle():
+        with pipe(range(1000), fp.prefetch(8), stage, fp.batch(8)) as stream:
+            next(stream)
+
+    cycle()
+    threads, children = threading.active_count(), len(me.children())
+    for _ in range(100):
+        cycle()
+    assert threading.active_count() <= threads and len(me.children()) <= children
+
+
+def test_the_joblib_generator_ends_after_the_last_task_and_restarts():
+    stage = loky(double)
+    assert list(stage(range(3))) == [0, 2, 4]
+    pump = stage._pool._pump
+    pump.join(10)
+    assert not pump.is_alive()
+    assert list(stage(range(3))) == [0, 2, 4]
+
+
+def test_backend_is_checked_and_shown():
+    with pytest.raises(TypeError, match="backend must be a joblib backend"):
+        fp.processes(double, backend=3)
+    assert repr(fp.processes(double, n_workers=2, backend="threading")) == (
+        "processes(double, n_workers=2, backend='threading')")
+
+
+def test_a_slow_consumer_is_not_flooded():
+    counter = [0]
+
+    def source():
+        for i in itertools.count():
+            counter[0] = i + 1
+            yield i
+
+    stream = loky(double, buffer_size=1, chunk_size=4)(source())
+    taken = len(stream.pull(1))
+    time.sleep(0.3)
+    assert counter[0] - taken <= (2 * 2 + 1) * 4  # (2 n_workers + buffer_size) chunks
+    stream.close()

@@ -1,0 +1,156 @@
+"""The stream protocol and the stages that run in the consumer's thread."""
+
+import itertools
+
+import pytest
+from toolz import pipe
+
+import fpipe as fp
+from fpipe.stages import Stream
+
+from .helpers import double, fail_at, maybe_negate, noisy
+
+
+def test_a_pipeline_is_a_lazy_stream():
+    log = []
+
+    def source():
+        log.append("started")
+        yield from range(5)
+
+    stream = pipe(source(), fp.map(double), fp.filter(bool), fp.take(3))
+    assert isinstance(stream, Stream) and log == []
+    assert list(stream) == [2, 4, 6] and log == ["started"]
+
+
+def test_pull_returns_between_one_and_n_items_then_empty():
+    stream = fp.map(double)(range(5))
+    assert stream.pull(2) == [0, 2]
+    assert stream.pull(10) == [4, 6, 8]
+    assert stream.pull(3) == [] and stream.pull(3) == []
+
+
+def test_next_and_pull_share_one_position():
+    stream = fp.as_stream(range(10))
+    assert next(stream) == 0
+    assert stream.pull(2) == [1, 2]
+    assert next(stream) == 3 and list(stream) == [4, 5, 6, 7, 8, 9]
+
+
+def test_filter_keeps_what_the_predicate_accepts_across_chunks():
+    stream = fp.filter(lambda x: x % 100 == 0)(range(1000))
+    assert list(stream) == list(range(0, 1000, 100))
+
+
+def test_take_reads_no_more_than_n_items():
+    source = iter(range(10))
+    assert list(fp.take(3)(source)) == [0, 1, 2]
+    assert next(source) == 3
+
+
+def test_map_passes_extra_arguments_after_the_item():
+    assert list(fp.map(pow, 2)(range(4))) == [0, 1, 4, 9]
+    assert list(fp.map(int, base=2)(["10", "11"])) == [2, 3]
+
+
+def test_transform_stream_hands_over_the_whole_stream():
+    def running_sum(items, start):
+        total = start
+        for x in items:
+            total += x
+            yield total
+
+    assert list(fp.transform_stream(running_sum, 100)(range(4))) == [100, 101, 103, 106]
+    assert list(fp.transform_stream(itertools.chain.from_iterable)([[1], [2, 3]])) == [1, 2, 3]
+
+
+def test_closing_a_pipeline_closes_its_source():
+    closed = []
+
+    def source():
+        try:
+            yield from itertools.count()
+        finally:
+            closed.append(True)
+
+    with pipe(source(), fp.map(double), fp.filter(bool)) as stream:
+        assert next(stream) == 2
+    assert closed == [True]
+    assert stream.pull(1) == [] and list(stream) == []
+
+
+def test_close_twice_and_close_before_start_do_nothing():
+    stream = fp.map(double)(range(3))
+    stream.close()
+    stream.close()
+    assert list(stream) == []
+
+
+@pytest.mark.parametrize("stage, before", [
+    (fp.map(fail_at), list(range(7))),
+    (fp.filter(fail_at), list(range(1, 7))),
+    (fp.transform_stream(lambda items: map(fail_at, items)), list(range(7))),
+])
+def test_an_error_arrives_after_the_items_before_it(stage, before):
+    got = []
+    with pytest.raises(KeyError, match="bad item 7"):
+        for x in stage(range(20)):
+            got.append(x)
+    assert got == before
+
+
+def test_an_error_in_the_source_arrives_after_its_items_and_closes_the_stream():
+    def source():
+        yield from range(3)
+        raise OSError("disk gone")
+
+    stream = pipe(source(), fp.map(double))
+    got = []
+    with pytest.raises(OSError, match="disk gone"):
+        for x in stream:
+            got.append(x)
+    assert got == [0, 2, 4] and list(stream) == []
+
+
+def test_epochs_count_applications_and_can_be_set():
+    stage = fp.map(noisy, seed=3)
+    first, second = list(stage(range(4))), list(stage(range(4)))
+    assert first != second and stage.epoch == 2
+    stage.set_epoch(0)
+    assert list(stage(range(4))) == first
+    assert list(stage.apply(range(4), epoch=1)) == second and stage.epoch == 1
+
+
+def test_apply_start_numbers_the_items_for_resuming():
+    stage = fp.map(noisy, seed=3)
+    whole = list(stage.apply(range(10)))
+    assert list(stage.apply(range(6, 10), start=6)) == whole[6:]
+
+
+def test_a_seeded_map_draws_from_each_items_generator():
+    outputs = [list(fp.map(maybe_negate, seed=11)(range(1, 50))) for _ in range(2)]
+    assert outputs[0] == outputs[1]
+    assert {x < 0 for x in outputs[0]} == {True, False}
+
+
+def test_unseeded_stages_leave_randomness_to_fresh_entropy():
+    assert list(fp.map(noisy)(range(3))) != list(fp.map(noisy)(range(3)))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: fp.map(3), "func must be callable; got func=3"),
+    (lambda: fp.filter(None), "predicate must be callable"),
+    (lambda: fp.take(-1), "n must be >= 0; got n=-1"),
+    (lambda: fp.take(2.5), "n must be an integer; got n=2.5"),
+    (lambda: fp.prefetch(0), "n must be >= 1; got n=0"),
+    (lambda: fp.map(double).set_epoch(-1), "epoch must be >= 0"),
+])
+def test_bad_arguments_are_rejected_at_construction(make, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        make()
+
+
+def test_stages_and_streams_have_readable_reprs():
+    assert repr(fp.map(pow, 2, seed=5)) == "map(pow, 2, seed=5)"
+    assert repr(fp.filter(bool)) == "filter(bool)" and repr(fp.take(3)) == "take(3)"
+    assert repr(fp.take(3)([])) == "<take(3) stream>"
