@@ -211,7 +211,8 @@ class _Source(Stream):
         return items
 
     def _close(self) -> None:
-        close = getattr(self._iterator, "close", None)
+        # an iterator that was never started is closed too, so that it cannot start later
+        close = getattr(self._iterable if self._iterator is None else self._iterator, "close", None)
         if close is not None:
             close()
 
@@ -299,7 +300,7 @@ def _entropy(seed: Seed | None) -> int | None:
 
 
 def _func_name(func: Callable) -> str:
-    return getattr(func, "__qualname__", None) or repr(func)
+    return getattr(func, "__name__", None) or repr(func)
 
 
 class _ItemCall:

@@ -1,0 +1,53 @@
+"""fpipe.stats: counts, shares, the bottleneck."""
+
+import time
+
+from toolz import pipe
+
+import fpipe as fp
+
+
+def slow(x):
+    time.sleep(0.002)
+    return x
+
+
+def test_counts_are_exact_per_stage():
+    stream = pipe(range(1000), fp.map(abs), fp.filter(lambda x: x % 2), fp.batch(10), fp.take(20))
+    assert len(list(stream)) == 20
+    rows = fp.stats(stream)
+    assert [(row.name, row.items) for row in rows] == [
+        ("source(range)", 400), ("map(abs)", 400), ("filter(<lambda>)", 200),
+        ("batch(10)", 20), ("take(20)", 20)]
+
+
+def test_the_slow_stage_is_named_the_bottleneck():
+    stream = pipe(range(200), fp.map(abs), fp.map(slow), fp.batch(8))
+    list(stream)
+    report = fp.stats(stream)
+    assert report.bottleneck == "map(slow)"
+    busy = {row.name: row.busy for row in report}
+    assert busy["map(slow)"] > 0.5 > busy["map(abs)"]
+    assert "bottleneck: map(slow)" in str(report)
+
+
+def test_a_parallel_stage_reports_its_busy_workers():
+    stream = pipe(range(300), fp.threads(slow, n_workers=2), fp.batch(10))
+    list(stream)
+    row = fp.stats(stream)[1]
+    assert row.name == "threads(slow, n_workers=2)" and row.items == 300
+    assert row.busy > 0.5 and fp.stats(stream).bottleneck == row.name
+
+
+def test_a_slow_consumer_is_the_bottleneck():
+    stream = pipe(range(30), fp.map(abs), fp.prefetch(4))
+    for _ in stream:
+        time.sleep(0.003)
+    report = fp.stats(stream)
+    assert report.bottleneck == "the consumer"
+    assert report[-1].waiting_output > 0.5
+
+
+def test_stats_of_a_stream_that_has_not_started():
+    rows = fp.stats(pipe([1], fp.map(abs)))
+    assert [row.items for row in rows] == [0, 0] and rows.bottleneck in ("map(abs)", "source(list)")
