@@ -1,0 +1,70 @@
+"""A real torch.distributed run: two gloo ranks on CPU, each with two DataLoader workers.
+
+Each rank runs ``tests/torch/_ddp_rank.py`` in its own interpreter; the test waits with a
+timeout, so a hang fails the test instead of stalling the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fpipe.torch import worker_range
+
+from .conftest import write_numbers
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 43  # with batch size 2: 12 batches on rank 0 and 11 on rank 1 unless even= is set
+TIMEOUT = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _run_ranks(path: str, folder: Path, world_size: int = 2) -> list[dict]:
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "WORLD_SIZE": str(world_size), "GLOO_SOCKET_IFNAME": "lo",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    reports = [folder / f"rank{rank}.json" for rank in range(world_size)]
+    ranks = [subprocess.Popen([sys.executable, "-m", "tests.torch._ddp_rank", str(rank), path,
+                               str(report)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for rank, report in enumerate(reports)]
+    try:
+        outputs = [rank.communicate(timeout=TIMEOUT)[0] for rank in ranks]
+    except subprocess.TimeoutExpired:
+        for rank in ranks:
+            rank.kill()
+        pytest.fail(f"the distributed run did not finish in {TIMEOUT} s: a rank hangs")
+    for rank, output in zip(ranks, outputs):
+        assert rank.returncode == 0, output
+    return [json.loads(report.read_text()) for report in reports]
+
+
+def _rank_positions(rank: int, epoch: int, even=None) -> list[int]:
+    return sorted(i for worker in range(2) for i in worker_range(N, rank, 2, worker, 2, epoch, even))
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_with_two_workers_each(tmp_path):
+    reports = _run_ranks(write_numbers(tmp_path / "numbers.msgpack", N), tmp_path)
+    assert [(r["rank"], r["world_size"]) for r in reports] == [(0, 2), (1, 2)]
+    for mode in ("set_epoch", "persistent"):
+        for epoch in (0, 1):
+            seen = [report[f"{mode}/{epoch}"] for report in reports]
+            assert sorted(seen[0] + seen[1]) == list(range(N)), (mode, epoch)
+            assert [sorted(s) for s in seen] == [_rank_positions(r, epoch) for r in range(2)]
+    # equal batch counts: drop keeps 21 samples a rank (10 + 11), pad 22 (11 + 11)
+    for even, batches in (("drop", 11), ("pad", 12)):
+        for epoch in (0, 1):
+            assert [report[f"{even}/{epoch}"] for report in reports] == [batches, batches]
+        assert reports[0][f"{even}/weight"] == reports[1][f"{even}/weight"]
