@@ -3,8 +3,8 @@
 A :class:`KnownDataset` turns its official sources into one packed dataset per split,
 ``<out>/<split>.msgpack``, with its class names beside it in ``<split>.msgpack.classes.json``.
 Everything is written into a hidden staging folder inside ``<out>`` and renamed into place only
-when every split is complete, so a failed run leaves no half-written dataset under the output
-names.
+when every split is complete (:func:`fpipe._staging.staged_datasets`), so a failed run leaves no
+half-written dataset under the output names.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
-import tempfile
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._staging import staged_datasets
 from ..random import Seed, item_rng
 from ._fetch import Archive, check_base_url, fetch, shows_progress
 
@@ -119,49 +118,6 @@ def _map_list(function: Callable[[Any], Any], items: Iterable) -> list:
     return [function(item) for item in items]
 
 
-class _Staging:
-    """Write into a hidden folder inside ``out``; rename into ``out`` only on success."""
-
-    def __init__(self, out: Path, names: Sequence[str], overwrite: bool) -> None:
-        self.out, self.names, self.overwrite = out, tuple(names), overwrite
-        self.folder: Path | None = None
-        self._created = False
-
-    def __enter__(self) -> _Staging:
-        existing = [path.name for name in self.names for path in _dataset_files(self.out, name)]
-        if existing and not self.overwrite:
-            raise FileExistsError(f"{self.out} already holds {', '.join(sorted(existing))}; "
-                                  f"pass -y/--overwrite (overwrite=True) to replace them")
-        self._created = not self.out.exists()
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.folder = Path(tempfile.mkdtemp(prefix=".fpipe-write-", dir=self.out))
-        return self
-
-    def __exit__(self, error_type: type | None, *rest: object) -> None:
-        if error_type is None:
-            self._commit()
-            return
-        shutil.rmtree(self.folder, ignore_errors=True)
-        if self._created and not any(self.out.iterdir()):
-            self.out.rmdir()
-
-    def _commit(self) -> None:
-        for name in self.names:
-            for old in _dataset_files(self.out, name):
-                old.unlink()
-        for new in sorted(self.folder.iterdir()):
-            os.replace(new, self.out / new.name)
-        self.folder.rmdir()
-
-
-def _dataset_files(folder: Path, name: str) -> list[Path]:
-    """The data file ``name`` in ``folder`` and its siblings ``name.*`` (index, md5, classes)."""
-    if not folder.is_dir():
-        return []
-    return sorted(path for path in folder.iterdir()
-                  if path.name == name or path.name.startswith(name + "."))
-
-
 @dataclass(frozen=True)
 class _Options:
     splits: tuple[str, ...]
@@ -228,12 +184,12 @@ class KnownDataset(ABC):
         check_base_url(base_url)
         out = Path(out)
         source = Path(source) if source is not None else out
-        names = [f"{split}.msgpack" for split in options.splits]
-        with _Staging(out, names, overwrite) as staging, ExitStack() as stack:
+        targets = {split: out / f"{split}.msgpack" for split in options.splits}
+        with staged_datasets(list(targets.values()), overwrite) as staged, ExitStack() as stack:
             opened = self._open(source, options, stack)
-            for split in options.splits:
-                self._write_split(self._records(opened, split), split, staging.folder, options)
-        return {split: out / f"{split}.msgpack" for split in options.splits}
+            for split, path in zip(options.splits, staged):
+                self._write_split(self._records(opened, split), split, path, options)
+        return targets
 
     def _chosen(self, splits: Sequence[str] | None) -> tuple[str, ...]:
         if splits is None:
@@ -269,12 +225,11 @@ class KnownDataset(ABC):
         # the same order as writing all of them.
         return item_rng(options.seed, 0, self.splits.index(split)).permutation(count)
 
-    def _write_split(self, records: Records, split: str, folder: Path, options: _Options) -> None:
+    def _write_split(self, records: Records, split: str, path: Path, options: _Options) -> None:
         from ..storage.writer import FileWriter
 
         order = self._order(split, len(records), options)
         samples = ordered_map(records.sample, order, options.workers)
-        path = folder / f"{split}.msgpack"
         shown = shows_progress(options.progress)
         with FileWriter(path, progress=shown, disable=not shown, total=len(records),
                         desc=f"{self.name} {split}", unit="img") as writer:

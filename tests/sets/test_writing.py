@@ -70,8 +70,7 @@ def test_an_existing_dataset_is_kept_unless_overwrite(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out/test.msgpack.classes.json").write_text("{}")
     (tmp_path / "out/notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="already holds test.msgpack.classes.json; pass "
-                                              "-y/--overwrite"):
+    with pytest.raises(FileExistsError, match="test.msgpack exists; pass -y/--overwrite"):
         dataset.write(tmp_path / "out", tmp_path)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["notes.txt",
                                                                    "test.msgpack.classes.json"]
