@@ -961,20 +961,21 @@ class _ProcessPool:
                 self._pump.start()
 
     def _pump_results(self, generation: int) -> None:
-        from joblib import Parallel, delayed
+        from joblib import Parallel, delayed, parallel_config
 
         n_jobs = _join_loky(self.n_workers) if self._shares_loky() else self.n_workers
         try:
-            # at most n_workers tasks of this stage run at once, whatever the pool's size
-            parallel = Parallel(n_jobs=n_jobs, backend=self.backend, batch_size=1,
-                                pre_dispatch=self.n_workers if self.n_workers > 0 else "n_jobs",
-                                return_as="generator_unordered")
-            results = parallel(self._feed(delayed, generation))
-            self._parallel = parallel
-            _set_exit_hook()  # now that loky has set its own (see there)
-            for result in results:
-                if result is not None:
-                    self._route(result)
+            # parallel_config, not Parallel(backend=), registers external backends like dask;
+            # pre_dispatch: at most n_workers tasks of this stage run at once, whatever n_jobs
+            with parallel_config(backend=self.backend, n_jobs=n_jobs):
+                parallel = Parallel(batch_size=1, return_as="generator_unordered",
+                                    pre_dispatch=self.n_workers if self.n_workers > 0 else "n_jobs")
+                results = parallel(self._feed(delayed, generation))
+                self._parallel = parallel
+                _set_exit_hook()  # now that loky has set its own (see there)
+                for result in results:
+                    if result is not None:
+                        self._route(result)
         except BaseException as error:
             self._fail(capture(error), generation)
         finally:
@@ -1025,6 +1026,14 @@ class _ProcessPool:
             routes = list(self._routes.values())
         for results in routes:
             results.put((None, [], error, 0.0, 0))
+
+    def release(self) -> None:
+        """End the joblib generator as soon as no task is waiting, and wait for it."""
+        with self._lock:
+            self._last_task = -_KEEP_ALIVE
+            pump = self._pump
+        if pump is not None and pump is not threading.current_thread():
+            pump.join(_JOIN_SECONDS)
 
     def shutdown(self) -> None:
         """Feed no more tasks: the joblib generator ends when its running tasks are done."""
@@ -1101,6 +1110,11 @@ class _ProcessStage(_ParallelStage):
     def _executor(self, call: _ItemCall) -> _ProcessWorkers:
         return _ProcessWorkers(self._pool, call)
 
+    def close(self) -> None:
+        """End the joblib generator now, not a second after the last task (say, before a
+        dask cluster is closed). The stage starts a new one when it is used again."""
+        self._pool.release()
+
     def _options(self) -> dict:
         backend = None if self.backend == "loky" else self.backend
         return {**super()._options(), "backend": backend}
@@ -1121,6 +1135,8 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     object (epochs, other pipelines): the stage keeps one joblib generator running while it has
     work, and ends it about a second after its last task (the workers stay in joblib's pool).
     Closing a stream does not kill the workers: results still on their way are dropped.
+    ``stage.close()`` ends the joblib generator at once (before closing a dask cluster, say);
+    the stage starts a new one if it is used again.
 
     Order, seeds and errors behave as in :func:`threads`.
 
