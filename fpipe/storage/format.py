@@ -67,8 +67,8 @@ class DatasetFiles:
     >>> files = DatasetFiles("train.msgpack")
     >>> files.offsets.name, files.md5.name
     ('train.msgpack.offsets', 'train.msgpack.md5')
-    >>> [path.name for path in files.index_files]
-    ['train.msgpack.offsets', 'train.msgpack.keys', 'train.msgpack.key_hashes', 'train.msgpack.filter']
+    >>> print(*(path.name for path in files.index_files))
+    train.msgpack.offsets train.msgpack.keys train.msgpack.key_hashes train.msgpack.filter
     """
 
     data: Path

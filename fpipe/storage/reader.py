@@ -12,10 +12,10 @@ and ``r[a:b:c]`` (a list, with Python's slice clamping, any step):
 ...     for i in range(10):
 ...         writer.write({"key": f"d{i}", "value": i})
 >>> reader = MsgpackReader(path)
->>> len(reader), "d3" in reader, reader.find_index("d3"), reader[-1]["value"]
-(10, True, 3, 9)
->>> [s["value"] for s in reader[2:8:2]], [s["value"] for s in reader.iter(7)]
-([2, 4, 6], [7, 8, 9])
+>>> len(reader), "d3" in reader, reader.find_index("d3"), reader.get(-1)
+(10, True, 3, {'key': 'd9', 'value': 9})
+>>> len(reader[2:8:2]), reader.get_many([7, 2]) == reader[7:1:-5]
+(3, True)
 
 :class:`MsgpackReader` is thread-safe and fork-safe: it reads with ``os.pread`` and ``mmap``,
 never seek-then-read on a shared file, and it pickles by path (the child reopens the files).
@@ -920,8 +920,10 @@ class ZipFileReader(ListReader):
     ...     archive.writestr("cat/1.txt", b"meow")
     ...     archive.writestr("dog/2.txt", b"woof")
     >>> reader = ZipFileReader(path)
-    >>> [(s["key"], s["label"], s["data"]) for s in reader]
-    [('cat/1.txt', 0, b'meow'), ('dog/2.txt', 1, b'woof')]
+    >>> for sample in reader:
+    ...     print(sample["key"], sample["label"], sample["data"])
+    cat/1.txt 0 b'meow'
+    dog/2.txt 1 b'woof'
     """
 
     def __init__(self, path: PathLike, patterns: Union[str, Sequence[str]] = "{LABEL}/**",

@@ -9,8 +9,8 @@ A writer buffers samples and writes them in large blocks, hashing the data as it
 >>> with FileWriter(path) as writer:
 ...     writer.write({"key": "cat", "legs": 4})
 ...     writer.write({"key": "bird", "legs": 2})
->>> sorted(os.listdir(os.path.dirname(path)))[:2]
-['pets.msgpack', 'pets.msgpack.filter']
+>>> len(os.listdir(os.path.dirname(path)))
+6
 
 A data file whose writer was killed before closing is recovered with :func:`rebuild_index`.
 """
@@ -215,8 +215,9 @@ class FileWriter(Writer):
     ...
     ValueError: duplicate key 'a': keys must be unique
     >>> from fpipe.storage import MsgpackReader
-    >>> MsgpackReader(path)[:]
-    [{'key': 'a', 'label': 1}]
+    >>> reader = MsgpackReader(path)
+    >>> len(reader), reader.get(0)
+    (1, {'key': 'a', 'label': 1})
     """
 
     def __init__(self, outfile: PathLike, buffering: int = _DEFAULT_BUFFER, overwrite: bool = False,
@@ -315,8 +316,9 @@ def rebuild_index(path: PathLike, *, truncate: bool = True) -> RebuildReport:
     ...     _ = file.write(pack_sample({"key": "a"}) + pack_sample({"key": "b"})[:-2])
     >>> rebuild_index(path)
     RebuildReport(samples=1, valid_bytes=7, incomplete_bytes=5)
-    >>> MsgpackReader(path)[:]
-    [{'key': 'a'}]
+    >>> reader = MsgpackReader(path)
+    >>> len(reader), reader.get(0)
+    (1, {'key': 'a'})
     """
     files = DatasetFiles(path)
     size = files.data.stat().st_size
