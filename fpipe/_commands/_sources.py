@@ -4,7 +4,7 @@ Each source becomes a :class:`Listing`: the samples to write, in a stable order,
 a file to read (``path``) or a ready sample, plus the label names. Labels are numbered in
 *natural order* of their names (digit runs compare as numbers, so ``class2`` comes before
 ``class10``), the order in which fpipe's :class:`~fpipe.storage.ListReader` and datadings
-number them.
+number them; files found in folders and by patterns are taken in natural order of their paths.
 
 >>> natural_order(["b10", "b2", "a"])
 ['a', 'b2', 'b10']
@@ -88,24 +88,24 @@ def _labelled(kind: str, entries: list[Entry], note: str = "") -> Listing:
 
 
 def _visible_files(folder: Path) -> list[Path]:
-    """Files under ``folder``, recursively, without hidden files and folders, sorted by path."""
+    """Files under ``folder``, recursively, without hidden files and folders, in natural order."""
     found = []
     for root, folders, files in os.walk(folder):
-        folders[:] = sorted(name for name in folders if not name.startswith("."))
-        found.extend(Path(root, name) for name in sorted(files) if not name.startswith("."))
+        folders[:] = natural_order(name for name in folders if not name.startswith("."))
+        found.extend(Path(root, name) for name in natural_order(files) if not name.startswith("."))
     return found
 
 
 def _folder_listing(root: Path) -> Listing:
-    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    classes = natural_order(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         entries = [Entry(p.relative_to(root).as_posix(), str(p)) for p in _visible_files(root)]
         return Listing("folder (unlabelled)", entries)
     loose = [p.name for p in root.iterdir() if p.is_file() and not p.name.startswith(".")]
     note = (f"left out {len(loose)} file(s) at the top of {root} that are in no class folder "
             f"(e.g. {sorted(loose)[0]})" if loose else "")
-    entries = [Entry(p.relative_to(root).as_posix(), str(p), folder.name)
-               for folder in classes for p in _visible_files(folder)]
+    entries = [Entry(p.relative_to(root).as_posix(), str(p), name)
+               for name in classes for p in _visible_files(root / name)]
     return _labelled("folder (ImageFolder layout)", entries, note)
 
 
@@ -117,7 +117,7 @@ def _glob_listing(pattern: str) -> Listing:
     labelled = "{LABEL}" in parts
     at = parts.index("{LABEL}") if labelled else _first_glob_part(parts)
     base = Path(*parts[:at]) if at else Path(".")
-    matches = sorted(glob.glob(pattern.replace("{LABEL}", "*", 1), recursive=True))
+    matches = natural_order(glob.glob(pattern.replace("{LABEL}", "*", 1), recursive=True))
     entries = [Entry(Path(match).relative_to(base).as_posix(), match,
                      Path(match).parts[at] if labelled else None)
                for match in matches if os.path.isfile(match)

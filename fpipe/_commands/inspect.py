@@ -97,7 +97,7 @@ def _selected(reader: Any, args: argparse.Namespace, keys_only: bool) -> Iterato
 
 def short_repr(value: Any, width: int = 40) -> str:
     """``repr(value)`` with bytes and strings longer than ``width`` cut, long lists shortened
-    and arrays summarised.
+    and arrays summarised (map keys, and the value of ``"key"``, are never cut).
 
     >>> print(short_repr({"key": "a", "data": b"abcdefgh", "xs": list(range(20))}, 4))
     {'key': 'a', 'data': b'abcd'...(8 bytes), 'xs': [0, 1, 2, 3, 4, 5, 6, 7, ...(20 items)]}
@@ -110,7 +110,9 @@ def short_repr(value: Any, width: int = 40) -> str:
     if isinstance(value, str):
         return repr(value) if len(value) <= width else f"{value[:width]!r}...({len(value)} chars)"
     if isinstance(value, dict):
-        items = ", ".join(f"{short_repr(k, width)}: {short_repr(v, width)}" for k, v in value.items())
+        # Field names and the sample's key are shown whole: they identify what is shortened.
+        items = ", ".join(f"{k!r}: {v!r}" if k == "key" and isinstance(v, str) else
+                          f"{k!r}: {short_repr(v, width)}" for k, v in value.items())
         return "{" + items + "}"
     if isinstance(value, (list, tuple)):
         shown = [short_repr(item, width) for item in value[:_LIST_ITEMS]]

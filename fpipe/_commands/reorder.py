@@ -288,6 +288,8 @@ def _fraction_bounds(n: int, fractions: Sequence[float], parts: int) -> list[int
 
 def _run_split(args: argparse.Namespace) -> int:
     source, targets = Path(args.input), [Path(p) for p in args.outputs]
+    if len({target.resolve() for target in targets}) < len(targets):
+        raise UsageError(f"an output is given twice: {' '.join(args.outputs)}")
     with open_dataset(source) as reader:
         n = len(reader)
         bounds = part_bounds(n, len(targets), args.counts, args.fractions)

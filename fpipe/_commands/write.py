@@ -115,7 +115,10 @@ def _run_write(args: argparse.Namespace) -> int:
 
     if args.source in sets.names():
         return _write_known_set(sets.get(args.source), args)
-    if not Path(args.source).exists() and not any(c in args.source for c in "*?[{"):
+    source = Path(args.source)
+    if not source.exists() and not any(c in args.source for c in "*?[{"):
+        if len(source.parts) > 1 or source.suffix:
+            raise FileNotFoundError(f"{args.source}: no such file or folder")
         return _fail(EXIT_USAGE_ERROR, f"unknown dataset {args.source!r}; known: "
                      f"{', '.join(sets.names())}; or give a folder, glob pattern, list file or "
                      f".jsonl file")
