@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ._fetch import Archive, ArchiveError
+from ._fetch import Archive, ArchiveError, progress_bar
 from ._imagenet_synsets import SYNSETS
 from ._writing import KnownDataset, _Options
 
@@ -86,7 +86,7 @@ class ImageNetDataset(KnownDataset):
             fd = os.open(path, os.O_RDONLY)
             stack.callback(os.close, fd)
             if split == "train":
-                return partial(_scan_train_tar, path, fd)
+                return partial(_scan_train_tar, path, fd, options.progress)
             return partial(_scan_flat_tar, path, fd, self._val_labels(source, options))
         if folder.is_dir():
             if split == "train" or any(entry.is_dir() for entry in os.scandir(folder)):
@@ -212,10 +212,12 @@ def _label(labels: dict[str, int], name: str, where: Path) -> int:
                            path=where) from None
 
 
-def _scan_train_tar(path: Path, fd: int) -> _Images:
+def _scan_train_tar(path: Path, fd: int, progress: bool | None) -> _Images:
+    """Index the images of the tar of class tars: reading 1.3 million headers takes a while."""
     keys: list[str] = []
     labels, offsets, sizes = array("q"), array("q"), array("q")
-    with _archive_errors(path), tarfile.open(path, "r:") as outer:
+    shown = progress_bar(progress, total=len(_LABELS), desc="imagenet train: index", unit=" classes")
+    with _archive_errors(path), tarfile.open(path, "r:") as outer, shown as bar:
         for member in outer:
             if not member.isfile():
                 continue
@@ -227,6 +229,7 @@ def _scan_train_tar(path: Path, fd: int) -> _Images:
                         labels.append(label)
                         offsets.append(member.offset_data + image.offset_data)
                         sizes.append(image.size)
+            bar.update(1)
     slices = _TarSlices(path, fd, np.asarray(offsets, np.int64), np.asarray(sizes, np.int64))
     return _Images.ordered(keys, labels, slices, by_label=True)
 
