@@ -59,7 +59,8 @@ class ExpirationPool(Stage):
         for item in upstream:
             live.append([item, self.repetitions])
             for _ in range(self.iterations):
-                yield _draw(live, next(uniforms))
+                if live:
+                    yield _draw(live, next(uniforms))
             while len(live) >= self.pool_size:
                 yield _draw(live, next(uniforms))
         while live:

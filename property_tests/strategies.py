@@ -213,3 +213,52 @@ def as_decoded(value):
     if isinstance(value, dict):
         return {key: as_decoded(item) for key, item in value.items()}
     return value
+
+
+# --- streaming stages --------------------------------------------------------------------
+# Items are small ints; the transforms are module-level, so that they pickle to processes.
+
+from fpipe import sample_args, uniform  # noqa: E402
+
+stream_items = st.lists(st.integers(-1000, 1000), max_size=60)
+batch_sizes = st.integers(1, 12)
+chunk_sizes = st.integers(1, 9)
+pull_sizes = st.lists(st.integers(1, 20), min_size=1, max_size=30)
+
+
+def add_three(x: int) -> int:
+    return x + 3
+
+
+def is_even(x: int) -> bool:
+    return x % 2 == 0
+
+
+def with_noise(x: int, noise: float) -> tuple[int, float]:
+    return x, noise
+
+
+# draws from the item's own generator inside a seeded stage
+noisy = sample_args(with_noise, noise=uniform(0.0, 1.0))
+
+# one in-thread stage of a random chain: ("map", f) or ("filter", p)
+item_stages = st.sampled_from([("map", add_three), ("map", abs), ("filter", is_even)])
+
+
+@st.composite
+def background_stages(draw: st.DrawFn) -> tuple:
+    """("prefetch", n) or ("threads", n_workers, buffer_size, chunk_size), all ordered."""
+    if draw(st.booleans()):
+        return "prefetch", draw(st.integers(1, 8))
+    return "threads", draw(st.integers(1, 4)), draw(st.integers(1, 3)), draw(chunk_sizes)
+
+
+@st.composite
+def same_rank_shapes(draw: st.DrawFn) -> list[tuple[int, ...]]:
+    """1 to 5 array shapes with the same number of dimensions (0 to 3), sides 0 to 5."""
+    ndim = draw(st.integers(0, 3))
+    side = st.integers(0, 5)
+    return draw(st.lists(st.tuples(*[side] * ndim), min_size=1, max_size=5))
+
+
+positive_weights = st.lists(st.floats(0.05, 10), min_size=1, max_size=6)

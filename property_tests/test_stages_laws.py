@@ -1,0 +1,109 @@
+"""Laws of the stages: conservation and order, the pull contract, seeds that do not depend on
+workers or backends, and the prefetch bound."""
+
+import itertools
+import time
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from toolz import pipe
+
+import fpipe as fp
+from property_tests.strategies import (
+    add_three,
+    background_stages,
+    chunk_sizes,
+    item_stages,
+    noisy,
+    pull_sizes,
+    stream_items,
+)
+
+
+def _reference(items, chain):
+    for kind, func in chain:
+        items = [func(x) for x in items] if kind == "map" else [x for x in items if func(x)]
+    return items
+
+
+def _build(chain, background):
+    stages = [fp.map(func) if kind == "map" else fp.filter(func) for kind, func in chain]
+    for spec in background:
+        stages.append(fp.prefetch(spec[1]) if spec[0] == "prefetch" else fp.threads(
+            add_three, n_workers=spec[1], buffer_size=spec[2], chunk_size=spec[3]))
+        chain = [*chain, ("map", add_three)] if spec[0] == "threads" else chain
+    return stages, chain
+
+
+@given(stream_items, st.lists(item_stages, max_size=3), st.lists(background_stages(), max_size=2))
+@settings(max_examples=40)
+def test_ordered_stages_conserve_the_stream_in_order(items, chain, background):
+    stages, full_chain = _build(chain, background)
+    with pipe(fp.as_stream(items), *stages) as stream:
+        assert list(stream) == _reference(items, full_chain)
+
+
+@given(stream_items, st.integers(1, 4), chunk_sizes)
+@settings(max_examples=25)
+def test_unordered_threads_conserve_the_multiset(items, n_workers, chunk_size):
+    stage = fp.threads(add_three, n_workers=n_workers, ordered=False, chunk_size=chunk_size)
+    assert Counter(stage(items)) == Counter(x + 3 for x in items)
+
+
+@given(stream_items, st.lists(item_stages, max_size=2), st.lists(background_stages(), max_size=1),
+       pull_sizes)
+@settings(max_examples=40)
+def test_pull_gives_one_to_n_items_until_it_gives_none(items, chain, background, sizes):
+    stages, full_chain = _build(chain, background)
+    got = []
+    with pipe(fp.as_stream(items), *stages) as stream:
+        for n in itertools.cycle(sizes):
+            chunk = stream.pull(n)
+            if not chunk:
+                break
+            assert 1 <= len(chunk) <= n
+            got += chunk
+        assert stream.pull(1) == []
+    assert got == _reference(items, full_chain)
+
+
+@given(stream_items, st.lists(st.booleans(), max_size=40))
+def test_next_and_pull_can_be_mixed(items, use_next):
+    stream, got = fp.map(add_three)(items), []
+    for by_next in itertools.chain(use_next, itertools.repeat(False)):
+        chunk = [next(stream, None)] if by_next else stream.pull(3)
+        chunk = [x for x in chunk if x is not None]
+        if not chunk:
+            break
+        got += chunk
+    assert got == [x + 3 for x in items]
+
+
+@given(st.lists(st.integers(0, 100), max_size=40), st.integers(0, 2**32), st.booleans())
+@settings(max_examples=5, deadline=None)
+def test_seeded_stages_give_the_same_output_for_any_workers_and_backend(items, seed, ordered):
+    reference = list(fp.map(noisy, seed=seed)(items))
+    stages = [fp.threads(noisy, n_workers=n, seed=seed, ordered=ordered, chunk_size=3)
+              for n in (1, 2, 4)]
+    stages += [fp.processes(noisy, n_workers=n, backend=backend, seed=seed, ordered=ordered,
+                            chunk_size=5) for backend in ("threading", "loky") for n in (1, 2, 4)]
+    for stage in stages:
+        out = list(stage(items))
+        assert (out if ordered else sorted(out)) == (reference if ordered else sorted(reference))
+
+
+@given(st.integers(1, 12))
+@settings(max_examples=5, deadline=None)
+def test_prefetch_holds_at_most_n_items_ahead_of_an_idle_consumer(n):
+    read = [0]
+
+    def source():
+        for i in itertools.count():
+            read[0] = i + 1
+            yield i
+
+    with fp.prefetch(n)(source()) as stream:
+        taken = len(stream.pull(1))
+        time.sleep(0.05)
+        assert read[0] - taken <= n
