@@ -24,6 +24,7 @@ Iterators are independent of each other.
 
 from __future__ import annotations
 
+import abc
 import errno
 import glob
 import mmap
@@ -83,7 +84,7 @@ def _noop(sample: dict) -> None:
     """The default ``initfun``/``convertfun``: leave the sample as it is."""
 
 
-class Reader:
+class Reader(abc.ABC):
     """The reader API; subclasses provide ``len``, ``in``, ``find_key``, ``find_index``, ``get``.
 
     Everything else is built on those (a subclass may override for speed). ``get_slice``
@@ -100,27 +101,29 @@ class Reader:
 
     _position = 0
 
+    @abc.abstractmethod
     def __len__(self) -> int:
-        raise NotImplementedError
+        """The number of samples."""
 
+    @abc.abstractmethod
     def __contains__(self, key: object) -> bool:
-        raise NotImplementedError
+        """Whether a sample has ``key``."""
 
+    @abc.abstractmethod
     def find_key(self, index: int) -> Any:
         """The key of sample ``index``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def find_index(self, key: Any) -> int:
         """The index of the sample with ``key``; :class:`KeyError` if there is none."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
         """Sample ``index`` (negative counts from the end); ``(key, sample)`` with ``yield_key``.
 
         ``raw=True`` gives the packed msgpack bytes; ``copy=False`` lets a reader return raw
         bytes as a ``memoryview`` into its buffers instead of a copy.
         """
-        raise NotImplementedError
 
     def close(self) -> None:
         """Release open files; the reader stays usable and reopens them when needed."""
