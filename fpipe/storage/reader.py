@@ -272,10 +272,11 @@ class _Handle:
         else:
             self.offsets = legacy_offsets
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        # os.close is bound early: at interpreter exit the os module may already be gone.
         for fd in (self.fd, self.offsets_fd):
             if fd is not None:
-                os.close(fd)
+                _close(fd)
 
     def offset_range(self, start: int, stop: int, path: Path) -> tuple[int, ...]:
         """Offsets ``start`` to ``stop`` inclusive, read with ``pread`` (no mapped pages)."""
