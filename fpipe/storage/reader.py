@@ -125,7 +125,7 @@ class Reader(abc.ABC):
         bytes as a ``memoryview`` into its buffers instead of a copy.
         """
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (not abstract: a reader without files has none to release)
         """Release open files; the reader stays usable and reopens them when needed."""
 
     def __enter__(self) -> Reader:

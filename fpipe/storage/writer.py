@@ -49,8 +49,10 @@ class Writer:
     the positional order is datadings's. ``buffering`` is the number of bytes collected before
     one write system call (``0`` writes every sample at once). An existing dataset (any of its
     files) raises :class:`FileExistsError` unless ``overwrite=True``, which removes the old
-    index files first. ``progress=True``, or any tqdm option such as ``desc=`` or ``total=``,
-    shows a progress bar (``disable=True`` hides it).
+    files first (a reader that has them open keeps reading the old data). ``progress=True``,
+    or any tqdm option such as ``desc=`` or ``total=``, shows a progress bar
+    (``disable=True`` hides it). Hashing and writing run in a background thread when
+    ``buffering`` is at least 64 KiB; the thread ends at :meth:`close`.
 
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
@@ -262,12 +264,12 @@ def _create(files: DatasetFiles, overwrite: bool) -> int:
     if existing and not overwrite:
         raise FileExistsError(errno.EEXIST, "dataset exists (pass overwrite=True to replace it)",
                               str(existing[0]))
-    # Stale index files would describe the old data if this writer never reaches close().
+    # Removed, not truncated: readers that still map the old files keep reading them, and no
+    # stale index describes the new data if this writer never reaches close().
     for path in existing:
-        if path != files.data:
-            path.unlink()
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if overwrite else os.O_EXCL)
-    return os.open(files.data, flags | getattr(os, "O_BINARY", 0), 0o666)
+        path.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    return os.open(files.data, flags, 0o666)
 
 
 def _write_all(fd: int, block: bytes) -> None:

@@ -61,6 +61,16 @@ def test_overwrite_replaces_the_dataset_and_removes_stale_index_files(tmp_path):
     assert MsgpackReader(path)[:] == [{"key": "only"}]
 
 
+def test_overwriting_does_not_disturb_a_reader_of_the_old_dataset(tmp_path):
+    old = make_samples(20, size=5000)
+    path = write(tmp_path / "set.msgpack", old)
+    reader = MsgpackReader(path)
+    assert reader[0] == old[0]
+    write(path, make_samples(2, size=10, seed=1), overwrite=True)
+    assert reader[19] == old[19] and reader[:] == old
+    assert len(MsgpackReader(path)) == 2
+
+
 def test_duplicate_key_raises_at_that_write_and_keeps_the_rest(tmp_path):
     path = tmp_path / "set.msgpack"
     with pytest.raises(ValueError, match="duplicate key 'a'"):
