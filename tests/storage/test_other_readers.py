@@ -192,3 +192,16 @@ def test_sharded_reader_argument_errors(tmp_path):
     assert len(empty) == 0 and list(empty) == []
     with pytest.raises(KeyError):
         empty.find_index("a")
+
+
+def test_zip_reader_reads_list_files_of_members(archive, tmp_path):
+    listing = tmp_path / "members.tsv"
+    listing.write_text("dog/3.jpg\tcanine\ncat/1.jpg\tfeline\n")
+    reader = ZipFileReader(archive, patterns=[str(listing)])
+    assert [(s["key"], s["_label"], s["data"]) for s in reader] == [
+        ("dog/3.jpg", "canine", b"dog:3.jpg"), ("cat/1.jpg", "feline", b"cat:1.jpg")]
+
+
+def test_natural_label_order_handles_numbers_and_mixed_text():
+    reader = ListReader([{"label": label} for label in ["x10", "x9", 3, "10", "9", "x"]])
+    assert reader.labels == [3, "9", "10", "x", "x9", "x10"]

@@ -341,3 +341,20 @@ def test_writer_and_reader_share_a_file_without_confusion(tmp_path):
         writer.write({"key": "a", "array": np.arange(3)})
     sample = MsgpackReader(path)[0]
     assert sample["array"].tolist() == [0, 1, 2] and not sample["array"].flags.writeable
+
+
+def test_a_corrupt_filter_or_md5_without_entry_raises_format_error(dataset):
+    open(dataset + ".filter", "wb").write(b"SIMPBLOO" + bytes(30))
+    with pytest.raises(FormatError, match="Bloom filter"):
+        MsgpackReader(dataset).__contains__("s00001")
+    open(dataset + ".md5", "w").write("00  other.msgpack\n")
+    with pytest.raises(FormatError, match="no entry for set.msgpack"):
+        MsgpackReader(dataset).verify_data()
+
+
+def test_an_offsets_file_that_shrinks_while_open_raises_format_error(dataset):
+    reader = MsgpackReader(dataset)
+    assert reader[0] is not None  # opens the files with 51 offsets
+    os.truncate(dataset + ".offsets", 80)
+    with pytest.raises(FormatError, match="shrank"):
+        list(reader.iter(20))
