@@ -17,15 +17,16 @@ from fpipe.storage import FileWriter, MsgpackReader
 ENV = {**os.environ, "COLUMNS": "100", "PYTHONWARNINGS": "ignore"}
 
 
-def fpipe(*argv, cwd=None, input=None) -> subprocess.CompletedProcess:
-    """Run the fpipe command with ``argv``; never raises on a non-zero status."""
+def fpipe(*argv, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """Run the fpipe command with ``argv`` (``env`` adds variables); never raises on a non-zero
+    status."""
     return subprocess.run([sys.executable, "-m", "fpipe", *map(str, argv)], capture_output=True,
-                          text=True, cwd=cwd, env=ENV, input=input, timeout=120)
+                          text=True, cwd=cwd, env={**ENV, **(env or {})}, timeout=120)
 
 
-def ok(*argv, cwd=None) -> str:
+def ok(*argv, cwd=None, env=None) -> str:
     """Run the fpipe command, check that it succeeded cleanly, return its stdout."""
-    result = fpipe(*argv, cwd=cwd)
+    result = fpipe(*argv, cwd=cwd, env=env)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     return result.stdout

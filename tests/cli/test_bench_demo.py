@@ -1,0 +1,61 @@
+"""``fpipe bench`` and ``fpipe demo``: they finish, print their figures, and leave nothing behind."""
+
+import importlib.util
+
+import pytest
+
+from fpipe.storage import FileWriter, MsgpackReader
+
+from .conftest import fails, make_dataset, ok
+
+
+def test_bench_measures_every_read_and_the_pipeline(tmp_path):
+    path = make_dataset(tmp_path / "set.msgpack", 300)
+    out = ok("bench", path, "--seconds", "1", "--pipeline", "--workers", "1", "--batch-size", "16")
+    lines = out.splitlines()
+    assert lines[0] == f"{path}: 300 samples, 0.0 MB, decoded"
+    assert lines[1].split() == ["read", "samples", "seconds", "samples/s", "MB/s"]
+    assert [line.split()[:2] for line in lines[2:5]] == [
+        ["sequential", "300"], ["random", "300"], ["quasi", "300"]]
+    assert "pipeline: read -> processes(decode_sample, n_workers=1) -> batch(16)" in out
+    assert "bottleneck:" in out and "batch(16)" in lines[-2]
+    raw = ok("bench", path, "--raw", "--modes", "random", "-q").splitlines()
+    assert raw[0].endswith("raw") and len(raw) == 3 and raw[2].startswith("random")
+
+
+def test_bench_mistakes_exit_2(tmp_path):
+    path = make_dataset(tmp_path / "set.msgpack", 10)
+    assert "--modes must be a comma-separated list" in fails(2, "bench", path, "--modes", "fast")
+    assert "--seconds must be > 0" in fails(2, "bench", path, "--seconds", "0")
+    FileWriter(tmp_path / "empty.msgpack").close()
+    assert "is empty" in fails(2, "bench", tmp_path / "empty.msgpack")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_the_demo_trains_through_a_dataloader_and_leaves_nothing_behind(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = ok("demo", "--images", "64", "--epochs", "2", "--batch-size", "16",
+             env={"TMPDIR": str(scratch)})
+    assert "1. made 64 smooth random 48x48 JPEG images in 4 classes" in out
+    assert "2. $ fpipe write " in out and "wrote 64 samples" in out
+    assert "-> DataLoader(batch_size=16, num_workers=2) -> a small CNN" in out
+    assert "epoch 2/2: 64 samples in" in out and "accuracy" in out
+    assert "source(DataLoader)" in out and "map(train_step)" in out
+    assert "nothing was left behind" in out
+    # torch itself may leave its compiler cache folder (torchinductor_<user>) in TMPDIR
+    assert [p.name for p in scratch.iterdir() if not p.name.startswith("torch")] == []
+
+
+def test_the_demo_without_torch_runs_fpipe_stages_and_keeps_files_when_asked(tmp_path):
+    keep = tmp_path / "kept"
+    out = ok("demo", "--no-torch", "--images", "40", "--classes", "2", "--epochs", "2",
+             "--keep", keep)
+    assert "processes(Augment(32), n_workers=2, seed=0) -> batch(32) -> map(combine_to_arrays)" in out
+    assert "epoch 2/2: 40 samples" in out and "bottleneck:" in out
+    assert f"the files are in {keep}" in out
+    with MsgpackReader(keep / "demo.msgpack") as reader:
+        assert len(reader) == 40
+    assert sorted(p.name for p in (keep / "images").iterdir()) == ["green", "red"]
+    assert "exists; pass -y/--overwrite" in fails(2, "demo", "--no-torch", "--keep", keep)
+    assert "--classes must be at most 8" in fails(2, "demo", "--classes", "9")
