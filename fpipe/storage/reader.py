@@ -313,9 +313,8 @@ class _KeyTable:
 
     def __init__(self, pieces: list[bytes], lengths: list[np.ndarray]) -> None:
         self.blob = b"".join(pieces)
-        ends = np.zeros(1 + sum(map(len, lengths)), dtype=np.int64)
-        np.cumsum(np.concatenate([np.zeros(0, np.int64), *lengths]), out=ends[1:])
-        self.ends = memoryview(ends)
+        ends = np.cumsum(np.concatenate([np.zeros(1, np.int64), *lengths]))
+        self.ends = memoryview(ends.astype(np.uint32 if len(self.blob) < 2**32 else np.int64))
 
     @classmethod
     def from_keys(cls, keys: Sequence[str]) -> _KeyTable:
