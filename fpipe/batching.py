@@ -18,12 +18,13 @@ the combining and the batching.
 from __future__ import annotations
 
 import numbers
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .stages import Stage, Stream, as_stream
+from .stages import _READ_SECONDS, Stage, Stream, as_stream
 
 __all__ = [
     "batch",
@@ -70,10 +71,23 @@ class _Batched(Stream):
         self._held = _NOTHING  # the item that closed the last predicate batch
 
     def _pull(self, n: int) -> list:
-        items = self._sized() if self._predicate is None else self._by_predicate()
-        if not items or (self._drop_last and self._size is not None and len(items) < self._size):
-            return []
-        return [items]
+        # more than one batch only while they are cheap and need no waiting for other threads,
+        # so that a batch is never held back by the making of the next one
+        batches: list = []
+        deadline = time.perf_counter() + _READ_SECONDS if n > 1 and not self.upstream.waits else 0
+        try:
+            while True:
+                items = self._sized() if self._predicate is None else self._by_predicate()
+                if not items or (self._drop_last and self._size and len(items) < self._size):
+                    return batches
+                batches.append(items)
+                if len(batches) >= n or time.perf_counter() > deadline:
+                    return batches
+        except Exception as error:
+            if not batches:
+                raise
+            self._error = error
+            return batches
 
     def _sized(self) -> list:
         size, upstream = self._size, self.upstream

@@ -75,20 +75,24 @@ class Stream:
     It is an iterator (``next()``, ``for``) and a context manager that closes it. Stages read
     each other with :meth:`pull`, a chunk at a time. ``next()`` reads ahead of the consumer only
     while items are cheap: at most 64 items, and only as many as take about 0.1 ms to make.
+    ``waits`` tells whether a pull may wait for other threads (a background stage upstream).
 
     >>> stream = as_stream(range(5))
     >>> next(stream), stream.pull(3), list(stream)
     (0, [1, 2, 3], [4])
     """
 
+    waits = False  # whether a pull may wait for other threads (or on its upstream's)
+
     def __init__(self, upstream: Stream | None, name: str) -> None:
         self.upstream, self.name = upstream, name
+        if upstream is not None and upstream.waits:
+            self.waits = True
         self._buffer: list = []  # items next() has read, last one first
         self._read_size = 1
         self._error: BaseException | CapturedError | None = None  # raised at the next pull
         self._closed = False
-        self._pulls = self._timed = self._items = 0
-        self._seconds, self._started = 0.0, None
+        self._meter = _Meter()
 
     def pull(self, n: int) -> list:
         """The next items, at least one and at most ``n``; ``[]`` once the stream has ended.
@@ -96,28 +100,41 @@ class Stream:
         An error raised while making items is raised after the items made before it, at the
         next pull; the stream then closes itself.
         """
-        if self._buffer:
-            return self._unbuffer(n)
-        if self._error is not None:
-            self._raise_error()
-        if self._closed:
-            return []
-        timed = not self._pulls % _TIMED_EVERY
-        if timed:
-            start = time.perf_counter()
-            if self._started is None:
-                self._started = start
-        self._pulls += 1
+        if self._buffer or self._error is not None or self._closed:
+            return self._pull_held(n)
+        meter = self._meter
+        meter.until_timed -= 1
+        if not meter.until_timed:
+            return self._timed_pull(n)
         try:
             items = self._pull(n)
         except BaseException:
             self.close()
             raise
-        if timed:
-            self._timed += 1
-            self._seconds += time.perf_counter() - start
-        self._items += len(items)
+        meter.items += len(items)
         return items
+
+    def _timed_pull(self, n: int) -> list:
+        meter, start = self._meter, time.perf_counter()
+        if meter.started is None:
+            meter.started = start
+        meter.until_timed = _TIMED_EVERY
+        try:
+            items = self._pull(n)
+        except BaseException:
+            self.close()
+            raise
+        meter.seconds += time.perf_counter() - start
+        meter.timed += 1
+        meter.items += len(items)
+        return items
+
+    def _pull_held(self, n: int) -> list:
+        if self._buffer:
+            return self._unbuffer(n)
+        if self._error is not None:
+            self._raise_error()
+        return []  # closed
 
     def _pull(self, n: int) -> list:
         raise NotImplementedError
@@ -174,14 +191,30 @@ class Stream:
     def __repr__(self) -> str:
         return f"<{self.name} stream>"
 
-    def _time_in_pull(self) -> float:
-        return self._seconds * self._pulls / self._timed if self._timed else 0.0
-
     def _shares(self, wall: float) -> tuple[float, float, float]:
         # in one thread, a pull's time is this stream's work plus the time in its upstream
-        own = self._time_in_pull()
-        upstream = self.upstream._time_in_pull() if self.upstream is not None else 0.0
+        own = self._meter.time_in_pull()
+        upstream = self.upstream._meter.time_in_pull() if self.upstream is not None else 0.0
         return max(own - upstream, 0.0) / wall, upstream / wall, max(wall - own, 0.0) / wall
+
+
+class _Meter:
+    """What a stream measures: items delivered, and the time of one pull in eight. (One class
+    for every stream, so that the attribute access of the hot path stays specialized.)"""
+
+    __slots__ = ("items", "seconds", "started", "timed", "until_timed")
+
+    def __init__(self) -> None:
+        self.items = self.timed = 0
+        self.until_timed = 1  # the first pull is timed
+        self.seconds, self.started = 0.0, None
+
+    def time_in_pull(self) -> float:
+        """An estimate of the total time spent in this stream's pulls."""
+        if not self.timed:
+            return 0.0
+        pulls = self.timed * _TIMED_EVERY - self.until_timed + 1
+        return self.seconds * pulls / self.timed
 
 
 def _chunk_size(items: int, seconds: float, target: float, cap: int) -> int:
@@ -647,6 +680,8 @@ class _Background(Stream):
     """The consumer side of a background stage: results come back through a queue and leave
     in input order (or as they complete)."""
 
+    waits = True
+
     def __init__(self, upstream: Stream, name: str, make_run: Callable[[Stream], _Run],
                  ordered: bool, workers: int) -> None:
         super().__init__(upstream, name)
@@ -724,7 +759,7 @@ class _Background(Stream):
         self._run.stop(join=True)
 
     def _shares(self, wall: float) -> tuple[float, float, float]:
-        upstream = self.upstream._time_in_pull()
+        upstream = self.upstream._meter.time_in_pull()
         blocked = self._run.blocked if self._run is not None else 0.0
         busy = self._work / (wall * self._workers) if self._workers else 0.0
         return busy, upstream / wall, blocked / wall
@@ -1224,9 +1259,10 @@ def stats(stream: Stream) -> Stats:
 
 
 def _row(stream: Stream, now: float) -> StageStats:
-    wall = now - stream._started if stream._started is not None else 0.0
+    meter = stream._meter
+    wall = now - meter.started if meter.started is not None else 0.0
     if wall <= 0:
-        return StageStats(stream.name, stream._items, 0.0, 0.0, 0.0, 0.0)
+        return StageStats(stream.name, meter.items, 0.0, 0.0, 0.0, 0.0)
     busy, waiting_input, waiting_output = (min(share, 1.0) for share in stream._shares(wall))
-    return StageStats(stream.name, stream._items, stream._items / wall, busy, waiting_input,
+    return StageStats(stream.name, meter.items, meter.items / wall, busy, waiting_input,
                       waiting_output)
