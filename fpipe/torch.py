@@ -7,6 +7,7 @@ workers after the parent has read, ``set_epoch`` works with and without persiste
 empty shards yield nothing, orderings give decoded samples, and ``even=`` gives every rank
 the same number of batches. This is the only fpipe module that imports torch.
 
+```python
 >>> from fpipe.storage import ListReader
 >>> def add(value, number):
 ...     return value + number
@@ -17,6 +18,8 @@ the same number of batches. This is the only fpipe module that imports torch.
 >>> stream = IterableDataset(reader, rank=1, world_size=2)   # rank 1 of 2, no workers
 >>> [sample["x"] for sample in stream], len(stream)
 ([3, 4, 5], 3)
+
+```
 """
 
 from __future__ import annotations
@@ -59,8 +62,11 @@ _SLOTS = 1024
 def no_rng(_: Any) -> dict:
     """The default ``rng``: no parameters, whatever the sample.
 
+    ```python
     >>> no_rng({"image": b"..."})
     {}
+
+    ```
     """
     return {}
 
@@ -68,8 +74,11 @@ def no_rng(_: Any) -> dict:
 def dict2tuple(it: Iterable[Mapping], keys: tuple = ("image", "label")) -> Iterator[tuple]:
     """Yield ``tuple(sample[k] for k in keys)`` for each sample (or collated batch) of ``it``.
 
+    ```python
     >>> list(dict2tuple([{"image": 1, "label": 0, "key": "a"}]))
     [(1, 0)]
+
+    ```
     """
     for sample in it:
         yield tuple(sample[k] for k in keys)
@@ -103,12 +112,15 @@ def worker_range(n: int, rank: int = 0, world_size: int = 1, worker: int = 0,
     the workers, so that every rank reads the same number of samples in the same pieces and
     makes the same number of batches.
 
+    ```python
     >>> [worker_range(10, r, 2, w, 2) for r in range(2) for w in range(2)]
     [range(0, 2), range(2, 5), range(5, 8), range(8, 10)]
     >>> [worker_range(10, r, 2, w, 2, epoch=1) for r in range(2) for w in range(2)]
     [range(5, 8), range(8, 10), range(0, 2), range(2, 5)]
     >>> [worker_range(11, r, 2, w, 2, even="drop") for r in range(2) for w in range(2)]
     [range(0, 2), range(2, 5), range(6, 8), range(8, 11)]
+
+    ```
     """
     n = _integer("n", n, 0)
     world_size, num_workers = _integer("world_size", world_size, 1), _integer("num_workers", num_workers, 1)
@@ -205,6 +217,7 @@ class DatasetBase:
     reproducible per sample, whichever worker or rank reads it. An exception in a transform
     names the sample (its index, key and field).
 
+    ```python
     >>> from fpipe.storage import ListReader
     >>> import fpipe
     >>> def coin(sample):
@@ -214,6 +227,8 @@ class DatasetBase:
     >>> again = DatasetBase(reader, {"x": Compose(lambda x, p: x + p)}, coin, seed=0)
     >>> first._apply(reader.get(0), 0, 0) == again._apply(reader.get(0), 0, 0)
     True
+
+    ```
     """
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
@@ -316,6 +331,7 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
     :class:`DatasetBase`); their draws depend on the epoch too, so call
     :meth:`~DatasetBase.set_epoch` at the start of every epoch for new augmentations.
 
+    ```python
     >>> import random
     >>> from fpipe.storage import ListReader
     >>> def add(v, number):
@@ -326,6 +342,8 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
     >>> sample = dataset[1]
     >>> sample["a"] == sample["__params__"]["number"], sample["key"], len(dataset)
     (True, 1, 3)
+
+    ```
     """
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
@@ -447,6 +465,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     samples), differently every epoch, from ``seed``. ``len()`` is what the calling process
     yields in its next pass: the rank's samples in the main process, the worker's in a worker.
 
+    ```python
     >>> from fpipe.storage import ListReader
     >>> reader = ListReader([{"x": i} for i in range(10)])
     >>> ranks = [IterableDataset(reader, rank=r, world_size=2, even="drop") for r in range(2)]
@@ -457,6 +476,8 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     >>> shuffled = IterableDataset(reader, shuffle=True, seed=0, buf_size=4, chunk_size=2)
     >>> sorted(s["x"] for s in shuffled) == list(range(10))
     True
+
+    ```
     """
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
