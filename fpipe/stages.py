@@ -182,6 +182,16 @@ class Stream:
         if self.upstream is not None:
             self.upstream.close()
 
+    def start(self) -> Stream:
+        """Start this stream's background work now, not at the first ``next()`` (a stream
+        that works in its consumer's thread has none), and return the stream.
+
+        >>> with prefetch(2)(range(3)).start() as stream:
+        ...     list(stream)
+        [0, 1, 2]
+        """
+        return self
+
     def __enter__(self) -> Stream:
         return self
 
@@ -694,11 +704,19 @@ class _Background(Stream):
         self._ready_slots, self._ready_error = 0, None
         self._work = 0.0
 
+    def start(self) -> Stream:
+        if self._run is None and not self._closed:
+            self._begin()
+        return self
+
+    def _begin(self) -> None:
+        self._run = self._make_run(self.upstream)
+        self._finalizer = weakref.finalize(self, self._run.stop, False)
+        self._run.begin()
+
     def _pull(self, n: int) -> list:
         if self._run is None:
-            self._run = self._make_run(self.upstream)
-            self._finalizer = weakref.finalize(self, self._run.stop, False)
-            self._run.begin()
+            self._begin()
         if not self._ready and not self._next_chunk():
             self.close()
             return []
