@@ -219,14 +219,12 @@ class DatasetBase:
 
     ```python
     >>> from fpipe.storage import ListReader
-    >>> import fpipe
-    >>> def coin(sample):
-    ...     return {"p": float(fpipe.current_rng().random())}
-    >>> reader = ListReader([{"key": "a", "x": 1}])
-    >>> first = DatasetBase(reader, {"x": Compose(lambda x, p: x + p)}, coin, seed=0)
-    >>> again = DatasetBase(reader, {"x": Compose(lambda x, p: x + p)}, coin, seed=0)
-    >>> first._apply(reader.get(0), 0, 0) == again._apply(reader.get(0), 0, 0)
-    True
+    >>> base = DatasetBase(ListReader([{"x": 1}, {"x": 2}]), seed=7)
+    >>> len(base), base.epoch, base.seed
+    (2, 0, 7)
+    >>> base.set_epoch(3)
+    >>> base.epoch
+    3
 
     ```
     """
@@ -342,6 +340,12 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
     >>> sample = dataset[1]
     >>> sample["a"] == sample["__params__"]["number"], sample["key"], len(dataset)
     (True, 1, 3)
+    >>> import fpipe
+    >>> def seeded_rng(_):
+    ...     return {"number": int(fpipe.current_rng().integers(1, 10))}
+    >>> seeded = Dataset(ListReader([{"a": 0} for _ in range(3)]), {"a": Compose(add)}, seeded_rng, seed=0)
+    >>> [seeded[i]["a"] for i in range(3)] == [seeded[i]["a"] for i in range(3)]
+    True
 
     ```
     """

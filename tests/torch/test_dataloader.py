@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from tqdm import tqdm
 
 import fpipe
 from fpipe.image import ImageDecodeError
-from fpipe.storage import ListReader, MsgpackReader
-from fpipe.torch import Compose, CompressedToPIL, Dataset, IterableDataset, worker_range
+from fpipe.storage import FileWriter, ListReader, MsgpackReader
+from fpipe.torch import Compose, CompressedToPIL, Dataset, IterableDataset, dict2tuple, worker_range
 
-from .conftest import write_numbers
+from .conftest import encode, pixels, write_numbers
 
 LOADERS = [
     pytest.param(0, None, False, id="no-workers"),
@@ -76,7 +78,7 @@ def test_across_ranks_every_sample_comes_once_per_epoch(tmp_path, workers, persi
 def test_a_map_style_dataset_works_in_workers_after_the_parent_has_read(tmp_path):
     reader = MsgpackReader(write_numbers(tmp_path / "numbers.msgpack", 200))
     assert [reader.get(i)["x"] for i in (3, 150, 7)] == [3, 150, 7]
-    dataset = Dataset(reader)
+    dataset = Dataset(reader, transforms={"x": Compose(abs)})
     for context in ("fork", "spawn"):
         seen = pass_of(loader(dataset, 2, context, shuffle=True, batch_size=16))
         assert sorted(seen) == list(range(200)) and seen != list(range(200))
@@ -142,10 +144,79 @@ def test_a_workers_error_names_the_sample(tmp_path):
 
 
 def test_dict2tuple_over_a_data_loader_gives_collated_fields(tmp_path):
-    from fpipe.torch import dict2tuple
     reader = MsgpackReader(write_numbers(tmp_path / "numbers.msgpack", 10))
     batches = list(dict2tuple(loader(Dataset(reader), 0), keys=("x", "key")))
     assert [tuple(x.tolist()) for x, _ in batches][:2] == [(0, 1, 2, 3), (4, 5, 6, 7)]
     assert batches[0][1] == ["0000", "0001", "0002", "0003"]
     assert isinstance(batches[0][0], torch.Tensor)
     assert collections.Counter(map(len, (x for x, _ in batches))) == {4: 2, 2: 1}
+
+
+class ToTensor:
+    """A stand-in for torchvision's ToTensor (torchvision is not a dependency)."""
+
+    def __call__(self, picture):
+        return torch.from_numpy(np.array(picture)).permute(2, 0, 1).float().div(255)
+
+
+def center(picture):
+    return picture.crop((1, 1, 7, 7))
+
+
+@pytest.fixture
+def images_path(tmp_path) -> str:
+    path = tmp_path / "train.msgpack"
+    with FileWriter(path) as writer:
+        for i in range(40):
+            writer.write({"key": f"{i:03d}", "image": encode(pixels(8, 8, seed=i), "PNG"), "label": i % 4})
+    return str(path)
+
+
+def test_the_dataset_dataloader_example_runs_with_only_the_imports_changed(images_path):
+    # datadings.torch.Dataset's example, verbatim but for the imports, the path and the "..."
+    path = images_path
+    batch_size = 256
+    reader = MsgpackReader(path)
+    transforms = {'image': Compose(
+        CompressedToPIL(),
+        center,
+        ToTensor(),
+    )}
+    ds = Dataset(reader, transforms=transforms)
+    train = DataLoader(dataset=ds, batch_size=batch_size)
+    for epoch in range(3):  # noqa: B007
+        for x, y in dict2tuple(tqdm(train)):  # noqa: B007
+            pass
+
+    assert x.shape == (40, 3, 6, 6) and y.tolist() == [i % 4 for i in range(40)]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+def test_the_iterable_dataset_dataloader_example_runs_with_only_the_imports_changed(images_path):
+    # datadings.torch.IterableDataset's example, verbatim but for the imports, the path and "..."
+    path = images_path
+    batch_size = 256
+    reader = MsgpackReader(path)
+    transforms = {'image': Compose(
+        CompressedToPIL(),
+        center,
+        ToTensor(),
+    )}
+    ds = IterableDataset(
+        reader,
+        transforms=transforms,
+        batch_size=batch_size,
+    )
+    train = DataLoader(
+        dataset=ds,
+        batch_size=batch_size,
+        num_workers=4,
+        persistent_workers=True,
+    )
+    for epoch in range(3):
+        print('Epoch', epoch)
+        for x, y in dict2tuple(tqdm(train)):  # noqa: B007
+            pass
+
+    labels = sorted(int(label) for _, y in dict2tuple(train) for label in y)
+    assert labels == sorted(i % 4 for i in range(40)) and x.shape[1:] == (3, 6, 6)
