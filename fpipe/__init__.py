@@ -8,12 +8,13 @@ Everything is a function: transforms map items, stages map streams, and a pipeli
 3
 """
 
-from . import batching, errors, functional, random, sharding, sources, stages, storage
+from . import batching, errors, functional, infinite, random, sharding, sources, stages, storage
 from . import pool as _pool  # the stage fpipe.pool takes the module's name
 from ._version import __version__
 from .batching import *
 from .errors import *
 from .functional import *
+from .infinite import *
 from .pool import *
 from .random import *
 from .sharding import *
@@ -22,6 +23,7 @@ from .stages import *
 from .storage import *
 
 # Each module that adds public names is imported above and listed here.
-_PUBLIC_MODULES = (batching, errors, functional, _pool, random, sharding, sources, stages, storage)
+_PUBLIC_MODULES = (batching, errors, functional, infinite, _pool, random, sharding, sources, stages,
+                   storage)
 
 __all__ = sorted({"__version__", *(name for module in _PUBLIC_MODULES for name in module.__all__)})

@@ -1,0 +1,589 @@
+"""dpipe's batch iterator: :class:`Infinite` and the stage classes :class:`Threads`,
+:class:`Loky` and :class:`Iterator`, as thin adapters over fpipe's stages.
+
+``Infinite(source, *transformers, batch_size=, batches_per_epoch=)`` is the pipeline
+``toolz.pipe(source, *stages, batch(batch_size), map(combiner), prefetch(buffer_size + 1))``
+run in the background, handed out in epochs of ``batches_per_epoch`` batches:
+
+>>> from fpipe import Infinite, sample, unpack_args
+>>> def scale(x, y):
+...     return x * 10, y
+>>> pairs = [(1, 0), (2, 1), (3, 0)]
+>>> with Infinite(sample(pairs, random_state=1), unpack_args(scale), batch_size=4,
+...               batches_per_epoch=2) as batch_iter:
+...     for xs, ys in batch_iter():
+...         print(xs, ys)
+[10 20 10 30] [0 1 0 0]
+[30 20 20 10] [0 1 1 0]
+
+The epochs are windows on one stream: no batch is lost or repeated between them, even when a
+loop breaks out of an epoch early. Unlike dpipe's, ``close()`` stops and joins everything
+before it returns, the original exception of a failing stage reaches the caller, a forgotten
+``close()`` never hangs the interpreter, and a seeded pipeline saves and restores its place
+(:meth:`Infinite.state_dict`).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import functools
+import inspect
+import os
+import sys
+import weakref
+from collections.abc import Callable, Iterable
+from collections.abc import Iterator as _Iterator
+from typing import Any
+
+import numpy as np
+
+from .batching import batch, combine_to_arrays, unbatch
+from .stages import (
+    Stage,
+    Stats,
+    Stream,
+    _check_count,
+    _MapStage,
+    _ParallelStage,
+    as_stream,
+    map,
+    prefetch,
+    processes,
+    stats,
+    threads,
+    transform_stream,
+)
+
+__all__ = ["Infinite", "Iterator", "Loky", "Threads"]
+
+_ITERATOR_CHUNK = 64  # items per call of an Iterator transform that runs in several threads
+_SKIP_CHUNK = 1024  # items read at a time when a source is fast-forwarded by reading
+
+
+# --- the stage classes ----------------------------------------------------------------------
+
+
+def _keywords(factory: Callable) -> frozenset:
+    return frozenset(name for name, parameter in inspect.signature(factory).parameters.items()
+                     if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def _make_stage(factory: Callable, func: Callable, args: tuple, kwargs: dict,
+                **options: Any) -> Stage:
+    """``factory(func, *args, **options)`` with ``kwargs`` going to ``func``, even the ones
+    that share a name with an option of the factory (``seed=``, say)."""
+    if kwargs.keys() & _keywords(factory):
+        func, kwargs = functools.partial(func, **kwargs), {}
+    return factory(func, *args, **options, **kwargs)
+
+
+def _arguments(func: Callable, args: tuple, kwargs: dict, options: dict) -> str:
+    parts = [getattr(func, "__name__", None) or repr(func), *(repr(arg) for arg in args)]
+    parts += [f"{key}={value!r}" for key, value in {**options, **kwargs}.items()]
+    return ", ".join(parts)
+
+
+class _Adapter(Stage):
+    """A dpipe stage class: applying it applies the fpipe stages it stands for."""
+
+    one_to_one = False  # whether each input item gives exactly one output item, in order
+
+    def __init__(self, stages: list[Stage], arguments: str) -> None:
+        self.stages, self._arguments = stages, arguments
+
+    def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
+        stream = as_stream(iterable)
+        for stage in self.stages:
+            stream = stage.apply(stream, epoch=epoch, start=start)
+        return stream
+
+    def close(self) -> None:
+        """Release what the stages keep between runs (the joblib generator of a process
+        stage); the next run starts it again."""
+        for stage in self.stages:
+            close = getattr(stage, "close", None)
+            if close is not None:
+                close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._arguments})"
+
+
+class Threads(_Adapter):
+    """dpipe's ``Threads``: ``func(item, *args, **kwargs)`` in ``n_workers`` threads, which is
+    :func:`fpipe.threads` (``buffer_size`` chunks wait beyond the ones in work). Unlike dpipe's,
+    the output keeps the input order, and every keyword argument goes to ``func``.
+
+    >>> from toolz import pipe
+    >>> list(pipe(range(5), Threads(pow, 2, n_workers=2)))
+    [0, 1, 4, 9, 16]
+    """
+
+    one_to_one = True
+
+    def __init__(self, func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 1,
+                 **kwargs: Any) -> None:
+        options = {"n_workers": n_workers, "buffer_size": buffer_size}
+        stage = _make_stage(threads, func, args, kwargs, **options)
+        super().__init__([stage], _arguments(func, args, kwargs, options))
+
+
+def _loky_workers(n_workers: Any) -> Any:
+    # dpipe's rule for negative counts: -1 is every core, -2 all but one, and so on
+    if isinstance(n_workers, (int, np.integer)) and not isinstance(n_workers, bool) \
+            and n_workers < -1:
+        return max(1, (os.cpu_count() or 1) + int(n_workers) + 1)
+    return n_workers
+
+
+class Loky(_Adapter):
+    """dpipe's ``Loky``: ``func(item, *args, **kwargs)`` in ``n_workers`` worker processes
+    (negative: that many fewer than the cores, plus one, so -1 is all of them), which is
+    :func:`fpipe.processes` on joblib's loky backend. Unlike dpipe's, the workers are started
+    once and stay warm for the next epoch and the next pipeline, items travel in chunks, the
+    output keeps the input order, and a worker's exception reaches the consumer whole.
+    With ``n_workers=1``, joblib runs the work in this process.
+
+    >>> from toolz import pipe
+    >>> list(pipe(range(4), Loky(divmod, 3)))
+    [(0, 0), (0, 1), (0, 2), (1, 0)]
+    """
+
+    one_to_one = True
+
+    def __init__(self, func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 1,
+                 **kwargs: Any) -> None:
+        options = {"n_workers": n_workers, "buffer_size": buffer_size}
+        stage = _make_stage(processes, func, args, kwargs, backend="loky",
+                            n_workers=_loky_workers(n_workers), buffer_size=buffer_size)
+        super().__init__([stage], _arguments(func, args, kwargs, options))
+
+
+class _ChunkCall:
+    """``transform`` over one chunk of the stream, as a list (a class, so that it pickles)."""
+
+    def __init__(self, transform: Callable, args: tuple, kwargs: dict) -> None:
+        self.transform, self.args, self.kwargs = transform, args, kwargs
+
+    def __call__(self, chunk: list) -> list:
+        return list(self.transform(chunk, *self.args, **self.kwargs))
+
+
+class Iterator(_Adapter):
+    """dpipe's ``Iterator``: ``transform(stream, *args, **kwargs)`` gets the whole stream and
+    returns or yields any number of outputs (:func:`fpipe.transform_stream`), for filters, flat
+    maps, windows and other stateful work. It runs in the thread that reads it (in
+    :class:`Infinite`, the pipeline's background thread).
+
+    With ``n_workers > 1``, ``transform`` is called on consecutive chunks of 64 items, in
+    ``n_workers`` threads, and the outputs keep the input order; its state then lasts one
+    chunk. (dpipe runs one instance per thread, each on an arbitrary share of the items.)
+    ``buffer_size`` is the number of chunks that wait beyond the ones in work.
+
+    >>> from toolz import pipe
+    >>> def pairs(items):
+    ...     items = iter(items)
+    ...     return zip(items, items)
+    >>> list(pipe(range(6), Iterator(pairs)))
+    [(0, 1), (2, 3), (4, 5)]
+    """
+
+    def __init__(self, transform: Callable, *args: Any, n_workers: int = 1,
+                 buffer_size: int = 1, **kwargs: Any) -> None:
+        options = {"n_workers": n_workers, "buffer_size": buffer_size}
+        _check_count("buffer_size", buffer_size, 1)
+        if _check_count("n_workers", n_workers, 1) == 1:
+            stages = [_make_stage(transform_stream, transform, args, kwargs)]
+        else:
+            stages = [batch(_ITERATOR_CHUNK),
+                      threads(_ChunkCall(transform, args, kwargs), n_workers=n_workers,
+                              buffer_size=buffer_size),
+                      unbatch()]
+        super().__init__(stages, _arguments(transform, args, kwargs, options))
+
+
+# --- Infinite -------------------------------------------------------------------------------
+
+
+def _one_to_one(stage: Stage) -> bool:
+    """Whether the stage gives one output per input, in order, numbering items from ``start``:
+    then a restored pipeline can skip ahead by position instead of replaying."""
+    if isinstance(stage, _Adapter):
+        return stage.one_to_one
+    return isinstance(stage, (_MapStage, _ParallelStage))
+
+
+def _as_stage(position: int, transformer: Any) -> Stage:
+    if isinstance(transformer, Stage):
+        return transformer
+    if callable(transformer):
+        return map(transformer)
+    raise TypeError(f"transformers must be callables or fpipe stages; got "
+                    f"transformers[{position}]={transformer!r}")
+
+
+def _combiner_stage(combiner: Any, kwargs: dict) -> Stage:
+    if isinstance(combiner, Stage):
+        if kwargs:
+            raise ValueError(f"combiner {combiner!r} is already a stage: give it its keyword "
+                             f"arguments itself; got {', '.join(sorted(kwargs))}")
+        return combiner
+    if not callable(combiner):
+        raise TypeError(f"combiner must be callable or an fpipe stage; got combiner={combiner!r}")
+    try:
+        signature = inspect.signature(combiner)
+    except (TypeError, ValueError):  # some builtins have none: their call will tell
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind([], **kwargs)
+        except TypeError as error:
+            raise TypeError(f"combiner {getattr(combiner, '__name__', combiner)!s} does not "
+                            f"take these keyword arguments of Infinite: {error}") from None
+    return _make_stage(map, combiner, (), kwargs)
+
+
+def _restorable(source: Any) -> bool:
+    return callable(getattr(source, "state_dict", None)) and \
+        callable(getattr(source, "load_state_dict", None))
+
+
+def _discard(stream: Stream, n: int) -> None:
+    while n > 0:
+        items = stream.pull(min(n, _SKIP_CHUNK))
+        if not items:
+            return
+        n -= len(items)
+
+
+class _Pipeline:
+    """What an :class:`Infinite` runs: its stages, the live stream, and where it stands.
+
+    It holds no reference to the ``Infinite``, so a forgotten ``Infinite`` is collected and its
+    finalizer closes this. ``origin`` is the state of the source and the epochs of the stages
+    when the stream was built; ``delivered`` counts the batches handed out since then.
+    """
+
+    def __init__(self, source: Any, stages: list[Stage], batch_at: int, batch_size: Any) -> None:
+        self.source, self.stages, self.batch_at = source, stages, batch_at
+        self.per_batch = None if callable(batch_size) else int(batch_size)
+        self.stream: Stream | None = None
+        self.last: Stream | None = None  # the latest stream, for stats()
+        self.origin: tuple = (None, [])
+        self.delivered = self.skip = 0  # skip: batches a restored state has delivered
+
+    def ensure(self) -> Stream:
+        """The live stream, built and started if there is none."""
+        if self.stream is None:
+            self.stream = self.last = self._build().start()
+        return self.stream
+
+    def _build(self) -> Stream:
+        state = self.source_state()
+        if state is not None:
+            self.source.load_state_dict(state)  # the place the stream starts from, exactly
+        epochs = [stage.epoch for stage in self.stages]
+        skip, self.skip = self.skip, 0
+        fast = bool(skip) and self._countable()
+        stream = self._source_stream(state, skip * self.per_batch if fast else 0)
+        for at, (stage, epoch) in enumerate(zip(self.stages, epochs)):
+            start = (skip * self.per_batch if at < self.batch_at else skip) if fast else 0
+            stream = stage.apply(stream, epoch=epoch, start=start)
+            stage.set_epoch(epoch + 1)
+        self.origin, self.delivered = (state, epochs), skip
+        if not fast:
+            self._replay(stream, skip)
+        return stream
+
+    def _countable(self) -> bool:
+        return self.per_batch is not None and all(
+            _one_to_one(stage) for at, stage in enumerate(self.stages[:-1]) if at != self.batch_at)
+
+    def _source_stream(self, state: dict | None, skip: int) -> Stream:
+        """The source as a stream, moved ``skip`` items on: in O(1) when the source can seek or
+        counts its place in ``state['position']``, else by reading."""
+        position = state.get("position") if isinstance(state, dict) else None
+        if skip and isinstance(position, int) and callable(getattr(self.source, "seek", None)):
+            self.source.seek(position + skip)
+        elif skip and isinstance(position, int):
+            self.source.load_state_dict({**state, "position": position + skip})
+        else:
+            stream = as_stream(self.source)
+            _discard(stream, skip)
+            return stream
+        return as_stream(self.source)
+
+    @staticmethod
+    def _replay(stream: Stream, batches: int) -> None:
+        for _ in range(batches):
+            if not stream.pull(1):
+                return
+
+    def source_state(self) -> dict | None:
+        return self.source.state_dict() if _restorable(self.source) else None
+
+    def next_batch(self, first: bool) -> Any:
+        """The next batch; StopIteration when a finite source has ended (the next call then
+        starts it again). The first batch of an epoch does that at once."""
+        stream = self.ensure()
+        try:
+            item = next(stream)
+        except StopIteration:
+            again = first and self.delivered > 0
+            self.close()
+            if not again:
+                raise
+            return self.next_batch(first=False)
+        except BaseException:
+            self.close()  # the next epoch starts cleanly
+            raise
+        self.delivered += 1
+        return item
+
+    def close(self) -> None:
+        stream, self.stream = self.stream, None
+        try:
+            if stream is not None:
+                stream.close()
+        finally:
+            for stage in self.stages:
+                close = getattr(stage, "close", None)
+                if close is not None:
+                    close()
+
+
+class Infinite:
+    """dpipe's batch iterator: ``source`` through ``transformers``, in batches of
+    ``batch_size``, combined by ``combiner``, handed out ``batches_per_epoch`` at a time.
+
+    * ``source`` is any iterable; an infinite one (:func:`fpipe.sample`,
+      :func:`fpipe.load_by_random_id`) is the usual choice.
+    * ``transformers`` are plain functions of an item (each becomes :func:`fpipe.map`),
+      :class:`Threads`, :class:`Loky`, :class:`Iterator`, :class:`fpipe.ExpirationPool`, or any
+      fpipe stage.
+    * ``batch_size`` is an integer, or a predicate ``batch_size(batch, item) -> bool`` that says
+      whether ``item`` joins the batch (see :func:`fpipe.batch`).
+    * ``combiner`` turns a list of items into a batch; ``kwargs`` go to it, as in dpipe. It may
+      be a stage too (``Threads(combine_pad, n_workers=2)``), which takes its own arguments.
+    * ``buffer_size`` batches wait ready while the next one is made, in a background thread.
+
+    ``bi()`` and ``iter(bi)`` give the next ``batches_per_epoch`` batches. Nothing starts at
+    construction; the first epoch or ``with bi:`` starts the pipeline, and ``close()`` (or
+    leaving the ``with`` block) stops it and joins its threads before it returns. The object can
+    be used again after ``close()``: it then starts over from the source, which a list or a
+    range begins again and an iterator continues.
+
+    A finite source ends the epoch in which it runs out, after its partial batch; the next
+    epoch begins it again if it can be iterated again (a list) and is empty otherwise (a spent
+    generator). An exception in any stage reaches the caller with its type, message and
+    traceback, and closes the pipeline: the next epoch starts over cleanly.
+
+    >>> batch_iter = Infinite(range(7), batch_size=3, batches_per_epoch=2,
+    ...                       combiner=list)
+    >>> [list(batch_iter()) for _ in range(3)]
+    [[[0, 1, 2], [3, 4, 5]], [[6]], [[0, 1, 2], [3, 4, 5]]]
+    >>> batch_iter.close()
+    """
+
+    def __init__(self, source: Iterable, *transformers: Callable | Stage,
+                 batch_size: int | Callable[[list, Any], bool], batches_per_epoch: int,
+                 buffer_size: int = 1, combiner: Callable | Stage = combine_to_arrays,
+                 **kwargs: Any) -> None:
+        if not isinstance(source, (Iterable, collections.abc.Sequence)):
+            raise TypeError(f"source must be iterable; got source={source!r}")
+        stages = [_as_stage(i, transformer) for i, transformer in enumerate(transformers)]
+        stages.append(batch(batch_size))
+        self.batches_per_epoch = batches_per_epoch
+        self.buffer_size = _check_count("buffer_size", buffer_size, 1)
+        stages += [_combiner_stage(combiner, kwargs), prefetch(self.buffer_size + 1)]
+        self.source, self.batch_size = source, batch_size
+        self._pipeline = _Pipeline(source, stages, len(transformers), batch_size)
+        self._finalizer = weakref.finalize(self, self._pipeline.close)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """How many batches an epoch has; it may be changed between epochs."""
+        return self._batches_per_epoch
+
+    @batches_per_epoch.setter
+    def batches_per_epoch(self, value: int) -> None:
+        self._batches_per_epoch = _check_count("batches_per_epoch", value, 1)
+
+    @property
+    def stages(self) -> list[Stage]:
+        """The stages the pipeline applies, in order: the transformers, the batching, the
+        combiner and the background prefetch."""
+        return list(self._pipeline.stages)
+
+    def __call__(self) -> _Iterator:
+        """The next ``batches_per_epoch`` batches (fewer if a finite source ends)."""
+        self._pipeline.ensure()
+        return self._epoch(self.batches_per_epoch)
+
+    def _epoch(self, batches: int) -> _Iterator:
+        for index in range(batches):
+            try:
+                item = self._pipeline.next_batch(first=not index)
+            except StopIteration:
+                return
+            yield item
+
+    def __iter__(self) -> _Iterator:
+        return self()
+
+    def __enter__(self) -> Infinite:
+        self._pipeline.ensure()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the pipeline: every thread is joined when this returns (process workers stay
+        warm in joblib's pool). Batches made ahead and not handed out are dropped. Closing
+        twice does nothing, and the object can be used again.
+
+        >>> batch_iter = Infinite(range(4), batch_size=2, batches_per_epoch=1, combiner=list)
+        >>> list(batch_iter()), batch_iter.close(), batch_iter.close()
+        ([[0, 1]], None, None)
+        """
+        self._pipeline.close()
+
+    def __del__(self) -> None:
+        finalizer = getattr(self, "_finalizer", None)  # absent if __init__ raised
+        if finalizer is not None:
+            finalizer()
+
+    def stats(self) -> Stats:
+        """Where the time goes, per stage, in the running pipeline (or the last one): see
+        :func:`fpipe.stats`.
+
+        >>> batch_iter = Infinite(range(10), batch_size=5, batches_per_epoch=2, combiner=list)
+        >>> _ = list(batch_iter())
+        >>> [row.name for row in batch_iter.stats()]
+        ['source(range)', 'batch(5)', 'map(list)', 'prefetch(2)']
+        >>> batch_iter.close()
+        """
+        stream = self._pipeline.last
+        return stats(stream) if stream is not None else Stats()
+
+    def state_dict(self) -> dict:
+        """Where the pipeline stands: the state of the source and the epochs of the stages when
+        the running stream started, and the batches handed out since. A plain dict.
+
+        For a seeded pipeline (a seeded source such as :func:`fpipe.sample` and seeded
+        stages), an ``Infinite`` built the same way that loads this state hands out exactly
+        the batches this one would have. When every transformer maps one item to one item
+        (functions, :class:`Threads`, :class:`Loky`, :func:`fpipe.map`, :func:`fpipe.threads`,
+        :func:`fpipe.processes`) and ``batch_size`` is an integer, the restored pipeline skips
+        ahead at once; otherwise it makes and drops the batches handed out so far.
+
+        The source must have ``state_dict()`` and ``load_state_dict()``, or be iterable again
+        from its start (a list, a range); an iterator raises ``TypeError``.
+
+        >>> from fpipe import sample
+        >>> def run():
+        ...     return Infinite(sample(range(100), random_state=0), batch_size=2,
+        ...                     batches_per_epoch=3, combiner=list)
+        >>> first = run()
+        >>> _ = list(first())
+        >>> state = first.state_dict()
+        >>> second = run()
+        >>> second.load_state_dict(state)
+        >>> list(first()) == list(second())
+        True
+        >>> first.close(), second.close()
+        (None, None)
+        """
+        pipeline = self._pipeline
+        if not _restorable(self.source) and isinstance(self.source, _Iterator):
+            raise TypeError(f"state_dict() needs a source with state_dict() and "
+                            f"load_state_dict() (fpipe.sample, say) or one that can be iterated "
+                            f"again from its start; got source={self.source!r}")
+        if pipeline.stream is not None:
+            source, epochs = pipeline.origin
+            delivered = pipeline.delivered
+        else:
+            source, epochs = pipeline.source_state(), [s.epoch for s in pipeline.stages]
+            delivered = pipeline.skip
+        return {"source": source, "epochs": list(epochs), "delivered": delivered}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a :meth:`state_dict` of an ``Infinite`` built the same way: the
+        running pipeline is closed, and the next epoch begins where that one stood."""
+        self._check_state(state)
+        self.close()
+        pipeline = self._pipeline
+        if state["source"] is not None:
+            self.source.load_state_dict(state["source"])
+        for stage, epoch in zip(pipeline.stages, state["epochs"]):
+            stage.set_epoch(epoch)
+        pipeline.skip = int(state["delivered"])
+
+    def _check_state(self, state: Any) -> None:
+        if not isinstance(state, dict) or set(state) != {"source", "epochs", "delivered"}:
+            raise TypeError(f"state must be a dict from Infinite.state_dict(); got state={state!r}")
+        stages = len(self._pipeline.stages)
+        if len(state["epochs"]) != stages:
+            raise ValueError(f"state is of a pipeline with {len(state['epochs'])} stages; this one "
+                             f"has {stages}")
+        _check_count("state['delivered']", state["delivered"], 0)
+        if (state["source"] is None) == _restorable(self.source):
+            raise ValueError(f"state['source'] does not fit source={self.source!r}: a source "
+                             f"with state_dict() needs its state, and only such a source has one")
+
+    @property
+    def closing_callback(self) -> Any:
+        """A Lightning callback that closes this iterator when the trainer tears down or
+        fails: ``Trainer(callbacks=[batch_iter.closing_callback])``. It works with ``lightning``
+        and with ``pytorch_lightning`` (whichever is imported; Lightning is imported here, not
+        with fpipe).
+
+        >>> batch_iter = Infinite(range(4), batch_size=2, batches_per_epoch=1)
+        >>> callback = batch_iter.closing_callback  # doctest: +SKIP
+        >>> callback.teardown(trainer=None, pl_module=None, stage="fit")  # doctest: +SKIP
+        """
+        return _closing_callback_class(_lightning_callbacks())(self)
+
+    def __repr__(self) -> str:
+        stages = ", ".join(repr(stage) for stage in self._pipeline.stages)
+        return (f"Infinite({type(self.source).__name__}, {stages}, "
+                f"batches_per_epoch={self.batches_per_epoch})")
+
+
+# --- Lightning ------------------------------------------------------------------------------
+
+_LIGHTNING = ("lightning.pytorch", "pytorch_lightning")
+
+
+def _lightning_callbacks() -> tuple:
+    """The ``Callback`` classes of the Lightning packages in use; if none is imported yet, of
+    the first one that can be."""
+    loaded = tuple(sys.modules[name].Callback for name in _LIGHTNING if name in sys.modules)
+    if loaded:
+        return loaded
+    for name in _LIGHTNING:
+        try:
+            return (__import__(name, fromlist=["Callback"]).Callback,)
+        except ImportError:
+            continue
+    raise ImportError("closing_callback needs Lightning: pip install lightning "
+                      "(or pytorch_lightning)")
+
+
+@functools.cache
+def _closing_callback_class(bases: tuple) -> type:
+    # a subclass of each Lightning's Callback in use, so that either Trainer accepts it
+    def __init__(self, batch_iter: Infinite) -> None:
+        self.batch_iter = batch_iter
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.batch_iter.close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.batch_iter.close()
+
+    namespace = {"__init__": __init__, "teardown": teardown, "on_exception": on_exception,
+                 "__module__": __name__, "__doc__": "Closes a batch iterator on teardown and on "
+                 "exception."}
+    return type("ClosingCallback", bases, namespace)
