@@ -6,6 +6,7 @@ import argparse
 import json
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from ..errors import FpipeError
 
 __all__ = [
+    "HelpFormatter",
     "UsageError",
     "add_command",
     "add_output_options",
@@ -36,12 +38,37 @@ class UsageError(FpipeError, ValueError):
     """A mistake in the command line found after parsing (exit status 2)."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Wrap the description and epilog paragraph by paragraph; keep indented lines (lists,
+    examples) as they are written.
+
+    >>> print(HelpFormatter("fpipe")._fill_text("one\\ntwo\\n\\n  fpipe x", 80, ""))
+    one two
+    <BLANKLINE>
+      fpipe x
+    """
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines: list[str] = []
+        paragraph: list[str] = []
+        for line in [*text.splitlines(), ""]:
+            if line and not line[0].isspace():
+                paragraph.append(line)
+                continue
+            if paragraph:
+                lines.extend(textwrap.wrap(" ".join(paragraph), width, initial_indent=indent,
+                                           subsequent_indent=indent))
+                paragraph = []
+            lines.append(indent + line if line else "")
+        return "\n".join(lines[:-1])
+
+
 def add_command(commands: argparse._SubParsersAction, name: str, summary: str, description: str,
-                example: str, run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-    """Register subcommand ``name``; ``example`` becomes the help's epilog, verbatim."""
+                examples: str, run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """Register subcommand ``name``; ``examples`` (indented command lines) end its help."""
     parser = commands.add_parser(
-        name, help=summary, description=description, epilog="example:\n" + example,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        name, help=summary, description=description, epilog="examples:\n" + examples,
+        formatter_class=HelpFormatter)
     parser.set_defaults(run=run)
     return parser
 

@@ -35,8 +35,9 @@ EXIT_INTERRUPTED = 130
 _DESCRIPTION = """\
 Write a packed dataset. SOURCE is one of:
 
-  a well-known dataset ({known}): its official archives, found in --from DIR
-    (default OUT) or downloaded there with --download, become OUT/<split>.msgpack;
+  a well-known dataset: {known};
+    its official archives, found in --from DIR (default OUT) or downloaded there with
+    --download, become OUT/<split>.msgpack;
   a folder: an ImageFolder tree (one sub-folder per class) or, without sub-folders,
     unlabelled files;
   a glob pattern whose path component {{LABEL}} is the class folder, e.g. 'photos/{{LABEL}}/**'

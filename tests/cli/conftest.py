@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fpipe.cli import main
 from fpipe.storage import FileWriter, MsgpackReader
 
 # Fixed help width, so that help texts compare equal on any terminal.
@@ -40,6 +41,20 @@ def fails(status: int, *argv, cwd=None) -> str:
     assert "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip(), "an error says what went wrong"
     return result.stderr
+
+
+def mistake(capsys, status: int, *argv) -> str:
+    """Run ``fpipe.cli.main`` in this process (as ``python -m fpipe`` does, without the cost of
+    an interpreter), check that it returns ``status`` with a message and no exception; return
+    stderr. The subprocess tests prove that the process exits with the same status."""
+    try:
+        code = main([str(arg) for arg in argv])
+    except SystemExit as exit:  # argparse's usage errors
+        code = exit.code
+    captured = capsys.readouterr()
+    assert code == status, (code, captured.out, captured.err)
+    assert captured.err.strip(), "an error says what went wrong"
+    return captured.err
 
 
 def ok_or_failure(status: int, *argv) -> str:

@@ -6,10 +6,10 @@ import sys
 
 from fpipe.storage import FileWriter
 
-from .conftest import ENV, fails, make_dataset, ok
+from .conftest import ENV, fails, make_dataset, mistake, ok
 
 
-def test_cat_prints_one_readable_line_per_sample(dataset):
+def test_cat_prints_one_readable_line_per_sample(dataset, capsys):
     lines = ok("cat", dataset, "--start", "2", "-n", "3", "-s", "4").splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("{'key': 's0002', 'data': b'") and "...(22 bytes)" in lines[0]
@@ -17,9 +17,10 @@ def test_cat_prints_one_readable_line_per_sample(dataset):
     assert ok("cat", dataset, "--keys", "-n", "2").splitlines() == ["s0000", "s0001"]
     assert ok("cat", dataset, "--key", "s0049", "--key", "s0003", "--keys").split() == ["s0049", "s0003"]
     assert "has no sample with key 'nope'" in fails(2, "cat", dataset, "--key", "nope")
-    assert "not found" in fails(2, "cat", dataset.with_name("missing.msgpack"))
-    assert "is a folder, not a dataset (it holds set.msgpack)" in fails(2, "cat", dataset.parent)
-    assert "must be >= 0" in fails(2, "cat", dataset, "-n", "-1")
+    assert "not found" in mistake(capsys, 2, "cat", dataset.with_name("missing.msgpack"))
+    assert "is a folder, not a dataset (it holds set.msgpack)" in mistake(capsys, 2, "cat",
+                                                                           dataset.parent)
+    assert "must be >= 0" in mistake(capsys, 2, "cat", dataset, "-n", "-1")
 
 
 def test_cat_survives_a_closed_pipe(tmp_path):
@@ -35,7 +36,7 @@ def test_cat_survives_a_closed_pipe(tmp_path):
     assert process.returncode == 141 and stderr == ""
 
 
-def test_info_counts_sizes_keys_fields_and_labels(tmp_path):
+def test_info_counts_sizes_keys_fields_and_labels(tmp_path, capsys):
     path = tmp_path / "mixed.msgpack"
     with FileWriter(path) as writer:
         for i in range(30):
@@ -55,4 +56,4 @@ def test_info_counts_sizes_keys_fields_and_labels(tmp_path):
     text = ok("info", path, "--samples", "7")
     assert "samples      30" in text and "(from 7 of 30 samples)" in text
     assert "  label  int 7 (0 .. 2)" in text and "  0 cat" in text
-    assert "not found" in fails(2, "info", tmp_path / "nothing.msgpack")
+    assert "not found" in mistake(capsys, 2, "info", tmp_path / "nothing.msgpack")

@@ -5,7 +5,7 @@ from collections import Counter
 
 from fpipe.storage import MsgpackReader
 
-from .conftest import fails, keys, leftovers, make_dataset, ok
+from .conftest import fails, keys, leftovers, make_dataset, mistake, ok
 
 
 def _raw(path):
@@ -31,15 +31,16 @@ def test_shuffle_true_and_quasi_keep_every_sample_and_follow_the_seed(dataset, t
     assert keys(tmp_path / "true-2.msgpack") != keys(tmp_path / "true-1.msgpack")
 
 
-def test_shuffle_in_place_needs_overwrite_and_is_safe(dataset, tmp_path):
+def test_shuffle_in_place_needs_overwrite_and_is_safe(dataset, tmp_path, capsys):
     raw = _raw(dataset)
     assert "exists; pass -y/--overwrite" in fails(2, "shuffle", dataset, dataset)
     ok("shuffle", dataset, dataset, "-y", "-q")
     assert _raw(dataset) == raw and list(_raw(dataset)) != list(raw)
     assert ok("verify", dataset).startswith(f"{dataset}: ok")
-    assert "--buf-size must be > 0" in fails(2, "shuffle", dataset, tmp_path / "x.msgpack",
-                                             "--mode", "quasi", "--buf-size", "0")
-    assert "invalid choice" in fails(2, "shuffle", dataset, tmp_path / "x.msgpack", "--mode", "fast")
+    assert "--buf-size must be > 0" in mistake(capsys, 2, "shuffle", dataset, tmp_path / "x.msgpack",
+                                               "--mode", "quasi", "--buf-size", "0")
+    assert "invalid choice" in mistake(capsys, 2, "shuffle", dataset, tmp_path / "x.msgpack",
+                                       "--mode", "fast")
     assert leftovers(tmp_path) == []
 
 
@@ -80,17 +81,20 @@ def test_split_puts_every_sample_in_exactly_one_part(dataset, tmp_path):
     assert len(keys(tmp_path / "x.msgpack")) == len(keys(tmp_path / "y.msgpack")) == 25
 
 
-def test_split_mistakes_exit_2_and_write_nothing(dataset, tmp_path):
+def test_split_mistakes_exit_2_and_write_nothing(dataset, tmp_path, capsys):
     out = [tmp_path / "p.msgpack", tmp_path / "q.msgpack"]
     assert "add up to 30 but IN has 50 samples" in fails(2, "split", dataset, "--counts", "10", "20",
                                                         "-o", *out)
-    assert "add up to 60 samples, but IN has 50" in fails(2, "split", dataset, "--counts", "60",
-                                                         "-o", *out)
-    assert "add up to 0.9, not 1" in fails(2, "split", dataset, "--fractions", "0.4", "0.5", "-o", *out)
-    assert "needs 2 or 1 values" in fails(2, "split", dataset, "--counts", "1", "2", "3", "-o", *out)
-    assert "one of the arguments --counts --fractions is required" in fails(2, "split", dataset,
-                                                                            "-o", *out)
-    assert "is given twice" in fails(2, "split", dataset, "--counts", "5", "-o", out[0], out[0])
+    assert "add up to 60 samples, but IN has 50" in mistake(capsys, 2, "split", dataset, "--counts",
+                                                           "60", "-o", *out)
+    assert "add up to 0.9, not 1" in mistake(capsys, 2, "split", dataset, "--fractions", "0.4",
+                                             "0.5", "-o", *out)
+    assert "needs 2 or 1 values" in mistake(capsys, 2, "split", dataset, "--counts", "1", "2", "3",
+                                            "-o", *out)
+    assert "one of the arguments --counts --fractions is required" in mistake(
+        capsys, 2, "split", dataset, "-o", *out)
+    assert "is given twice" in mistake(capsys, 2, "split", dataset, "--counts", "5", "-o", out[0],
+                                       out[0])
     assert not out[0].exists() and not out[1].exists() and leftovers(tmp_path) == []
 
 

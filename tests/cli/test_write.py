@@ -8,7 +8,7 @@ from PIL import Image
 from fpipe.sets import load_classes
 from fpipe.storage import MsgpackReader
 
-from .conftest import fails, keys, leftovers, ok
+from .conftest import fails, keys, leftovers, mistake, ok
 
 
 def _samples(path):
@@ -71,16 +71,16 @@ def test_list_files_and_json_lines(image_folder, tmp_path):
     assert load_classes(tmp_path / "json.msgpack") == {"label": ("a", "b")}
 
 
-def test_user_mistakes_exit_2_and_write_nothing(image_folder, tmp_path):
+def test_user_mistakes_exit_2_and_write_nothing(image_folder, tmp_path, capsys):
     out = tmp_path / "out.msgpack"
     assert "no such file or folder" in fails(2, "write", tmp_path / "missing", out)
-    assert "unknown dataset 'svhn'" in fails(2, "write", "svhn", out)
-    assert "matches no files" in fails(2, "write", f"{image_folder}/{{LABEL}}", out)
-    assert "--quality must be between 1 and 100" in fails(
-        2, "write", image_folder, out, "--resize", "4", "--quality", "101")
-    assert "for well-known datasets" in fails(2, "write", image_folder, out, "--download")
-    assert "must be >= 1" in fails(2, "write", image_folder, out, "--workers", "0")
-    assert "is a folder" in fails(2, "write", image_folder, tmp_path)
+    assert "unknown dataset 'svhn'" in mistake(capsys, 2, "write", "svhn", out)
+    assert "matches no files" in mistake(capsys, 2, "write", f"{image_folder}/{{LABEL}}", out)
+    assert "--quality must be between 1 and 100" in mistake(
+        capsys, 2, "write", image_folder, out, "--resize", "4", "--quality", "101")
+    assert "for well-known datasets" in mistake(capsys, 2, "write", image_folder, out, "--download")
+    assert "must be >= 1" in mistake(capsys, 2, "write", image_folder, out, "--workers", "0")
+    assert "is a folder" in mistake(capsys, 2, "write", image_folder, tmp_path)
     assert not out.exists() and leftovers(tmp_path) == []
 
 
