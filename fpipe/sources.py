@@ -241,6 +241,12 @@ class Mix(Stream):
         else:
             self._chooser = _Chooser(len(self._weights), self._weights, "weights")
 
+    def start(self) -> Mix:
+        """Start the background work of the sources now (see :meth:`fpipe.Stream.start`)."""
+        for source in self._sources:
+            source.start()
+        return self
+
     def _close(self) -> None:
         for source in self._sources:
             source.close()

@@ -183,13 +183,16 @@ class Stream:
             self.upstream.close()
 
     def start(self) -> Stream:
-        """Start this stream's background work now, not at the first ``next()`` (a stream
-        that works in its consumer's thread has none), and return the stream.
+        """Start the background work of this stream and of its upstream now, not at the
+        first ``next()`` (a stream that works in its consumer's thread has none), and return
+        the stream.
 
         >>> with prefetch(2)(range(3)).start() as stream:
         ...     list(stream)
         [0, 1, 2]
         """
+        if self.upstream is not None and not self._closed:
+            self.upstream.start()
         return self
 
     def __enter__(self) -> Stream:

@@ -177,3 +177,11 @@ def test_all_cores_and_repr():
     stage = fp.threads(double, n_workers=-1, ordered=False, seed=1)
     assert list(sorted(stage(range(10)))) == [2 * x for x in range(10)]
     assert repr(stage) == "threads(double, n_workers=-1, ordered=False, seed=1)"
+
+
+def test_start_reaches_background_stages_upstream():
+    before = len(fpipe_threads())
+    stream = pipe(range(10), fp.prefetch(2), fp.map(abs), fp.batch(3)).start()
+    assert len(fpipe_threads()) == before + 1
+    assert list(stream) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert len(fpipe_threads()) == before
