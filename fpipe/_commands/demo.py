@@ -6,7 +6,7 @@
 3. read it for a few epochs through a seeded augmentation pipeline with process workers into
    batches, and train a small model on them: a CNN fed by a torch ``DataLoader`` over
    :class:`fpipe.torch.IterableDataset` when torch is installed, or else a numpy softmax
-   regression fed by fpipe's own stages (``processes`` -> ``batch`` -> ``combine_to_arrays``);
+   regression fed by :class:`fpipe.Infinite` (a ``processes`` stage, batches, ``combine_to_arrays``);
 4. print throughput, accuracy and the per-stage table of the pipeline.
 
 Everything goes into a temporary folder that is removed at the end, unless ``--keep DIR``.
@@ -50,7 +50,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "(smooth random JPEG images in a few colour classes), pack it with 'fpipe write', then "
         "read it for a few epochs through a seeded augmentation pipeline with process workers "
         "into batches and train a small model: a CNN through a torch DataLoader when torch is "
-        "installed, else a numpy model through fpipe's own stages. Prints throughput, "
+        "installed, else a numpy model fed by fpipe's Infinite. Prints throughput, "
         "accuracy and the per-stage table. Takes seconds and leaves nothing behind, unless "
         "--keep DIR.",
         "  fpipe demo\n  fpipe demo --keep demo-files --epochs 5\n"
@@ -283,28 +283,24 @@ class _TorchStep:
 
 
 def _train_numpy(dataset: Path, classes: int, args: argparse.Namespace) -> tuple[int, float]:
-    from ..batching import batch, combine_to_arrays
+    from ..infinite import Infinite
     from ..stages import map, processes
-    from ..storage import MsgpackReader, Shuffler
+    from ..storage import Cycler, MsgpackReader, Shuffler
 
     reader = MsgpackReader(dataset)
-    order = Shuffler(reader, seed=args.seed)
+    source = Cycler(Shuffler(reader, seed=args.seed))  # a new permutation every pass
     augment = (processes(Augment(args.size), n_workers=args.workers, seed=args.seed)
                if args.workers else map(Augment(args.size), seed=args.seed))
-    stages = (augment, batch(args.batch_size), map(combine_to_arrays))
-    say(args, f"3. Shuffler(seed={args.seed}) -> {augment!r} -> batch({args.batch_size}) -> "
-              "map(combine_to_arrays) -> a softmax regression (numpy)")
+    per_epoch = -(-len(reader) // args.batch_size)
+    batch_iter = Infinite(source.iter(raw=True), augment, batch_size=args.batch_size,
+                          batches_per_epoch=per_epoch)
+    say(args, f"3. Infinite(Cycler(Shuffler(seed={args.seed})), {augment!r}, "
+              f"batch_size={args.batch_size}, batches_per_epoch={per_epoch}) -> "
+              "a softmax regression (numpy)")
     model = _SoftmaxRegression(classes)
-
-    def epoch_stream(epoch: int) -> Any:
-        order.set_epoch(epoch)
-        stream: Any = order.iter(raw=True)
-        for stage in stages:
-            stream = stage(stream)
-        return stream
-
     try:
-        return _epochs(epoch_stream, model.step, args)
+        with batch_iter:
+            return _epochs(lambda epoch: batch_iter(), model.step, args, batch_iter.stats)
     finally:
         if hasattr(augment, "close"):
             augment.close()
@@ -350,9 +346,11 @@ def _pooled(images: np.ndarray) -> np.ndarray:
 # --- the epochs -------------------------------------------------------------------------
 
 
-def _epochs(make_source: Any, step: Any, args: argparse.Namespace) -> tuple[int, float]:
+def _epochs(make_source: Any, step: Any, args: argparse.Namespace,
+            pipeline_stats: Any = None) -> tuple[int, float]:
     """Train ``args.epochs`` epochs, each through ``pipe(make_source(epoch), map(step))``;
-    print a line per epoch and the per-stage table of the last; return samples and seconds."""
+    print a line per epoch and the per-stage table of the last (``pipeline_stats()``, or that
+    of the epoch's stream); return samples and seconds."""
     from ..stages import map, stats
 
     seen, seconds, table = 0, 0.0, None
@@ -360,14 +358,14 @@ def _epochs(make_source: Any, step: Any, args: argparse.Namespace) -> tuple[int,
         start = time.perf_counter()
         with map(step)(make_source(epoch)) as stream:
             loss, hits, count = _run_epoch(stream, epoch, args)
-            table = stats(stream)
+            table = pipeline_stats() if pipeline_stats is not None else stats(stream)
         elapsed = time.perf_counter() - start
         seen, seconds = seen + count, seconds + elapsed
         say(args, f"   epoch {epoch + 1}/{args.epochs}: {count} samples in {elapsed:.2f} s "
                   f"({count / max(elapsed, 1e-9):,.0f} samples/s), loss {loss:.3f}, "
                   f"accuracy {hits / max(count, 1):.0%}")
     if table is not None:
-        say(args, f"4. per-stage table of the last epoch:\n{table}")
+        say(args, f"4. where the time went, per stage:\n{table}")
     return seen, seconds
 
 

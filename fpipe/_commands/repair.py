@@ -50,7 +50,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                        help="rebuild from the samples even when a legacy .index exists")
     index.add_argument("--dry-run", action="store_true",
                        help="report what would be recovered; change nothing")
-    index.add_argument("-q", "--quiet", action="store_true", help="no summary")
+    index.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
 
 # --- verify -----------------------------------------------------------------------------
@@ -249,7 +249,7 @@ def _run_index(args: argparse.Namespace) -> int:
     if not files.data.is_file():
         raise FileNotFoundError(f"data file {files.data} not found")
     if files.legacy_index.exists() and not files.offsets.exists() and not args.scan:
-        count = _convert_legacy(files, args.dry_run)
+        count = _convert_legacy(files, args.dry_run, _bars(args))
         verb = "would convert" if args.dry_run else "converted"
         say(args, f"{files.data}: {verb} the legacy index ({count} samples)")
         return 0
@@ -288,7 +288,7 @@ def _rebuild_summary(data: Path, report: Any, dry_run: bool) -> str:
     return text
 
 
-def _convert_legacy(files: Any, dry_run: bool) -> int:
+def _convert_legacy(files: Any, dry_run: bool, progress: bool) -> int:
     from ..storage import md5_file, read_legacy_index, write_index
 
     keys, offsets = read_legacy_index(files.data)
@@ -298,6 +298,7 @@ def _convert_legacy(files: Any, dry_run: bool) -> int:
                           "from the samples", path=files.legacy_index)
     if not dry_run:
         with staging_folder(files.data) as folder:
-            write_index(folder / files.data.name, keys, offsets, md5_file(files.data))
+            write_index(folder / files.data.name, keys, offsets,
+                        md5_file(files.data, progress=progress))
             _move_all(folder, files.data.parent)
     return len(keys)

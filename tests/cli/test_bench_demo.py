@@ -51,8 +51,10 @@ def test_the_demo_without_torch_runs_fpipe_stages_and_keeps_files_when_asked(tmp
     keep = tmp_path / "kept"
     out = ok("demo", "--no-torch", "--images", "40", "--classes", "2", "--epochs", "2",
              "--keep", keep)
-    assert "processes(Augment(32), n_workers=2, seed=0) -> batch(32) -> map(combine_to_arrays)" in out
-    assert "epoch 2/2: 40 samples" in out and "bottleneck:" in out
+    assert ("3. Infinite(Cycler(Shuffler(seed=0)), processes(Augment(32), n_workers=2, seed=0), "
+            "batch_size=32, batches_per_epoch=2)") in out
+    assert "epoch 2/2: 64 samples" in out  # an epoch is batches_per_epoch full batches
+    assert "map(combine_to_arrays)" in out and "bottleneck:" in out
     assert f"the files are in {keep}" in out
     with MsgpackReader(keep / "demo.msgpack") as reader:
         assert len(reader) == 40

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,6 +65,17 @@ def test_the_page_shows_the_current_help():
         pytest.skip(f"argparse formats help differently across versions; the page was made "
                     f"with Python {version[0]}.{version[1]}")
     assert page == render(page, help_texts()), "run: python -m tests.cli.test_docs"
+
+
+def test_the_command_imports_neither_torch_nor_pillow_before_a_command_needs_them(tmp_path):
+    from .conftest import make_dataset
+
+    path = make_dataset(tmp_path / "set.msgpack", 3)
+    code = ("import sys; from fpipe.cli import main; main(['info', sys.argv[1]]); "
+            "print(' '.join(sorted(sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                            text=True, check=True).stdout.splitlines()[-1].split()
+    assert [name for name in loaded if name.split(".")[0] in ("torch", "PIL")] == []
 
 
 def test_the_page_is_in_the_site_navigation():
