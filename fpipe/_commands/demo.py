@@ -55,6 +55,14 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "--keep DIR.",
         "  fpipe demo\n  fpipe demo --keep demo-files --epochs 5\n"
         "  fpipe demo --data my-photos/ --size 64 --no-torch", _run_demo)
+    _add_data_options(parser)
+    _add_training_options(parser)
+    parser.add_argument("-y", "--overwrite", action="store_true",
+                        help="replace a dataset left in --keep DIR by an earlier run")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or output")
+
+
+def _add_data_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", metavar="DIR",
                         help="use your own image folder (ImageFolder layout, or anything "
                              "'fpipe write' reads) instead of generated images")
@@ -64,6 +72,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                         help="how many images to generate (512)")
     parser.add_argument("--classes", type=positive_int, default=4,
                         help=f"how many classes to generate, at most {len(COLOURS)} (4)")
+
+
+def _add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=positive_int, default=32,
                         help="side of the square images the model sees (32)")
     parser.add_argument("--epochs", type=positive_int, default=3, help="epochs to train (3)")
@@ -74,9 +85,6 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                         help="seed of the images, the shuffles and the augmentation (0)")
     parser.add_argument("--no-torch", dest="torch", action="store_false",
                         help="use fpipe's own stages and a numpy model even if torch is installed")
-    parser.add_argument("-y", "--overwrite", action="store_true",
-                        help="replace a dataset left in --keep DIR by an earlier run")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or output")
 
 
 def _run_demo(args: argparse.Namespace) -> int:

@@ -33,6 +33,11 @@ _BAR_WIDTH = 40
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     """Register ``fpipe cat`` and ``fpipe info``."""
+    _add_cat(commands)
+    _add_info(commands)
+
+
+def _add_cat(commands: argparse._SubParsersAction) -> None:
     cat = add_command(commands, "cat", "print samples readably",
                       "Print samples, one per line, with long bytes, strings, lists and arrays "
                       "shortened. Piping into head or less and quitting early is fine.",
@@ -46,6 +51,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     cat.add_argument("--keys", action="store_true", help="print only the keys")
     cat.add_argument("-s", "--max-string", type=positive_int, default=40, metavar="N",
                      help="shorten bytes and strings longer than N (40)")
+
+
+def _add_info(commands: argparse._SubParsersAction) -> None:
     info = add_command(commands, "info", "summarise a dataset: sizes, keys, fields, labels",
                        "Summarise a dataset: sample count, file and sample sizes, the range of "
                        "keys, the fields with their types and value ranges, and a histogram of "

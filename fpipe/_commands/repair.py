@@ -21,6 +21,11 @@ _MAX_SAMPLE_PROBLEMS = 10
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     """Register ``fpipe verify`` and ``fpipe index``."""
+    _add_verify(commands)
+    _add_index(commands)
+
+
+def _add_verify(commands: argparse._SubParsersAction) -> None:
     verify = add_command(
         commands, "verify", "check a dataset's checksums and structure",
         "Check datasets: every file against the checksums in X.msgpack.md5; the index (offsets "
@@ -35,6 +40,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                         help="check checksums and the index, not every sample")
     verify.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar; print only problems")
+
+
+def _add_index(commands: argparse._SubParsersAction) -> None:
     index = add_command(
         commands, "index", "rebuild the index of a damaged data file, or convert a legacy .index",
         "Rebuild the index files (.offsets, .keys, .key_hashes, .filter) and .md5 of a data "
