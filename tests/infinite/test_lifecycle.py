@@ -19,8 +19,16 @@ from .helpers import fail_at, fail_on_batch, fpipe_threads, pairs, square, wait_
 psutil = pytest.importorskip("psutil")
 
 
-def counts() -> tuple:
-    return threading.active_count(), len(psutil.Process().children(recursive=True))
+def alive() -> tuple:
+    """The threads and child processes alive now."""
+    return set(threading.enumerate()), {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def back_to(baseline: tuple) -> bool:
+    """Whether no thread or process is alive that was not at ``baseline`` (ones that other
+    tests left running may have ended since)."""
+    threads, processes = alive()
+    return threads <= baseline[0] and processes <= baseline[1]
 
 
 def every_kind(**kwargs) -> Infinite:
@@ -29,13 +37,21 @@ def every_kind(**kwargs) -> Infinite:
                     batches_per_epoch=3, combiner=list, **kwargs)
 
 
+@pytest.fixture(autouse=True)
+def settled():
+    """Each test begins when the threads of earlier tests are gone (a process stage used
+    without Infinite, for one, ends its joblib generator a second after its last task)."""
+    assert wait_until(lambda: not fpipe_threads())
+
+
 @pytest.fixture(scope="module")
 def warm_workers():
     """Loky's workers stay warm in joblib's pool once started: baselines are taken after."""
+    assert wait_until(lambda: not fpipe_threads())
     batch_iter = every_kind()
     list(batch_iter())
     batch_iter.close()
-    return counts()
+    return alive()
 
 
 def test_nothing_starts_at_construction_and_with_starts_it():
@@ -46,15 +62,14 @@ def test_nothing_starts_at_construction_and_with_starts_it():
             pulled.append(i)
             yield i
 
-    before = threading.active_count()
     batch_iter = Infinite(source(), Threads(square, n_workers=2), batch_size=2,
                           batches_per_epoch=1, combiner=list)
-    assert threading.active_count() == before and pulled == []
+    assert fpipe_threads() == [] and pulled == []
     with batch_iter as entered:
         assert entered is batch_iter
         assert wait_until(lambda: len(pulled) >= 2)  # it works ahead before the first next()
-        assert threading.active_count() > before
-    assert threading.active_count() == before
+        assert len(fpipe_threads()) == 4  # two feeders (the pipeline, Threads) and 2 workers
+    assert fpipe_threads() == []
 
 
 def test_calling_it_starts_the_pipeline_too():
@@ -72,7 +87,7 @@ def test_close_joins_every_thread_before_it_returns(warm_workers):
         batch_iter = every_kind()
         assert len(list(batch_iter())) == 3
         batch_iter.close()
-        assert counts() == warm_workers
+        assert back_to(warm_workers)
         assert fpipe_threads() == []
 
 
@@ -91,7 +106,7 @@ def test_close_is_idempotent_and_the_object_is_reusable(warm_workers):
     with batch_iter:
         second = list(batch_iter())
     assert first == [[0, 1]] and second[0][0] > 1  # an iterator goes on (read-ahead is dropped)
-    assert counts() == warm_workers
+    assert back_to(warm_workers)
 
 
 def test_two_open_epochs_share_one_stream():
@@ -108,11 +123,11 @@ def test_a_forgotten_infinite_is_cleaned_up_when_collected(warm_workers):
         list(batch_iter())
 
     train()
-    assert counts() == warm_workers and fpipe_threads() == []
+    assert back_to(warm_workers) and fpipe_threads() == []
     batch_iter = every_kind()
     list(batch_iter())
     del batch_iter
-    assert counts() == warm_workers
+    assert back_to(warm_workers)
 
 
 def test_no_reference_cycle_keeps_it_alive():
@@ -237,7 +252,7 @@ def test_the_original_exception_reaches_the_caller_and_the_next_epoch_starts_cle
     assert len(after) == 9 or kind == "source"
     assert all(5 not in b for b in after)
     batch_iter.close()
-    assert counts() == warm_workers
+    assert back_to(warm_workers)
 
 
 def test_a_worker_error_carries_the_worker_traceback():
