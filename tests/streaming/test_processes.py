@@ -139,3 +139,12 @@ def test_a_slow_consumer_is_not_flooded():
     time.sleep(0.3)
     assert counter[0] - taken <= (2 * 2 + 1) * 4  # (2 n_workers + buffer_size) chunks
     stream.close()
+
+
+def test_all_cores_and_a_closed_stage_that_is_used_again():
+    stage = fp.processes(double, n_workers=-1, backend="threading")
+    assert list(stage(range(20))) == [2 * x for x in range(20)]
+    stage.close()
+    assert not stage._pool._pump.is_alive()
+    assert list(stage(range(3))) == [0, 2, 4]
+    stage.close()
