@@ -115,6 +115,9 @@ def _run_write(args: argparse.Namespace) -> int:
     from .. import sets
 
     if args.source in sets.names():
+        if args.resize or args.encode or args.separator or args.field != "image":
+            raise UsageError("--field, --separator, --resize and --encode are for files, not "
+                             f"for the well-known dataset {args.source}")
         return _write_known_set(sets.get(args.source), args)
     source = Path(args.source)
     if not source.exists() and not any(c in args.source for c in "*?[{"):

@@ -23,6 +23,7 @@ def test_verify_passes_a_good_dataset_and_names_the_damage_in_a_bad_one(tmp_path
     assert f"{bad}: sample 7 at byte {offsets[7]}: corrupt sample" in result
     quick = ok_or_failure(1, "verify", bad, "--quick")
     assert "1 problem(s)" in quick and "corrupt sample" not in quick
+    assert f"{bad}: sample 7 at byte {offsets[7]}: corrupt sample" in fails(1, "cat", bad)
 
 
 def test_verify_reports_a_truncated_file_and_points_to_index(tmp_path):

@@ -81,6 +81,7 @@ def test_user_mistakes_exit_2_and_write_nothing(image_folder, tmp_path, capsys):
     assert "for well-known datasets" in mistake(capsys, 2, "write", image_folder, out, "--download")
     assert "must be >= 1" in mistake(capsys, 2, "write", image_folder, out, "--workers", "0")
     assert "is a folder" in mistake(capsys, 2, "write", image_folder, tmp_path)
+    assert "are for files" in mistake(capsys, 2, "write", "mnist", tmp_path, "--resize", "8")
     assert not out.exists() and leftovers(tmp_path) == []
 
 
