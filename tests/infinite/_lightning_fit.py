@@ -1,0 +1,78 @@
+"""Fit a tiny model from an Infinite with ``Trainer`` of the Lightning package named in argv[1]
+(``lightning`` or ``pytorch_lightning``), imported alone; print what the test checks as JSON.
+
+Run by tests/infinite/test_lightning.py in a fresh interpreter, so that only one Lightning
+package is imported.
+"""
+
+import importlib
+import json
+import sys
+import threading
+
+import numpy as np
+import torch
+
+from fpipe import Infinite, Threads, sample
+
+package = sys.argv[1]
+pl = importlib.import_module("lightning.pytorch" if package == "lightning" else package)
+
+BATCHES = 5
+rng = np.random.default_rng(0)
+DATA = [(x, np.float32(x.sum())) for x in rng.random((64, 4), dtype=np.float32)]
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self, fail_at=None):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.fail_at, self.seen = fail_at, []
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == self.fail_at:
+            raise RuntimeError("training failed")
+        x, y = (torch.as_tensor(field) for field in batch)
+        self.seen.append(len(x))
+        return torch.nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def as_float32(pair):
+    x, y = pair
+    return x.astype(np.float32), np.float32(y)
+
+
+def fpipe_threads():
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("fpipe-"))
+
+
+def fit(model, closing=True):
+    batch_iter = Infinite(sample(DATA, random_state=0), Threads(as_float32, n_workers=2),
+                          batch_size=8, batches_per_epoch=BATCHES)
+    callback = batch_iter.closing_callback
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[callback] if closing else [])
+    error = None
+    try:
+        trainer.fit(model, train_dataloaders=batch_iter)
+    except RuntimeError as caught:
+        error = str(caught)
+    return {"steps": trainer.global_step, "epochs": trainer.current_epoch, "seen": model.seen,
+            "error": error, "threads_after": fpipe_threads(),
+            "is_callback": isinstance(callback, pl.Callback)}
+
+
+def both_packages():
+    """Once the other package is imported too, the callback is a Callback of both."""
+    other = importlib.import_module("pytorch_lightning" if package == "lightning" else
+                                    "lightning.pytorch")
+    callback = Infinite(range(3), batch_size=1, batches_per_epoch=1).closing_callback
+    return isinstance(callback, pl.Callback) and isinstance(callback, other.Callback)
+
+
+print(json.dumps({"fit": fit(Tiny()), "failed": fit(Tiny(fail_at=3)),
+                  "without_callback": fit(Tiny(), closing=False), "both": both_packages()}))
