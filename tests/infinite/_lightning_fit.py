@@ -1,9 +1,12 @@
-"""Fit a tiny model from an Infinite with ``Trainer`` of the Lightning package named in argv[1]
-(``lightning`` or ``pytorch_lightning``), imported alone; print what the test checks as JSON.
+"""Fit a tiny model from an Infinite with the ``Trainer`` of one Lightning package, and print
+what tests/infinite/test_lightning.py checks, as JSON:
+``python tests/infinite/_lightning_fit.py lightning|pytorch_lightning``.
 
-Run by tests/infinite/test_lightning.py in a fresh interpreter, so that only one Lightning
-package is imported.
+It runs in a fresh interpreter, so that the package is the only Lightning imported; Lightning
+and torch are imported in :func:`main`, not when this module is collected.
 """
+
+from __future__ import annotations
 
 import importlib
 import json
@@ -11,45 +14,43 @@ import sys
 import threading
 
 import numpy as np
-import torch
 
 from fpipe import Infinite, Threads, sample
 
-package = sys.argv[1]
-pl = importlib.import_module("lightning.pytorch" if package == "lightning" else package)
-
 BATCHES = 5
-rng = np.random.default_rng(0)
-DATA = [(x, np.float32(x.sum())) for x in rng.random((64, 4), dtype=np.float32)]
+DATA = [(x, np.float32(x.sum())) for x in np.random.default_rng(0).random((64, 4))]
 
 
-class Tiny(pl.LightningModule):
-    def __init__(self, fail_at=None):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-        self.fail_at, self.seen = fail_at, []
-
-    def training_step(self, batch, batch_idx):
-        if self.global_step == self.fail_at:
-            raise RuntimeError("training failed")
-        x, y = (torch.as_tensor(field) for field in batch)
-        self.seen.append(len(x))
-        return torch.nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-def as_float32(pair):
+def as_float32(pair: tuple) -> tuple:
     x, y = pair
     return x.astype(np.float32), np.float32(y)
 
 
-def fpipe_threads():
+def fpipe_threads() -> list:
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("fpipe-"))
 
 
-def fit(model, closing=True):
+def model_class(pl, torch) -> type:
+    class Tiny(pl.LightningModule):
+        def __init__(self, fail_at=None):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+            self.fail_at, self.seen = fail_at, []
+
+        def training_step(self, batch, batch_idx):
+            if self.global_step == self.fail_at:
+                raise RuntimeError("training failed")
+            x, y = (torch.as_tensor(field) for field in batch)
+            self.seen.append(len(x))
+            return torch.nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Tiny
+
+
+def fit(pl, model, closing: bool = True) -> dict:
     batch_iter = Infinite(sample(DATA, random_state=0), Threads(as_float32, n_workers=2),
                           batch_size=8, batches_per_epoch=BATCHES)
     callback = batch_iter.closing_callback
@@ -61,12 +62,14 @@ def fit(model, closing=True):
         trainer.fit(model, train_dataloaders=batch_iter)
     except RuntimeError as caught:
         error = str(caught)
-    return {"steps": trainer.global_step, "epochs": trainer.current_epoch, "seen": model.seen,
-            "error": error, "threads_after": fpipe_threads(),
-            "is_callback": isinstance(callback, pl.Callback)}
+    report = {"steps": trainer.global_step, "epochs": trainer.current_epoch, "seen": model.seen,
+              "error": error, "threads_after": fpipe_threads(),
+              "is_callback": isinstance(callback, pl.Callback)}
+    batch_iter.close()
+    return report
 
 
-def both_packages():
+def both_packages(package: str, pl) -> bool:
     """Once the other package is imported too, the callback is a Callback of both."""
     other = importlib.import_module("pytorch_lightning" if package == "lightning" else
                                     "lightning.pytorch")
@@ -74,5 +77,16 @@ def both_packages():
     return isinstance(callback, pl.Callback) and isinstance(callback, other.Callback)
 
 
-print(json.dumps({"fit": fit(Tiny()), "failed": fit(Tiny(fail_at=3)),
-                  "without_callback": fit(Tiny(), closing=False), "both": both_packages()}))
+def main(package: str) -> None:
+    import torch
+
+    pl = importlib.import_module("lightning.pytorch" if package == "lightning" else package)
+    tiny = model_class(pl, torch)
+    report = {"fit": fit(pl, tiny()), "failed": fit(pl, tiny(fail_at=3)),
+              "without_callback": fit(pl, tiny(), closing=False),
+              "both": both_packages(package, pl)}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
