@@ -90,10 +90,10 @@ class _Batched(Stream):
             return batches
 
     def _sized(self) -> list:
-        size, upstream = self._size, self.upstream
-        items = upstream.pull(size)
+        size = self._size
+        items = self._upstream_pull(size) if self._meter.timing else self.upstream.pull(size)
         while 0 < len(items) < size:
-            more = upstream.pull(size - len(items))
+            more = self._upstream_pull(size - len(items))
             if not more:
                 break
             items += more
@@ -150,7 +150,7 @@ class _Unbatched(Stream):
 
     def _pull(self, n: int) -> list:
         while not self._rest:
-            batches = self.upstream.pull(1)
+            batches = self._upstream_pull(1)
             if not batches:
                 return []
             self._rest = list(batches[0])

@@ -215,6 +215,8 @@ class Mix(Stream):
         super().__init__(None, f"mix({len(sources)} sources)")
         self._sources = [as_stream(source) for source in sources]
         self.waits = any(source.waits for source in self._sources)
+        for source in self._sources:
+            source._reader = self._meter
         self._weights = np.array(_check_weights(
             [1] * len(sources) if weights is None else weights, len(sources), "weights"))
         self._chooser = _Chooser(len(sources), self._weights, "weights")

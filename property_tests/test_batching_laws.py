@@ -34,8 +34,12 @@ def test_unbatch_undoes_batch(items, size):
     assert list(fp.unbatch()(fp.batch(size)(items))) == items
 
 
-@given(st.lists(st.tuples(st.integers(), st.floats(allow_nan=False), st.text(max_size=3)),
-                min_size=1, max_size=10))
+# numpy drops trailing NUL characters of strings, so texts here end otherwise
+texts = st.text(max_size=3).filter(lambda text: not text.endswith("\x00"))
+
+
+@given(st.lists(st.tuples(st.integers(), st.floats(allow_nan=False), texts), min_size=1,
+                max_size=10))
 def test_uncombine_undoes_combine_to_arrays(items):
     assert fp.uncombine(fp.combine_to_arrays(items)) == items
 
