@@ -57,6 +57,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException, OverflowError, IndexError)
 
 _OFFSET = np.dtype(">u8")
+_MAX_DTYPE_DEPTH = 32  # structured dtypes of real data nest a few levels deep
 _MASK64 = (1 << 64) - 1
 
 
@@ -179,20 +180,30 @@ def _decode_numpy_value(obj: dict) -> Any:
     kind = obj.get(b"kind", b"")
     if kind == b"O":
         raise ValueError("object arrays are pickled by msgpack-numpy; fpipe does not unpickle")
+    if b"shape" not in obj:
+        raise ValueError("an array without a shape")
     return np.ndarray(buffer=obj[b"data"], dtype=_dtype(obj[b"type"]), shape=obj[b"shape"])
 
 
-def _dtype(descr: Any) -> np.dtype:
+def _dtype(descr: Any, depth: int = 0) -> np.dtype:
     if isinstance(descr, (list, tuple)):
-        return np.dtype([_field(field) for field in descr])
-    return np.dtype(_text(descr))
+        # a bound well below Python's recursion limit: corrupt bytes may nest lists 1024 deep
+        if depth == _MAX_DTYPE_DEPTH:
+            raise ValueError(f"a structured dtype nested more than {_MAX_DTYPE_DEPTH} deep")
+        dtype = np.dtype([_field(field, depth + 1) for field in descr])
+    else:
+        dtype = np.dtype(_text(descr))
+    if dtype.hasobject:
+        # numpy would read the bytes as pointers to Python objects, and crash
+        raise ValueError(f"dtype {dtype} holds Python objects, which bytes cannot carry")
+    return dtype
 
 
-def _field(field: Sequence) -> tuple:
+def _field(field: Sequence, depth: int) -> tuple:
     name, sub, *shape = field
     name = tuple(map(_text, name)) if isinstance(name, (list, tuple)) else _text(name)
     shape = [tuple(s) if isinstance(s, list) else s for s in shape]
-    return (name, _dtype(sub), *shape)
+    return (name, _dtype(sub, depth), *shape)
 
 
 def _text(value: Any) -> Any:
@@ -457,9 +468,12 @@ def read_legacy_index(path: PathLike) -> tuple[list[str], np.ndarray]:
         pairs = msgpack.unpackb(files.legacy_index.read_bytes(), object_pairs_hook=list,
                                 strict_map_key=False)
         starts = np.array([start for _, start in pairs] + [files.data.stat().st_size], np.uint64)
+        keys = [key for key, _ in pairs]
+        if not all(isinstance(key, str) for key in keys):
+            raise ValueError("a key is not a str")
     except DECODE_ERRORS as error:
         raise FormatError(f"corrupt legacy index ({error})", path=files.legacy_index) from error
-    return [key for key, _ in pairs], starts
+    return keys, starts
 
 
 def md5_file(path: PathLike, read_size: int = 1 << 20, progress: bool = False) -> str:
@@ -494,8 +508,13 @@ def read_md5(path: PathLike) -> dict[str, str]:
     >>> read_md5(os.path.join(folder, "x.msgpack"))["x.msgpack"]
     'd41d8cd98f00b204e9800998ecf8427e'
     """
+    md5 = DatasetFiles(path).md5
+    try:
+        text = md5.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise FormatError(f"corrupt md5 file ({error})", path=md5) from error
     entries = {}
-    for line in DatasetFiles(path).md5.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         # md5sum writes "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode).
         digest, _, rest = line.partition(" ")
         if rest[:1] in (" ", "*") and rest[1:]:

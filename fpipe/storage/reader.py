@@ -278,19 +278,24 @@ class _Handle:
             if fd is not None:
                 _close(fd)
 
-    def offset_range(self, start: int, stop: int, path: Path) -> tuple[int, ...]:
-        """Offsets ``start`` to ``stop`` inclusive, read with ``pread`` (no mapped pages)."""
+    def offset_range(self, start: int, stop: int, path: Path) -> tuple[tuple[int, ...], int]:
+        """Offsets ``start`` to ``stop`` inclusive, read with ``pread`` (no mapped pages), and
+        how many of them from the first never decrease (all, unless the index is damaged)."""
         count = stop - start + 1
         if self.offsets_fd is None:
-            return struct.unpack_from(f">{count}Q", self.offsets, 8 * start)
-        data = os.pread(self.offsets_fd, 8 * count, 8 * start)
-        if len(data) != 8 * count:
-            raise FormatError("offsets file shrank while open", path=DatasetFiles(path).offsets)
-        return struct.unpack(f">{count}Q", data)
+            data = self.offsets[8 * start:8 * (stop + 1)]
+        else:
+            data = os.pread(self.offsets_fd, 8 * count, 8 * start)
+            if len(data) != 8 * count:
+                raise FormatError("offsets file shrank while open", path=DatasetFiles(path).offsets)
+        return struct.unpack(f">{count}Q", data), _increasing_run(data)
 
     def read(self, start: int, stop: int) -> bytes:
-        """Bytes ``[start, stop)`` of the data file (fewer at its end)."""
-        wanted = max(0, stop - start)
+        """Bytes ``[start, stop)`` of the data file (fewer at its end). Offsets past the end
+        allocate nothing: ``pread`` makes a buffer of the size it is asked for."""
+        wanted = min(stop, self.size) - start
+        if wanted <= 0:
+            return b""
         data = os.pread(self.fd, wanted, start)
         if len(data) == wanted or not data:
             return data
@@ -333,20 +338,30 @@ class _KeyTable:
 
 
 def _read_key_table(path: Path, expected: int) -> _KeyTable:
-    pieces, lengths = [], []
     try:
         with open(path, "rb") as file:
             unpacker = msgpack.Unpacker(file, raw=True, read_size=1 << 20)
             count = unpacker.read_array_header()
-            for _ in range(0, count, _KEY_BATCH):
-                batch = list(islice(unpacker, _KEY_BATCH))
-                lengths.append(np.fromiter(map(len, batch), np.int64, len(batch)))
-                pieces.append(b"".join(batch))
+            if count == expected:
+                pieces, lengths = _key_batches(unpacker, count)
     except (msgpack.OutOfData, *DECODE_ERRORS) as error:
         raise FormatError(f"corrupt keys file ({error})", path=path) from error
     if count != expected:
         raise FormatError(f"the keys file holds {count} keys for {expected} samples", path=path)
     return _KeyTable(pieces, lengths)
+
+
+def _key_batches(unpacker: msgpack.Unpacker, count: int) -> tuple[list, list]:
+    pieces, lengths = [], []
+    for first in range(0, count, _KEY_BATCH):
+        wanted = min(_KEY_BATCH, count - first)
+        batch = list(islice(unpacker, wanted))  # the iteration ends quietly at the file's end
+        if len(batch) != wanted:
+            raise ValueError(f"it ends after {first + len(batch)} of {count} keys")
+        b"\0".join(batch).decode()  # every key is UTF-8 (a NUL keeps them apart)
+        lengths.append(np.fromiter(map(len, batch), np.int64, len(batch)))
+        pieces.append(b"".join(batch))
+    return pieces, lengths
 
 
 class _HashIndex:
@@ -520,17 +535,16 @@ class MsgpackReader(Reader):
         start, stop = _PAIR(handle.offsets, index << 3)
         # Small samples are cheaper to copy out of the map than to wrap; big ones are not.
         data = handle.map[start:stop] if stop - start <= _COPY_BYTES else handle.data[start:stop]
+        if not start <= stop <= handle.size:
+            raise _span_error(self.path, index, start, stop, handle.size)
         if raw:
-            if len(data) != stop - start:
-                raise _span_error(self.path, index, start, stop, handle.size)
             sample = bytes(data) if copy else data
         else:
-            # msgpack is prefix-free: a sample cut short by the end of the file never decodes.
             try:
                 sample = _unpackb(data, strict_map_key=False, object_hook=_decode_numpy)
             except DECODE_ERRORS as error:
-                raise _sample_error(self.path, index, start, stop, start + len(data), handle.size,
-                                    error) from error
+                raise FormatError(f"corrupt sample ({error})", path=self.path, index=index,
+                                  offset=start) from error
         if yield_key:
             return self._keys()[index], sample
         return sample
@@ -547,7 +561,9 @@ class MsgpackReader(Reader):
             return []
         handle = self._handle or self._open()
         offsets = struct.unpack_from(f">{stop - start + 1}Q", handle.offsets, 8 * start)
-        buffer = handle.data[offsets[0]:max(offsets[0], offsets[-1])]
+        # the largest offset, not the last: a damaged index may decrease, and then the error
+        # names the sample where it does, not one whose bytes were left unread
+        buffer = handle.data[offsets[0]:max(offsets)]
         samples = _split(buffer, offsets, start, raw, copy, self.path, handle.size)
         return list(zip(self._keys().keys(start, stop), samples) if yield_key else samples)
 
@@ -557,14 +573,20 @@ class MsgpackReader(Reader):
         table = self._keys() if yield_key else None
         window = max(chunk_size, _OFFSETS_WINDOW)
         for first in range(start, stop, window):
-            offsets = handle.offset_range(first, min(stop, first + window), self.path)
-            for a, b in _reads(offsets, chunk_size):
+            offsets, increasing = handle.offset_range(first, min(stop, first + window), self.path)
+            # blocks span increasing offsets only: the samples before a decrease are read,
+            # then the sample that ends before it starts raises
+            for a, b in _reads(offsets[:increasing], chunk_size):
                 samples = _split(handle.read(offsets[a], offsets[b]), offsets[a:b + 1], first + a,
                                  raw, copy, self.path, handle.size)
                 if table is None:
                     yield from samples
                 else:
                     yield from zip(table.keys(first + a, first + b), samples)
+            if increasing < len(offsets):
+                last = increasing - 1
+                raise _span_error(self.path, first + last, offsets[last], offsets[increasing],
+                                  handle.size)
 
     def verify_data(self, read_size: int = 512 * 1024, progress: bool = False) -> bool:
         """Whether the data file matches its ``.md5`` entry and ends where the last sample ends.
@@ -584,6 +606,13 @@ class MsgpackReader(Reader):
         listed = [path for path in self._files.index_files + (self._files.legacy_index,)
                   if path.name in entries]
         return all(path.exists() and md5_file(path, read_size) == entries[path.name] for path in listed)
+
+
+def _increasing_run(data: bytes) -> int:
+    """How many of the big-endian uint64 offsets in ``data`` never decrease from the first."""
+    values = np.frombuffer(data, dtype=">u8")
+    drops = np.flatnonzero(values[1:] < values[:-1])
+    return int(drops[0]) + 1 if drops.size else len(values)
 
 
 def _reads(offsets: Sequence[int], chunk_size: int) -> Iterator[tuple[int, int]]:
@@ -621,7 +650,7 @@ def _raw_samples(view: memoryview, offsets: Sequence[int], first: int, copy: boo
     base = start = offsets[0]
     for index, stop in enumerate(islice(offsets, 1, None), first):
         piece = view[start - base:stop - base]
-        if len(piece) != stop - start:
+        if len(piece) != stop - start or stop > size:
             raise _span_error(path, index, start, stop, size)
         yield bytes(piece) if copy else piece
         start = stop
