@@ -961,7 +961,6 @@ _EXIT_SECONDS = 1.0  # at exit, running tasks get this long before their workers
 _STOP = object()
 _POOLS: weakref.WeakSet = weakref.WeakSet()
 _exit_hook = threading.Lock()
-_exit_hook_set = False
 
 
 _loky = {"size": 0, "users": 0}
@@ -1142,12 +1141,11 @@ def _shutdown_pools() -> None:
 
 def _set_exit_hook() -> None:
     # threading's exit hooks run in reverse order of registration, before atexit's. loky sets
-    # its hook when it starts its first executor; ours, set after that, runs first and ends
-    # our joblib generators while loky's executor still works.
-    global _exit_hook_set
+    # its hook when it starts an executor; ours is set again whenever another hook came after
+    # it, so that it runs first and ends our joblib generators while loky's executor works.
     with _exit_hook:
-        if not _exit_hook_set:
-            _exit_hook_set = True
+        hooks = getattr(threading, "_threading_atexits", [])
+        if not hooks or getattr(hooks[-1], "func", None) is not _shutdown_pools:
             threading._register_atexit(_shutdown_pools)
 
 

@@ -67,3 +67,18 @@ def test_exit_does_not_wait_for_a_long_task_in_a_worker_process():
     result = run(code, timeout=60)  # far less than the task would take
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[0, 1, 2]" and result.stderr == ""
+
+
+def test_exit_is_quiet_after_process_stages_on_two_backends():
+    code = """
+    from toolz import pipe
+    import fpipe as fp
+
+    for backend in ("threading", "loky"):
+        with pipe(range(20000), fp.processes(abs, n_workers=2, backend=backend), fp.batch(32)) as s:
+            assert sum(len(b) for b in s) == 20000
+    print("done", flush=True)
+    """
+    result = run(code)
+    assert result.returncode == 0 and result.stdout.strip() == "done"
+    assert result.stderr == ""
