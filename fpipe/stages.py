@@ -1228,9 +1228,10 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
 
 @dataclass(frozen=True)
 class StageStats:
-    """One stage of :class:`Stats`: items it delivered, and the shares of its time spent
-    working (per worker, for a parallel stage), waiting for input, and waiting for room
-    downstream (for the consumer to ask).
+    """One stage of :class:`Stats`: the items it delivered, and the shares of its time spent
+    working, waiting for its upstream, and waiting for room downstream (for the consumer to
+    ask). For :func:`threads` and :func:`processes`: the workers' share of busy time, the
+    share of time their feeder spent reading the upstream, and the rest.
 
     >>> StageStats("map(f)", 10, 100.0, 0.5, 0.25, 0.25).busy
     0.5
