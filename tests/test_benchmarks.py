@@ -1,0 +1,46 @@
+"""The benchmark harness and its report (not the workloads: those run on purpose)."""
+
+import json
+
+import pytest
+
+from benchmarks import harness
+from benchmarks.plot import margin, markdown_table, plot
+
+
+@pytest.fixture
+def workloads(monkeypatch):
+    monkeypatch.setattr(harness, "WORKLOADS", {})
+
+    @harness.workload("X1", description="sum", reference="builtin", target=">= 0.01")
+    def _pair():
+        return harness.Pair(fpipe=lambda: sum(range(1000)), reference=lambda: sum(range(1000)))
+
+    @harness.workload("X2", description="memory", reference="-", target="<= 1", kind="value")
+    def _value():
+        return harness.Value(2.0, "MiB")
+
+
+def test_run_times_alternately_and_writes_json(workloads, tmp_path, capsys):
+    output = tmp_path / "out.json"
+    results = harness.run(["X1", "X2"], repetitions=5, output=str(output))
+    first, second = results
+    assert len(first.fpipe_seconds) == len(first.reference_seconds) == 5
+    assert first.met and first.ratio > 0
+    assert second.value == 2.0 and second.met is False
+    printed = capsys.readouterr().out
+    assert "X1" in printed and "MISSED" in printed
+    saved = json.loads(output.read_text())["results"]
+    assert [r["name"] for r in saved] == ["X1", "X2"]
+    assert margin(saved[1]) == 0.5
+    table = markdown_table(saved)
+    assert "| X2 | memory | - |" in table and "**missed**" in table
+    plot(saved, tmp_path / "fig.png")
+    assert (tmp_path / "fig.png").stat().st_size > 1000
+
+
+def test_unknown_workload_and_bad_kind_are_refused(workloads):
+    with pytest.raises(SystemExit, match="unknown workload"):
+        harness.run(["nope"])
+    with pytest.raises(ValueError, match="kind must be"):
+        harness.workload("X3", description="", reference="", target=">= 1", kind="speed")
