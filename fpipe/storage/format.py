@@ -53,8 +53,10 @@ __all__ = [
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-#: Exceptions that msgpack and the numpy decoder raise on bytes that are not a valid sample.
-DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException, OverflowError, IndexError)
+#: Exceptions that msgpack and the numpy decoder raise on bytes that are not a valid sample
+#: (numpy parses a dtype string such as ``"(3,"`` as a Python literal: SyntaxError).
+DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException, OverflowError, IndexError,
+                 SyntaxError)
 
 _OFFSET = np.dtype(">u8")
 _MAX_DTYPE_DEPTH = 32  # structured dtypes of real data nest a few levels deep

@@ -32,7 +32,15 @@ import msgpack
 import numpy as np
 
 from ..errors import FormatError
-from .format import DECODE_ERRORS, DatasetFiles, PathLike, md5_file, new_packer, write_index
+from .format import (
+    DECODE_ERRORS,
+    DatasetFiles,
+    PathLike,
+    decode_numpy,
+    md5_file,
+    new_packer,
+    write_index,
+)
 
 __all__ = ["FileWriter", "RawWriter", "RebuildReport", "Writer", "rebuild_index"]
 
@@ -306,7 +314,8 @@ def rebuild_index(path: PathLike, *, truncate: bool = True) -> RebuildReport:
     """Rebuild every index file of data file ``path`` by scanning its msgpack stream.
 
     Recovers a dataset whose writer was killed: each complete sample (a map with a str
-    ``"key"``) is indexed; the scan stops at the first incomplete or corrupt message. With
+    ``"key"``) is indexed; the scan stops at the first incomplete or corrupt message (one that
+    a reader could not decode, numpy values included). With
     ``truncate=True`` the bytes from there on are cut off the data file, so the result is a
     clean, valid dataset; with ``truncate=False`` the data file is left as it is (readers
     ignore the tail, :meth:`~fpipe.storage.MsgpackReader.verify_data` reports it).
@@ -336,10 +345,11 @@ def _scan(data: Path, size: int) -> tuple[list[str], array]:
     keys: dict[str, None] = {}
     offsets = array("Q", [0])
     with open(data, "rb") as file:
-        # No numpy hook: only the keys are needed, and a message never exceeds the file.
+        # Decoded as a reader decodes (numpy values too), so that every sample indexed can be
+        # read; a message never exceeds the file.
         limit = max(1, min(size, _MAX_MESSAGE))
         unpacker = msgpack.Unpacker(file, read_size=min(1 << 20, limit), strict_map_key=False,
-                                    max_buffer_size=limit)
+                                    max_buffer_size=limit, object_hook=decode_numpy)
         while True:
             try:
                 sample = unpacker.unpack()

@@ -199,7 +199,7 @@ def test_random_index_files(good, tmp_path, record, count):
 
 dtype_texts = st.one_of(
     st.sampled_from(["<f4", "<i2", "|u1", "O", "|O", "V0", "V3", "<M8[s]", "S3", "<U2", "(2,)f4",
-                     "(100000000000,)f8", "xx", "", "b1", "<c8", "(3,)O"]),
+                     "(100000000000,)f8", "xx", "", "b1", "<c8", "(3,)O", ",f4", "(3,", "05"]),
     st.text(max_size=6), st.binary(max_size=6), st.integers(-2, 300), st.none())
 fields = st.one_of(
     st.tuples(st.one_of(st.text(max_size=3), st.binary(max_size=3), st.integers(-3, 3))),
@@ -242,7 +242,8 @@ def test_hostile_samples_decode_or_raise_format_error(tmp_path, record, count):
 
 def test_object_dtypes_and_deep_structured_dtypes_are_refused():
     """Regression: an object dtype over raw bytes crashed the interpreter (numpy read the
-    bytes as pointers); a missing shape raised KeyError; deep nesting, RecursionError."""
+    bytes as pointers); a missing shape raised KeyError; deep nesting, RecursionError; a
+    dtype string that numpy parses as a Python literal, SyntaxError."""
     deep = "<f4"
     for _ in range(400):
         deep = [["a", deep]]
@@ -250,7 +251,8 @@ def test_object_dtypes_and_deep_structured_dtypes_are_refused():
                   {b"nd": True, b"type": [["a", "|O"]], b"kind": b"V", b"shape": [1],
                    b"data": b"\x01" * 8},
                   {b"nd": True, b"type": "<f4", b"kind": b"", b"data": b"\0" * 4},
-                  {b"nd": False, b"type": deep, b"data": b"\0" * 4}]:
+                  {b"nd": False, b"type": deep, b"data": b"\0" * 4},
+                  {b"nd": False, b"type": ",f4", b"data": b"\0" * 4}]:
         with pytest.raises(FormatError):
             unpack_sample(msgpack.packb(value))
 
