@@ -8,7 +8,6 @@ faster than Pillow) and everything else with Pillow, and always returns an RGB i
 Pillow is imported on first use, so importing this module costs nothing; ``import fpipe``
 does not import it at all.
 
-```python
 >>> import io
 >>> from PIL import Image
 >>> buffer = io.BytesIO()
@@ -16,8 +15,6 @@ does not import it at all.
 >>> image = decode_image(buffer.getvalue())
 >>> image.mode, image.size, image.getpixel((0, 0))
 ('RGB', (4, 3), (200, 200, 200))
-
-```
 """
 
 from __future__ import annotations
@@ -42,11 +39,8 @@ class ImageDecodeError(FpipeError, ValueError):
     ``reason`` says what was wrong; ``sample`` names the dataset sample the bytes came from
     (the torch adapters fill it in), and both are in the message.
 
-    ```python
     >>> str(ImageDecodeError("not an image", sample="sample 3 (key 'a'), field 'image'"))
     "sample 3 (key 'a'), field 'image': not an image"
-
-    ```
     """
 
     def __init__(self, reason: str, *, sample: str | None = None) -> None:
@@ -88,13 +82,10 @@ def decode_image(data: bytes | bytearray | memoryview, mode: str = "RGB") -> Ima
     :class:`ImageDecodeError` describing them; a value that is not a buffer raises
     :class:`TypeError`.
 
-    ```python
     >>> decode_image(b"not an image at all")
     Traceback (most recent call last):
     ...
     fpipe.image.ImageDecodeError: cannot decode 19 bytes starting b'not an image at a' as an image: ...
-
-    ```
     """
     view = _as_buffer(data)
     if mode == "RGB" and view[:3] == _JPEG_MAGIC:
@@ -131,7 +122,6 @@ class CompressedToPIL:
     other formats through Pillow, always RGB), with a clear :class:`ImageDecodeError` for
     bytes that are not an image; the torch datasets add the sample's index, key and field.
 
-    ```python
     >>> import io
     >>> from PIL import Image
     >>> buffer = io.BytesIO()
@@ -140,8 +130,6 @@ class CompressedToPIL:
     (5, 2)
     >>> CompressedToPIL()
     CompressedToPIL()
-
-    ```
     """
 
     def __call__(self, buf: bytes | bytearray | memoryview) -> Image:

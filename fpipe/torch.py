@@ -7,7 +7,6 @@ workers after the parent has read, ``set_epoch`` works with and without persiste
 empty shards yield nothing, orderings give decoded samples, and ``even=`` gives every rank
 the same number of batches. This is the only fpipe module that imports torch.
 
-```python
 >>> from fpipe.storage import ListReader
 >>> def add(value, number):
 ...     return value + number
@@ -18,8 +17,6 @@ the same number of batches. This is the only fpipe module that imports torch.
 >>> stream = IterableDataset(reader, rank=1, world_size=2)   # rank 1 of 2, no workers
 >>> [sample["x"] for sample in stream], len(stream)
 ([3, 4, 5], 3)
-
-```
 """
 
 from __future__ import annotations
@@ -62,11 +59,8 @@ _SLOTS = 1024
 def no_rng(_: Any) -> dict:
     """The default ``rng``: no parameters, whatever the sample.
 
-    ```python
     >>> no_rng({"image": b"..."})
     {}
-
-    ```
     """
     return {}
 
@@ -74,11 +68,8 @@ def no_rng(_: Any) -> dict:
 def dict2tuple(it: Iterable[Mapping], keys: tuple = ("image", "label")) -> Iterator[tuple]:
     """Yield ``tuple(sample[k] for k in keys)`` for each sample (or collated batch) of ``it``.
 
-    ```python
     >>> list(dict2tuple([{"image": 1, "label": 0, "key": "a"}]))
     [(1, 0)]
-
-    ```
     """
     for sample in it:
         yield tuple(sample[k] for k in keys)
@@ -112,15 +103,12 @@ def worker_range(n: int, rank: int = 0, world_size: int = 1, worker: int = 0,
     the workers, so that every rank reads the same number of samples in the same pieces and
     makes the same number of batches.
 
-    ```python
     >>> [worker_range(10, r, 2, w, 2) for r in range(2) for w in range(2)]
     [range(0, 2), range(2, 5), range(5, 8), range(8, 10)]
     >>> [worker_range(10, r, 2, w, 2, epoch=1) for r in range(2) for w in range(2)]
     [range(5, 8), range(8, 10), range(0, 2), range(2, 5)]
     >>> [worker_range(11, r, 2, w, 2, even="drop") for r in range(2) for w in range(2)]
     [range(0, 2), range(2, 5), range(6, 8), range(8, 11)]
-
-    ```
     """
     n = _integer("n", n, 0)
     world_size, num_workers = _integer("world_size", world_size, 1), _integer("num_workers", num_workers, 1)
@@ -217,7 +205,6 @@ class DatasetBase:
     reproducible per sample, whichever worker or rank reads it. An exception in a transform
     names the sample (its index, key and field).
 
-    ```python
     >>> from fpipe.storage import ListReader
     >>> base = DatasetBase(ListReader([{"x": 1}, {"x": 2}]), seed=7)
     >>> len(base), base.epoch, base.seed
@@ -225,8 +212,6 @@ class DatasetBase:
     >>> base.set_epoch(3)
     >>> base.epoch
     3
-
-    ```
     """
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
@@ -329,7 +314,6 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
     :class:`DatasetBase`); their draws depend on the epoch too, so call
     :meth:`~DatasetBase.set_epoch` at the start of every epoch for new augmentations.
 
-    ```python
     >>> import random
     >>> from fpipe.storage import ListReader
     >>> def add(v, number):
@@ -346,8 +330,6 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
     >>> seeded = Dataset(ListReader([{"a": 0} for _ in range(3)]), {"a": Compose(add)}, seeded_rng, seed=0)
     >>> [seeded[i]["a"] for i in range(3)] == [seeded[i]["a"] for i in range(3)]
     True
-
-    ```
     """
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
@@ -469,7 +451,6 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     samples), differently every epoch, from ``seed``. ``len()`` is what the calling process
     yields in its next pass: the rank's samples in the main process, the worker's in a worker.
 
-    ```python
     >>> from fpipe.storage import ListReader
     >>> reader = ListReader([{"x": i} for i in range(10)])
     >>> ranks = [IterableDataset(reader, rank=r, world_size=2, even="drop") for r in range(2)]
@@ -480,8 +461,6 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     >>> shuffled = IterableDataset(reader, shuffle=True, seed=0, buf_size=4, chunk_size=2)
     >>> sorted(s["x"] for s in shuffled) == list(range(10))
     True
-
-    ```
     """
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
