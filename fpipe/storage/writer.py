@@ -24,7 +24,9 @@ import queue
 import threading
 import weakref
 from array import array
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,7 @@ class Writer:
         self._lengths = array("Q")
         self._chunks: list[bytes] = []
         self._pending = 0
+        self._failure: OSError | None = None
         self._sink: _Sink | None = _Sink(_create(self._files, overwrite), buffering >= _THREAD_MIN)
         # A writer dropped without close() still stops its thread and closes its file.
         self._finalizer = weakref.finalize(self, self._sink.finish)
@@ -123,7 +126,10 @@ class Writer:
             block = b"".join(self._chunks)
             self._chunks.clear()
             self._pending = 0
-            self._sink.put(block)
+            try:
+                self._sink.put(block)
+            except OSError as error:
+                raise self._failed(error) from error
 
     def close(self) -> None:
         """Flush the data, then write the index files and ``.md5``. Closing twice is harmless."""
@@ -135,12 +141,27 @@ class Writer:
         finally:
             self._sink, self._keys = None, _ClosedKeys(len(keys), self.path)
             self._finalizer.detach()
-            digest = sink.finish()
+            try:
+                digest = sink.finish()
+            except OSError as error:
+                raise self._failed(error) from error
         offsets = np.zeros(len(self._lengths) + 1, np.uint64)
         np.cumsum(self._lengths, out=offsets[1:])
         write_index(self.path, keys, offsets, digest)
         if self._bar is not None:
             self._bar.close()
+
+    def _failed(self, error: OSError) -> OSError:
+        """The error of a failed write (a full disk, say), saying what the data file keeps.
+        No index is written after it: one would describe samples that are not there."""
+        if self._failure is None:
+            size = self.path.stat().st_size if self.path.exists() else 0
+            whole = bisect_right(list(accumulate(self._lengths)), size)
+            self._failure = OSError(
+                error.errno, f"{error.strerror}; writing stopped, and the data file keeps the "
+                f"first {whole} samples whole, without an index ('fpipe index' makes one)",
+                str(self.path))
+        return self._failure
 
 
 class _ClosedKeys:
@@ -176,7 +197,11 @@ class _Sink:
         if self._error is not None:
             raise self._error
         if self._queue is None:
-            self._append(block)
+            try:
+                self._append(block)
+            except BaseException as error:
+                self._error = error  # raised again by finish(): the writer writes no index
+                raise
             return
         if self._thread is None:
             self._thread = threading.Thread(target=self._drain, name="fpipe-writer", daemon=True)

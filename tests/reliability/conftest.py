@@ -44,11 +44,14 @@ class Resources:
         self.fds = me.num_fds()
         self.rss = me.memory_info().rss
 
-    def leftovers(self, baseline: Resources) -> dict:
-        """What is alive now and was not at ``baseline`` (empty when back to it)."""
+    def leftovers(self, baseline: Resources, ignore: str | None = None) -> dict:
+        """What is alive now and was not at ``baseline`` (empty when back to it); threads
+        whose names begin with ``ignore`` do not count."""
         extra = {}
-        if self.threads - baseline.threads:
-            extra["threads"] = sorted(t.name for t in self.threads - baseline.threads)
+        threads = {t.name for t in self.threads - baseline.threads
+                   if ignore is None or not t.name.startswith(ignore)}
+        if threads:
+            extra["threads"] = sorted(threads)
         if self.children - baseline.children:
             extra["children"] = sorted(self.children - baseline.children)
         if self.fds > baseline.fds:
@@ -56,13 +59,13 @@ class Resources:
         return extra
 
 
-def settle(baseline: Resources, seconds: float = 15.0) -> dict:
+def settle(baseline: Resources, seconds: float = 15.0, ignore: str | None = None) -> dict:
     """Wait (up to ``seconds``) until no thread, child or descriptor is left over from after
     ``baseline``; return what is still left over. (A process stage ends its joblib generator
     about a second after its last task, so a pipeline's threads may outlive it briefly.)"""
     deadline = time.monotonic() + seconds
     while True:
-        left = Resources().leftovers(baseline)
+        left = Resources().leftovers(baseline, ignore)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)

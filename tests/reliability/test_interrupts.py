@@ -1,0 +1,149 @@
+"""Ctrl-C during an ``Infinite`` loop and during a DataLoader loop, in a fresh interpreter each.
+
+The victim runs a pipeline with threads and worker processes; once it is running it gets
+SIGINT, either alone (``kill -INT``) or with its whole process group (what Ctrl-C in a terminal
+does). It exits within 2 s, and so does every process it started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import psutil
+from .files import write_dataset
+
+pytestmark = pytest.mark.timeout(900)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXIT_WITHIN = 2.0
+
+INFINITE = """
+import itertools
+import fpipe as fp
+from tests.reliability.workers import slow_identity
+
+batch_iter = fp.Infinite(itertools.count(), fp.Threads(slow_identity, n_workers=2),
+                         fp.Loky(slow_identity, n_workers=2), batch_size=8,
+                         batches_per_epoch=10**9, combiner=list)
+for number, batch in enumerate(batch_iter()):
+    if number == 20:
+        print("running", flush=True)
+"""
+
+DATALOADER = """
+import sys
+import torch
+import fpipe.torch as ft
+from fpipe.storage import MsgpackReader
+
+def slow(x):
+    import time
+    time.sleep(0.001)
+    return x
+
+dataset = ft.Dataset(MsgpackReader(sys.argv[1]), transforms={"x": ft.Compose(slow)})
+loader = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=2, shuffle=True)
+for epoch in range(10**9):
+    for number, batch in enumerate(loader):
+        if epoch == 0 and number == 20:
+            print("running", flush=True)
+"""
+
+
+def interrupt(code: str, args: list[str], group: bool) -> dict:
+    """Start ``code``, wait until it prints "running", send SIGINT; measure the exit."""
+    victim = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert victim.stdout.readline().strip() == "running", victim.stderr.read()
+        time.sleep(np.random.default_rng().uniform(0.05, 0.5))
+        descendants = psutil.Process(victim.pid).children(recursive=True)
+        sent = time.monotonic()
+        if group:
+            os.killpg(victim.pid, signal.SIGINT)
+        else:
+            victim.send_signal(signal.SIGINT)
+        victim.wait(timeout=60)
+        exited = time.monotonic() - sent
+        alive = _wait_dead(descendants, sent + EXIT_WITHIN + 1.0)
+        all_gone = time.monotonic() - sent
+        stderr = victim.stderr.read()
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    return {"exit": exited, "all_gone": all_gone, "strays": [p.pid for p in alive],
+            "children": len(descendants), "returncode": victim.returncode, "stderr": stderr}
+
+
+def _dead(process) -> bool:
+    """Whether ``process`` has ended. (An orphan stays a zombie until the machine's init
+    reaps it, which some container inits do only every second or two.)"""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_dead(processes: list, deadline: float) -> list:
+    """Wait until every process has ended, or the deadline; return the ones still running."""
+    while True:
+        alive = [p for p in processes if not _dead(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.01)
+
+
+def _check(outcomes: list[dict]) -> None:
+    for outcome in outcomes:
+        assert outcome["returncode"] != 0 and "KeyboardInterrupt" in outcome["stderr"], outcome
+        assert outcome["children"] >= 2, "the victim had no worker processes to leave behind"
+        assert not outcome["strays"], outcome
+        assert outcome["exit"] < EXIT_WITHIN and outcome["all_gone"] < EXIT_WITHIN, outcome
+
+
+def _report(record, check: str, outcomes: list[dict]) -> None:
+    record(check, tried=len(outcomes),
+           slowest_exit_seconds=round(max(o["exit"] for o in outcomes), 3),
+           slowest_all_gone_seconds=round(max(o["all_gone"] for o in outcomes), 3))
+
+
+def _trials(default: int, soak: int) -> list:
+    return [pytest.param(default, id="default"),
+            pytest.param(soak, id="soak", marks=pytest.mark.soak)]
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["process", "process group"])
+@pytest.mark.parametrize("trials", _trials(1, 10))
+def test_ctrl_c_during_an_infinite_loop(group, trials, record):
+    outcomes = [interrupt(INFINITE, [], group) for _ in range(trials)]
+    _check(outcomes)
+    target = "the process group" if group else "the process"
+    _report(record, f"SIGINT to {target} during an Infinite loop", outcomes)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> str:
+    rng = np.random.default_rng(0)
+    samples = [{"key": f"k{i}", "x": rng.normal(size=(3, 8, 8)).astype("<f4"), "label": i % 10}
+               for i in range(2000)]
+    return str(write_dataset(tmp_path_factory.mktemp("loader") / "set.msgpack", samples))
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["process", "process group"])
+@pytest.mark.parametrize("trials", _trials(1, 10))
+def test_ctrl_c_during_a_dataloader_loop(images, group, trials, record):
+    pytest.importorskip("torch")
+    outcomes = [interrupt(DATALOADER, [images], group) for _ in range(trials)]
+    _check(outcomes)
+    target = "the process group" if group else "the process"
+    _report(record, f"SIGINT to {target} during a DataLoader loop (2 workers)", outcomes)
