@@ -262,3 +262,89 @@ def same_rank_shapes(draw: st.DrawFn) -> list[tuple[int, ...]]:
 
 
 positive_weights = st.lists(st.floats(0.05, 10), min_size=1, max_size=6)
+
+
+# --- Infinite (dpipe's batch iterator) ---------------------------------------------------
+# A transformer is described by a spec tuple and built fresh for each Infinite (a stage object
+# keeps its own epoch count). Items are ints all the way through.
+
+from fpipe import ExpirationPool, Iterator, Threads, integers, processes, threads  # noqa: E402
+from fpipe import filter as fp_filter  # noqa: E402
+from fpipe import map as fp_map  # noqa: E402
+
+
+def plus(x: int, r: int) -> int:
+    return 3 * x + r
+
+
+# a seeded transform: r comes from the item's own generator inside a seeded stage
+jiggle = sample_args(plus, r=integers(0, 1000))
+
+
+def pair_sums(items):
+    items = iter(items)
+    return (a + b for a, b in zip(items, items))
+
+
+def kept(x: int) -> bool:
+    """Keeps about 3 in 4 items, pseudo-randomly: no chain of the transforms here turns a
+    stream into one that this rejects whole (a parity test would starve after add_three)."""
+    return hash((x, 7)) % 4 != 0
+
+
+class BreakBefore:
+    """A batch-size predicate: a batch ends before about one item in ``m`` (pseudo-randomly),
+    and at 5 items."""
+
+    def __init__(self, m: int) -> None:
+        self.m = m
+
+    def __call__(self, chunk: list, item: int) -> bool:
+        return hash((item, 3)) % self.m != 0 and len(chunk) < 5
+
+
+# deterministic without a seed: usable with any source
+plain_transformers = st.one_of(
+    st.just(("function",)),
+    st.tuples(st.just("Threads"), st.integers(1, 3)),
+    st.just(("filter",)),
+    st.tuples(st.just("Iterator"), st.integers(1, 2)),
+)
+
+# seeded, in-process: a restored pipeline must continue exactly
+seeded_transformers = st.one_of(
+    plain_transformers,
+    st.tuples(st.just("jiggle"), st.integers(0, 9)),
+    st.tuples(st.just("threads"), st.integers(0, 9), st.integers(1, 3)),
+    st.tuples(st.just("pool"), st.integers(1, 5), st.integers(1, 3), st.integers(0, 9)),
+)
+
+infinite_batch_sizes = st.one_of(st.integers(1, 6), st.integers(2, 4).map(BreakBefore))
+
+
+def make_transformer(spec: tuple):
+    """A fresh stage (or function) for a spec drawn from the strategies above."""
+    kind, *args = spec
+    if kind == "function":
+        return add_three
+    if kind == "Threads":
+        return Threads(add_three, n_workers=args[0])
+    if kind == "filter":
+        return fp_filter(kept)
+    if kind == "Iterator":
+        return Iterator(pair_sums, n_workers=args[0])
+    if kind == "jiggle":
+        return fp_map(jiggle, seed=args[0])
+    if kind == "threads":
+        return threads(jiggle, seed=args[0], n_workers=args[1])
+    if kind == "processes":
+        return processes(jiggle, seed=args[0], n_workers=args[1])
+    size, repetitions, seed = args
+    return ExpirationPool(size, repetitions, seed=seed)
+
+
+@st.composite
+def epoch_plans(draw: st.DrawFn, batches_per_epoch: int, max_epochs: int = 5) -> list:
+    """How many batches to take from each epoch: all of them (None) or a break after k."""
+    take = st.one_of(st.none(), st.integers(0, batches_per_epoch))
+    return draw(st.lists(take, max_size=max_epochs))

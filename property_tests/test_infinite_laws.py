@@ -1,0 +1,113 @@
+"""Laws of Infinite: epochs are windows on one stream, every full epoch has exactly
+batches_per_epoch batches, and a saved state restores the exact continuation (twice)."""
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from toolz import pipe
+
+from fpipe import Infinite, Stage, batch, sample
+from fpipe import map as fp_map
+from property_tests.strategies import (
+    epoch_plans,
+    infinite_batch_sizes,
+    make_transformer,
+    plain_transformers,
+    seeded_transformers,
+)
+
+
+def consume(batch_iter: Infinite, plan: list) -> tuple[list, list]:
+    """The batches taken following ``plan``, and the sizes of the epochs read to the end."""
+    taken, full = [], []
+    for take in plan:
+        epoch = batch_iter()
+        if take is None:
+            batches = list(epoch)
+            full.append(len(batches))
+        else:
+            batches = list(itertools.islice(epoch, take))
+        taken += batches
+    return taken, full
+
+
+def take(batch_iter: Infinite, n: int) -> list:
+    """The next ``n`` batches, over as many epochs as it needs."""
+    out: list = []
+    while len(out) < n:
+        out += itertools.islice(batch_iter(), n - len(out))
+    return out
+
+
+@st.composite
+def continuity_cases(draw: st.DrawFn) -> tuple:
+    specs = draw(st.lists(plain_transformers, max_size=3))
+    batches_per_epoch = draw(st.integers(1, 6))
+    return specs, draw(infinite_batch_sizes), batches_per_epoch, draw(epoch_plans(
+        batches_per_epoch))
+
+
+@given(continuity_cases())
+def test_epochs_are_windows_on_one_stream_and_full_epochs_are_exact(case):
+    specs, batch_size, batches_per_epoch, plan = case
+    with Infinite(itertools.count(), *map(make_transformer, specs), batch_size=batch_size,
+                  batches_per_epoch=batches_per_epoch, combiner=list) as batch_iter:
+        taken, full = consume(batch_iter, plan)
+    stages = [t if isinstance(t, Stage) else fp_map(t) for t in map(make_transformer, specs)]
+    stream = pipe(itertools.count(), *stages, batch(batch_size))
+    expected = list(itertools.islice(stream, len(taken)))
+    stream.close()
+    assert taken == expected  # nothing lost or repeated, whatever the breaks
+    assert full == [batches_per_epoch] * len(full)
+
+
+def build(specs: list, seed: int, batch_size, batches_per_epoch: int) -> Infinite:
+    return Infinite(sample(range(1000), random_state=seed), *map(make_transformer, specs),
+                    batch_size=batch_size, batches_per_epoch=batches_per_epoch, combiner=list)
+
+
+@st.composite
+def resume_cases(draw: st.DrawFn, transformers: st.SearchStrategy = seeded_transformers) -> tuple:
+    specs = draw(st.lists(transformers, max_size=3))
+    batches_per_epoch = draw(st.integers(1, 5))
+    n = draw(st.integers(1, 8))
+    return (specs, draw(st.integers(0, 2**32)), draw(infinite_batch_sizes), batches_per_epoch,
+            draw(epoch_plans(batches_per_epoch, max_epochs=4)), draw(st.booleans()), n,
+            draw(st.integers(0, n)))
+
+
+def check_resume(case: tuple) -> None:
+    specs, seed, batch_size, batches_per_epoch, plan, close_first, n, split = case
+
+    def make() -> Infinite:
+        return build(specs, seed, batch_size, batches_per_epoch)
+
+    original = make()
+    consume(original, plan)
+    if close_first:  # a state saved after close: the next start begins where that one does
+        original.close()
+    state = original.state_dict()
+    expected = take(original, n)
+    original.close()
+    restored = make()
+    restored.load_state_dict(state)
+    got = take(restored, split)
+    second = restored.state_dict()  # save and restore once more
+    restored.close()
+    again = make()
+    again.load_state_dict(second)
+    got += take(again, n - split)
+    again.close()
+    assert got == expected
+
+
+@given(resume_cases())
+def test_a_restored_infinite_continues_with_the_original_batches(case):
+    check_resume(case)
+
+
+@settings(max_examples=4)
+@given(resume_cases(st.tuples(st.just("processes"), st.integers(0, 9), st.integers(1, 2))))
+def test_the_resume_law_holds_with_worker_processes(case):
+    check_resume(case)
