@@ -178,7 +178,7 @@ class Iterator(_Adapter):
     With ``n_workers > 1``, ``transform`` is called on consecutive chunks of 64 items, in
     ``n_workers`` threads, and the outputs keep the input order; its state then lasts one
     chunk. (dpipe runs one instance per thread, each on an arbitrary share of the items.)
-    ``buffer_size`` is the number of chunks that wait beyond the ones in work.
+    ``buffer_size`` is then the number of chunks that wait beyond the ones in work.
 
     >>> from toolz import pipe
     >>> def pairs(items):
@@ -409,12 +409,6 @@ class Infinite:
     def batches_per_epoch(self, value: int) -> None:
         self._batches_per_epoch = _check_count("batches_per_epoch", value, 1)
 
-    @property
-    def stages(self) -> list[Stage]:
-        """The stages the pipeline applies, in order: the transformers, the batching, the
-        combiner and the background prefetch."""
-        return list(self._pipeline.stages)
-
     def __call__(self) -> _Iterator:
         """The next ``batches_per_epoch`` batches (fewer if a finite source ends)."""
         self._pipeline.ensure()
@@ -495,11 +489,8 @@ class Infinite:
         >>> first.close(), second.close()
         (None, None)
         """
+        self._check_restorable()
         pipeline = self._pipeline
-        if not _restorable(self.source) and isinstance(self.source, _Iterator):
-            raise TypeError(f"state_dict() needs a source with state_dict() and "
-                            f"load_state_dict() (fpipe.sample, say) or one that can be iterated "
-                            f"again from its start; got source={self.source!r}")
         if pipeline.stream is not None:
             source, epochs = pipeline.origin
             delivered = pipeline.delivered
@@ -520,7 +511,14 @@ class Infinite:
             stage.set_epoch(epoch)
         pipeline.skip = int(state["delivered"])
 
+    def _check_restorable(self) -> None:
+        if not _restorable(self.source) and isinstance(self.source, _Iterator):
+            raise TypeError(f"a state needs a source with state_dict() and load_state_dict() "
+                            f"(fpipe.sample, say) or one that can be iterated again from its "
+                            f"start; got source={self.source!r}")
+
     def _check_state(self, state: Any) -> None:
+        self._check_restorable()
         if not isinstance(state, dict) or set(state) != {"source", "epochs", "delivered"}:
             raise TypeError(f"state must be a dict from Infinite.state_dict(); got state={state!r}")
         stages = len(self._pipeline.stages)

@@ -140,8 +140,10 @@ def test_a_list_source_is_restored_by_position_and_a_finite_end_is_kept():
 
 def test_unrestorable_sources_and_foreign_states_are_refused():
     generator = Infinite((i for i in range(9)), batch_size=2, batches_per_epoch=1)
-    with pytest.raises(TypeError, match="state_dict\\(\\) needs a source"):
+    with pytest.raises(TypeError, match="a state needs a source with state_dict"):
         generator.state_dict()
+    with pytest.raises(TypeError, match="a state needs a source"):
+        generator.load_state_dict({"source": None, "epochs": [0, 0, 0], "delivered": 0})
     batch_iter = build(square)
     with pytest.raises(TypeError, match="state must be a dict"):
         batch_iter.load_state_dict({"delivered": 1})
