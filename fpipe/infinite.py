@@ -112,7 +112,8 @@ class _Adapter(Stage):
 class Threads(_Adapter):
     """dpipe's ``Threads``: ``func(item, *args, **kwargs)`` in ``n_workers`` threads, which is
     :func:`fpipe.threads` (``buffer_size`` chunks wait beyond the ones in work). Unlike dpipe's,
-    the output keeps the input order, and every keyword argument goes to ``func``.
+    the output keeps the input order. As in dpipe, every keyword argument goes to ``func``,
+    also one named like an option of :func:`fpipe.threads` (``seed=``).
 
     >>> from toolz import pipe
     >>> list(pipe(range(5), Threads(pow, 2, n_workers=2)))
@@ -138,8 +139,8 @@ def _loky_workers(n_workers: Any) -> Any:
 
 class Loky(_Adapter):
     """dpipe's ``Loky``: ``func(item, *args, **kwargs)`` in ``n_workers`` worker processes
-    (negative: that many fewer than the cores, plus one, so -1 is all of them), which is
-    :func:`fpipe.processes` on joblib's loky backend. Unlike dpipe's, the workers are started
+    (a negative count is counted back from the cores: -1 is all of them, -2 all but one), which
+    is :func:`fpipe.processes` on joblib's loky backend. Unlike dpipe's, the workers are started
     once and stay warm for the next epoch and the next pipeline, items travel in chunks, the
     output keeps the input order, and a worker's exception reaches the consumer whole.
     With ``n_workers=1``, joblib runs the work in this process.
