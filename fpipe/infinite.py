@@ -304,15 +304,22 @@ class _Pipeline:
         """The source as a stream, moved ``skip`` items on: in O(1) when the source can seek or
         counts its place in ``state['position']``, else by reading."""
         position = state.get("position") if isinstance(state, dict) else None
-        if skip and isinstance(position, int) and callable(getattr(self.source, "seek", None)):
-            self.source.seek(position + skip)
-        elif skip and isinstance(position, int):
+        if skip and isinstance(position, int):
+            if callable(getattr(self.source, "seek", None)):
+                return self._seek(position + skip)
             self.source.load_state_dict({**state, "position": position + skip})
-        else:
-            stream = as_stream(self.source)
-            _discard(stream, skip)
-            return stream
-        return as_stream(self.source)
+            return as_stream(self.source)
+        stream = as_stream(self.source)
+        _discard(stream, skip)
+        return stream
+
+    def _seek(self, position: int) -> Stream:
+        # an ordering's iteration ends with its epoch, where seek() would carry on into the
+        # next one: a place at or past the end is an iteration that has ended
+        length = len(self.source) if hasattr(self.source, "__len__") else None
+        ended = length is not None and position >= length
+        self.source.seek(length if ended else position)
+        return as_stream([] if ended else self.source)
 
     @staticmethod
     def _replay(stream: Stream, batches: int) -> None:

@@ -348,3 +348,30 @@ def epoch_plans(draw: st.DrawFn, batches_per_epoch: int, max_epochs: int = 5) ->
     """How many batches to take from each epoch: all of them (None) or a break after k."""
     take = st.one_of(st.none(), st.integers(0, batches_per_epoch))
     return draw(st.lists(take, max_size=max_epochs))
+
+
+def key_of(sample: dict) -> int:
+    return sample["key"]
+
+
+# where the examples come from: ("sample", seed) is infinite; ("list", n) and
+# ("shuffler", n, seed) are finite, so epochs end early and sources start over
+batch_iter_sources = st.one_of(
+    st.tuples(st.just("sample"), st.integers(0, 2**32)),
+    st.tuples(st.just("list"), st.integers(1, 12)),
+    st.tuples(st.just("shuffler"), st.integers(1, 12), st.integers(0, 9)),
+)
+
+
+def make_source(spec: tuple) -> tuple:
+    """A fresh source for a spec of ``batch_iter_sources``, and the transformers it needs first
+    (a Shuffler yields samples: dicts with a key)."""
+    from fpipe import sample
+    from fpipe.storage import ListReader, Shuffler
+
+    kind, *args = spec
+    if kind == "sample":
+        return sample(range(1000), random_state=args[0]), []
+    if kind == "list":
+        return list(range(args[0])), []
+    return Shuffler(ListReader([{"key": i} for i in range(args[0])]), seed=args[1]), [key_of]

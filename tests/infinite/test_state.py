@@ -155,3 +155,22 @@ def test_unrestorable_sources_and_foreign_states_are_refused():
                  combiner=list).load_state_dict(state)
     with pytest.raises(ValueError, match="delivered"):
         batch_iter.load_state_dict({**state, "delivered": -1})
+
+
+def test_an_ordering_source_is_restored_by_seeking_also_at_the_end_of_its_epoch():
+    from fpipe.storage import ListReader, Shuffler
+
+    def make():
+        ordering = Shuffler(ListReader([{"key": i} for i in range(10)]), seed=1)
+        return Infinite(ordering, lambda sample: sample["key"], batch_size=3,
+                        batches_per_epoch=4, combiner=list)
+
+    original = make()
+    assert list(original()) == [[5, 4, 3], [2, 6, 9], [0, 1, 7], [8]]  # the end is not seen yet
+    state = original.state_dict()
+    assert state["delivered"] == 4  # 12 items by count, but the epoch had only 10
+    expected = [list(original()) for _ in range(3)]
+    again = restored(make, state)
+    assert [list(again()) for _ in range(3)] == expected
+    original.close()
+    again.close()
