@@ -195,7 +195,7 @@ class Iterator(_Adapter):
     With ``n_workers > 1``, ``transform`` is called on consecutive chunks of 64 items, in
     ``n_workers`` threads, and the outputs keep the input order; its state then lasts one
     chunk. (dpipe runs one instance per thread, each on an arbitrary share of the items.)
-    ``buffer_size`` is then the number of chunks that wait beyond the ones in work.
+    ``buffer_size`` then counts chunks as in :class:`Threads`.
 
     >>> from toolz import pipe
     >>> def pairs(items):
@@ -214,7 +214,7 @@ class Iterator(_Adapter):
         else:
             stages = [batch(_ITERATOR_CHUNK),
                       threads(_ChunkCall(transform, args, kwargs), n_workers=n_workers,
-                              buffer_size=buffer_size),
+                              buffer_size=_thread_buffer(n_workers, buffer_size)),
                       unbatch()]
         super().__init__(stages, _arguments(transform, args, kwargs, options))
 
