@@ -26,6 +26,7 @@ before it returns, the original exception of a failing stage reaches the caller,
 from __future__ import annotations
 
 import collections.abc
+import copy
 import functools
 import inspect
 import os
@@ -521,7 +522,8 @@ class Infinite:
         else:
             source, epochs = pipeline.source_state(), [s.epoch for s in pipeline.stages]
             delivered = pipeline.skip
-        return {"source": source, "epochs": list(epochs), "delivered": delivered}
+        # a copy: the caller may change what it gets, the origin must stay as it was
+        return copy.deepcopy({"source": source, "epochs": list(epochs), "delivered": delivered})
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a :meth:`state_dict` of an ``Infinite`` built the same way: the
