@@ -296,13 +296,26 @@ def hash_keys(keys: Sequence[str], max_tries: int = 1000) -> tuple[bytes, np.nda
     >>> salt == key_salt(0), hashes.dtype, int(hashes[1]) == hash_key("b", salt)
     (True, dtype('uint64'), True)
     """
+    message = f"key hashes collide for {max_tries} salts; are the keys unique?"
     for attempt in range(max_tries):
         salt = key_salt(attempt)
         hashes = _salted_hashes(keys, salt)
         ranked = np.sort(hashes)
         if not (ranked[1:] == ranked[:-1]).any():
             return salt, hashes
-    raise RuntimeError(f"key hashes collide for {max_tries} salts; are the keys unique?")
+        if not attempt:
+            _refuse_duplicates(keys, hashes, message)
+    raise RuntimeError(message)
+
+
+def _refuse_duplicates(keys: Sequence[str], hashes: np.ndarray, message: str) -> None:
+    """Duplicate keys collide under every salt: say so at once, rather than after hashing
+    every key with each of them."""
+    order = np.argsort(hashes, kind="stable")
+    ranked = hashes[order]
+    for at in np.flatnonzero(ranked[1:] == ranked[:-1]).tolist():
+        if keys[order[at]] == keys[order[at + 1]]:
+            raise RuntimeError(f"{message} ({keys[order[at]]!r} is there twice)")
 
 
 # --- the Bloom filter (simplebloom's file format) --------------------------------------------

@@ -492,10 +492,17 @@ class MsgpackReader(Reader):
                     raise FormatError(f"{len(hashes)} key hashes for {self._len} samples",
                                       path=self._files.key_hashes)
             else:
-                table = self._keys()
-                salt, hashes = hash_keys(table.keys(0, len(table)))
+                salt, hashes = self._recomputed_hashes()
             index = self._hash_index = _HashIndex(salt, hashes)
         return index
+
+    def _recomputed_hashes(self) -> tuple[bytes, np.ndarray]:
+        table = self._keys()
+        try:
+            return hash_keys(table.keys(0, len(table)))
+        except RuntimeError as error:  # the same key twice
+            keys = self._files.legacy_index if self._legacy else self._files.keys
+            raise FormatError(f"corrupt keys ({error})", path=keys) from error
 
     def _filter(self) -> BloomFilter | None:
         if self._bloom is None:

@@ -62,7 +62,9 @@ class Writer:
     files first (a reader that has them open keeps reading the old data). ``progress=True``,
     or any tqdm option such as ``desc=`` or ``total=``, shows a progress bar
     (``disable=True`` hides it). Hashing and writing run in a background thread when
-    ``buffering`` is at least 64 KiB; the thread ends at :meth:`close`.
+    ``buffering`` is at least 64 KiB; the thread ends at :meth:`close`. A write that fails (a
+    full disk) raises an :class:`OSError` that names the file and the number of samples it
+    keeps whole; no index is written after it (``fpipe index`` makes one from the data).
 
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")

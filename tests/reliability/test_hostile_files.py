@@ -437,3 +437,18 @@ def test_an_md5_file_that_is_not_text_raises_format_error(two):
     for verify in (MsgpackReader(two).verify_data, MsgpackReader(two).verify_index):
         with pytest.raises(FormatError, match="md5"):
             verify()
+
+
+@pytest.mark.parametrize("index", ["legacy", "keys without key hashes"])
+def test_the_same_key_twice_raises_format_error_at_once(two, index):
+    """Regression: recomputing the key hashes tried 1,000 salts (minutes for a big dataset)
+    and then raised RuntimeError."""
+    if index == "legacy":
+        for name in ("offsets", "keys", "key_hashes", "filter"):
+            (two.parent / f"x.msgpack.{name}").unlink()
+        (two.parent / "x.msgpack.index").write_bytes(b"\x82\xa1a\x00\xa1a\x07")
+    else:
+        (two.parent / "x.msgpack.key_hashes").unlink()
+        (two.parent / "x.msgpack.keys").write_bytes(msgpack.packb(["a", "a"]))
+    with pytest.raises(FormatError, match="'a' is there twice"):
+        MsgpackReader(two).find_index("a")
