@@ -6,6 +6,9 @@ batches per epoch; one timed run is one epoch of a started iterator); P3i is P3 
 next epoch after ``close()``, of an ``Infinite`` with ``Loky(work, n_workers=2)``: fpipe's
 workers stay warm, dpipe starts a new process pool (each timed run includes the ``close()``
 before it; dpipe's returns at once, fpipe's joins its threads).
+
+In P1i and P3i both iterators stay started between timed runs, as in a training loop: while
+the other one is timed, each fills its bounded buffers (a few batches) and then waits.
 """
 
 from __future__ import annotations
