@@ -348,7 +348,7 @@ def test_unfinished_containers_stay_within_msgpack_s_preallocation_bound(tmp_pat
     """A sample that opens containers 1,024 deep, each claiming ten thousand slots or more, and
     never fills them: the preallocation msgpack does for them is the bound, whatever the size."""
     path = tmp_path / "x.msgpack"
-    header = b"\xdd" + struct.pack(">I", 1 << 20)
+    header = b"\xdd" + struct.pack(">I", 2 * MSGPACK_PREALLOC)
     body = header * ((1 << 20) // len(header))
     path.write_bytes(body)
     write_index(path, ["a"], [0, len(body)], "0" * 32)
