@@ -82,10 +82,15 @@ class Reads:
 
     def __init__(self, folder) -> None:
         self.path, self.reads, self.worst = folder / "t.msgpack", 0, 0.0
+        self.warm = False
 
     def __call__(self, contents: dict[str, bytes]) -> None:
         put_files(self.path, contents)
         size = sum(map(len, contents.values()))
+        if not self.warm:
+            # the first read imports and caches lazily (megabytes); keep that out of the figures
+            check_reader(self.path, contents)
+            self.warm = True
         tracemalloc.start()
         try:
             tally = check_reader(self.path, contents)
