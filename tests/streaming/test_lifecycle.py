@@ -66,7 +66,18 @@ def test_exit_does_not_wait_for_a_long_task_in_a_worker_process():
     """
     result = run(code, timeout=60)  # far less than the task would take
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[0, 1, 2]" and result.stderr == ""
+    assert result.stdout.strip() == "[0, 1, 2]"
+    # killing a worker mid-task can leave loky's resource tracker a semaphore to report at
+    # shutdown (now and then, by timing); anything else on stderr is a failure
+    assert _without_loky_tracker_warnings(result.stderr) == "", result.stderr
+
+
+def _without_loky_tracker_warnings(stderr: str) -> str:
+    lines = stderr.splitlines()
+    kept = [line for i, line in enumerate(lines) if "resource_tracker" not in line
+            and not (line.strip().startswith("warnings.warn") and i > 0
+                     and "resource_tracker" in lines[i - 1])]
+    return "\n".join(kept).strip()
 
 
 def test_exit_is_quiet_after_process_stages_on_two_backends():
