@@ -38,7 +38,7 @@ from .functional import Compose
 from .image import CompressedToPIL, ImageDecodeError
 from .random import Seed, _set_active, item_rng, seed_entropy
 from .sharding import shard_range
-from .storage.order import QuasiShuffler, Range
+from .storage.order import QuasiShuffler, Range, _integer
 
 __all__ = [
     "Compose",
@@ -73,14 +73,6 @@ def dict2tuple(it: Iterable[Mapping], keys: tuple = ("image", "label")) -> Itera
     """
     for sample in it:
         yield tuple(sample[k] for k in keys)
-
-
-def _integer(name: str, value: Any, low: int | None = None) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer; got {name}={value!r}")
-    if low is not None and value < low:
-        raise ValueError(f"{name} must be >= {low}; got {name}={value!r}")
-    return int(value)
 
 
 def _round_half_even(numerator: int, denominator: int) -> int:
