@@ -91,14 +91,21 @@ class Reads:
             # the first read imports and caches lazily (megabytes); keep that out of the figures
             check_reader(self.path, contents)
             self.warm = True
-        tracemalloc.start()
-        try:
-            tally = check_reader(self.path, contents)
-        finally:
-            tracemalloc.stop()
+        tally = self._traced(contents)
+        if tally.peak > allocation_limit(size):
+            # a read path taken for the first time imports and caches lazily (megabytes,
+            # once per process); an allocation driven by the files recurs on a second read
+            tally = self._traced(contents)
         assert tally.peak <= allocation_limit(size), f"a read allocated {tally.peak} bytes"
         self.reads += tally.reads
         self.worst = max(self.worst, tally.peak / allocation_limit(size))
+
+    def _traced(self, contents: dict[str, bytes]):
+        tracemalloc.start()
+        try:
+            return check_reader(self.path, contents)
+        finally:
+            tracemalloc.stop()
 
 
 def _report(record, check: str, ran: int, reads: Reads) -> None:
