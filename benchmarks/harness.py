@@ -6,7 +6,8 @@ argument and returns either
 * ``Pair(fpipe=..., reference=..., items=...)``: two zero-argument callables doing the same
   work. They run alternately, after one warm-up each, ``repetitions`` times; the table
   reports both medians and the ratio ``fpipe / reference`` of throughput (higher is better),
-  or of time for workloads whose target is a time (``kind="time"``);
+  or of time for workloads whose target is a time (``kind="time"``). An optional ``settle``
+  runs, untimed, before every timed run (to let a reference's background work end, say);
 * ``Value(value=..., unit=...)``: a measured figure with no reference (memory growth, say).
 
 Targets are written as ``">= 1.5"`` or ``"<= 0.5"`` and checked against the ratio (or value).
@@ -30,6 +31,7 @@ class Pair:
     reference: Callable[[], object]
     items: int = 1
     teardown: Callable[[], object] | None = None
+    settle: Callable[[], object] | None = None  # untimed, before each timed run
 
 
 @dataclass(frozen=True)
@@ -90,11 +92,17 @@ def _meets(target: str, figure: float) -> bool:
     return figure >= float(bound) if op == ">=" else figure <= float(bound)
 
 
+def _settled_seconds(pair: Pair, func: Callable[[], object]) -> float:
+    if pair.settle is not None:
+        pair.settle()
+    return _seconds(func)
+
+
 def _time_pair(result: Result, pair: Pair, repetitions: int) -> None:
     _seconds(pair.fpipe), _seconds(pair.reference)  # warm-up
     for _ in range(repetitions):
-        result.fpipe_seconds.append(_seconds(pair.fpipe))
-        result.reference_seconds.append(_seconds(pair.reference))
+        result.fpipe_seconds.append(_settled_seconds(pair, pair.fpipe))
+        result.reference_seconds.append(_settled_seconds(pair, pair.reference))
     fpipe_median = statistics.median(result.fpipe_seconds)
     reference_median = statistics.median(result.reference_seconds)
     result.items = pair.items
