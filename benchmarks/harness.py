@@ -16,6 +16,7 @@ Targets are written as ``">= 1.5"`` or ``"<= 0.5"`` and checked against the rati
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -148,7 +149,9 @@ def run(names: list[str], repetitions: int = 5, output: str | None = None) -> li
         print(_row(result), flush=True)
         results.append(result)
     if output:
-        machine = {"python": platform.python_version(), "machine": platform.machine()}
+        machine = {"python": platform.python_version(), "machine": platform.machine(),
+                   "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
+                   "load_average_at_end": [round(load, 2) for load in os.getloadavg()]}
         with open(output, "w") as file:
             json.dump({"machine": machine, "results": [asdict(r) for r in results]}, file, indent=1)
     return results
