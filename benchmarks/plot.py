@@ -1,4 +1,6 @@
-"""Plot and tabulate benchmark results: ``python -m benchmarks.plot RESULTS.json [-o FIG.png] [--markdown]``.
+"""Plot and tabulate benchmark results.
+
+``python -m benchmarks.plot RESULTS.json [-o FIG.png] [--markdown] [--page PAGE.md]``
 
 The figure shows, for each timed workload, fpipe's speed relative to its reference as a bar and
 the target as a tick, grouped by what fpipe is compared with (datadings, dpipe, a plain Python
@@ -17,9 +19,13 @@ def _figure(result: dict) -> float:
     return result["value"] if result["value"] is not None else result["ratio"]
 
 
+def _pretty(target: str) -> str:
+    return target.replace(">=", "≥").replace("<=", "≤")
+
+
 def markdown_table(results: list[dict]) -> str:
     """The results as a Markdown table: workload, reference, figure, target, verdict."""
-    rows = ["| workload | what | reference | fpipe | reference | figure | target | |",
+    rows = ["| workload | what | compared with | fpipe | reference | figure | target | |",
             "| --- | --- | --- | ---: | ---: | ---: | --- | --- |"]
     for r in results:
         if r["value"] is not None:
@@ -30,7 +36,7 @@ def markdown_table(results: list[dict]) -> str:
             figure = f"{r['ratio']:.2f}×"
         verdict = "met" if r["met"] else "**missed**"
         rows.append(f"| {r['name']} | {r['description']} | {r['reference']} | {times[0]} | "
-                    f"{times[1]} | {figure} | {r['target']} | {verdict} |")
+                    f"{times[1]} | {figure} | {_pretty(r['target'])} | {verdict} |")
     return "\n".join(rows)
 
 
@@ -78,17 +84,34 @@ def plot(results: list[dict], output: Path) -> None:
     plt.close(fig)
 
 
+_BEGIN, _END = "<!-- results:", "<!-- /results -->"
+
+
+def with_table(page: str, table: str) -> str:
+    """``page`` with ``table`` between its results markers (``<!-- results: ... -->`` and
+    ``<!-- /results -->``), replacing what was there."""
+    begin, end = page.find(_BEGIN), page.find(_END)
+    if begin < 0 or end < begin:
+        raise ValueError(f"the page has no {_BEGIN} ... {_END} markers")
+    head = page.index("\n", begin) + 1
+    return page[:head] + table + "\n" + page[end:]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.plot", description=__doc__)
     parser.add_argument("results", help="JSON written by python -m benchmarks")
     parser.add_argument("-o", "--output", help="PNG file to draw the chart into")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--page", help="Markdown page whose results markers get the table")
     args = parser.parse_args(argv)
     results = json.loads(Path(args.results).read_text())["results"]
     if args.output:
         plot(results, Path(args.output))
     if args.markdown:
         print(markdown_table(results))
+    if args.page:
+        page = Path(args.page)
+        page.write_text(with_table(page.read_text(), markdown_table(results)))
 
 
 if __name__ == "__main__":

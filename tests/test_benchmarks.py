@@ -1,11 +1,14 @@
 """The benchmark harness and its report (not the workloads: those run on purpose)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from benchmarks import harness
-from benchmarks.plot import markdown_table, plot, speed
+from benchmarks.plot import main, markdown_table, plot, speed, with_table
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 @pytest.fixture
@@ -50,3 +53,22 @@ def test_speed_turns_time_ratios_into_higher_is_better():
     throughput = {"kind": "throughput", "ratio": 3.0, "target": ">= 2"}
     assert speed(timed) == (4.0, 2.0)
     assert speed(throughput) == (3.0, 2.0)
+
+
+def test_the_table_goes_between_the_markers_and_replaces_the_old_one(tmp_path):
+    page = "# B\n\n<!-- results: made by a script -->\nold table\n<!-- /results -->\n\nafter\n"
+    assert with_table(page, "| new |") == (
+        "# B\n\n<!-- results: made by a script -->\n| new |\n<!-- /results -->\n\nafter\n")
+    with pytest.raises(ValueError, match="markers"):
+        with_table("# no markers", "| new |")
+
+
+def test_the_benchmarks_page_shows_the_committed_results_and_chart(tmp_path):
+    results = DOCS / "data" / "benchmarks.json"
+    page = (DOCS / "benchmarks.md").read_text()
+    assert markdown_table(json.loads(results.read_text())["results"]) in page
+    assert (DOCS / "img" / "benchmarks.png").stat().st_size > 10_000
+    copy = tmp_path / "page.md"
+    copy.write_text(page)
+    main([str(results), "--page", str(copy)])
+    assert copy.read_text() == page  # regenerating from the same results changes nothing
