@@ -206,6 +206,13 @@ def dataset_samples(draw: st.DrawFn, max_size: int = 12) -> list[dict]:
     return [{"key": key, **draw(fields)} for key in keys]
 
 
+# Any str, lone surrogates included (st.text leaves them out): keys to look up, which may be
+# ones that no dataset can hold, since UTF-8 cannot encode a lone surrogate. (Drawn as a list
+# of characters: st.text over the same two alphabets hardly ever drew a surrogate.)
+any_text = st.lists(st.characters() | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
+                    max_size=6).map("".join)
+
+
 def as_decoded(value):
     """What reading back gives for ``value``: tuples become lists."""
     if isinstance(value, (list, tuple)):

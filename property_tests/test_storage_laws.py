@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import msgpack
 import msgpack_numpy
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simplebloom import BloomFilter as SimpleBloom
@@ -24,6 +25,7 @@ from fpipe.storage import (
     unpack_sample,
 )
 from property_tests.strategies import (
+    any_text,
     as_decoded,
     dataset_samples,
     msgpack_numpy_dtypes,
@@ -82,6 +84,23 @@ def test_written_samples_read_back_equal(samples):
             assert reader.find_key(i) == sample["key"] and reader.find_index(sample["key"]) == i
             assert sample["key"] in reader
         assert reader.verify_data() and reader.verify_index()
+
+
+@WRITES
+@given(dataset_samples(max_size=10), st.data())
+def test_membership_agrees_with_the_written_keys_for_any_str(samples, data):
+    keys = [sample["key"] for sample in samples]
+    near = st.sampled_from(keys).map(lambda key: key + "\ud800") if keys else st.nothing()
+    probes = data.draw(st.lists(any_text | near, max_size=8)) + keys
+    with written(samples) as path:
+        reader = MsgpackReader(path)
+        for probe in probes:
+            assert (probe in reader) == (probe in keys)
+            if probe in keys:
+                assert reader.find_index(probe) == keys.index(probe)
+            else:
+                with pytest.raises(KeyError):
+                    reader.find_index(probe)
 
 
 @WRITES

@@ -380,7 +380,11 @@ class BloomFilter:
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
             return False
-        h1, h2 = struct.unpack_from(">QQ", hashlib.blake2s(key.encode()).digest())
+        try:
+            data = key.encode()
+        except UnicodeEncodeError:  # a lone surrogate: no key that UTF-8 can hold was added
+            return False
+        h1, h2 = struct.unpack_from(">QQ", hashlib.blake2s(data).digest())
         bits, num_bits = self._bits, self.num_bits
         for i in range(self.num_hashes):
             position = ((h1 + i * h2) & _MASK64) % num_bits

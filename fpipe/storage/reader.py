@@ -375,7 +375,12 @@ class _HashIndex:
         self.sorted = hashes[self.order]
 
     def find(self, key: str) -> int:
-        value = np.uint64(hash_key(key, self.salt))
+        """The index of ``key``, or -1 (also for a key with a lone surrogate, which UTF-8
+        cannot encode, so no dataset holds it)."""
+        try:
+            value = np.uint64(hash_key(key, self.salt))
+        except UnicodeEncodeError:
+            return -1
         slot = int(np.searchsorted(self.sorted, value))
         if slot < len(self.sorted) and self.sorted[slot] == value:
             return int(self.order[slot])
@@ -389,7 +394,9 @@ class MsgpackReader(Reader):
     the Bloom filter load on first use into numpy arrays (never Python lists). ``get`` reads
     through ``mmap``; ``iter`` reads ``chunk_size`` samples per ``os.pread`` (nothing is
     mapped, so forked workers iterating do not grow). ``buffering`` is accepted for datadings
-    code and ignored.
+    code and ignored. Keys are str: ``key in reader`` is False, and ``find_index(key)`` raises
+    :class:`KeyError`, for anything else and for a str that UTF-8 cannot encode (one with a lone
+    surrogate, such as a non-UTF-8 byte in a command-line argument).
 
     A missing ``.key_hashes`` is recomputed; a missing ``.filter`` leaves ``in`` working; a
     missing data file, or missing ``.offsets`` and legacy ``.index``, raises

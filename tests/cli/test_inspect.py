@@ -21,6 +21,9 @@ def test_cat_prints_one_readable_line_per_sample(dataset, capsys):
     assert "is a folder, not a dataset (it holds set.msgpack)" in mistake(capsys, 2, "cat",
                                                                            dataset.parent)
     assert "must be >= 0" in mistake(capsys, 2, "cat", dataset, "-n", "-1")
+    # a non-UTF-8 byte in an argument arrives as a lone surrogate, which no dataset holds
+    assert "has no sample with key 's0001\\udcff'" in mistake(capsys, 2, "cat", dataset, "--key",
+                                                               "s0001\udcff")
 
 
 def test_cat_survives_a_closed_pipe(tmp_path):

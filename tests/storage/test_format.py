@@ -176,9 +176,10 @@ def test_bloom_filter_is_byte_identical_to_simplebloom(n):
     assert all(key in loaded for key in keys)
 
 
-def test_bloom_filter_load_checks_and_membership_of_non_strings():
+def test_bloom_filter_load_checks_and_membership_of_non_strings_and_unencodable_ones():
     bloom = BloomFilter.loads(BloomFilter.build(["a"]).dumps())
     assert "a" in bloom and 1 not in bloom and b"a" not in bloom
+    assert "\ud800" not in bloom and "a\udcff" not in bloom  # UTF-8 cannot hold these keys
     with pytest.raises(ValueError, match="header"):
         BloomFilter.loads(b"SIMP")
     with pytest.raises(ValueError, match="simplebloom"):

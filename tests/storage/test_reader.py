@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fpipe.errors import FormatError
-from fpipe.storage import FileWriter, MsgpackReader, pack_sample
+from fpipe.storage import FileWriter, MsgpackReader, ShardedReader, pack_sample
 from fpipe.storage import reader as reader_module
 
 from .conftest import make_samples, write
@@ -27,6 +27,39 @@ def test_lookup_api(dataset, samples):
         reader.find_index(7)
     with pytest.raises(IndexError):
         reader.find_key(50)
+
+
+# Lone surrogates: UTF-8 cannot encode them, so no dataset holds such a key (a non-UTF-8 byte
+# in a command-line argument arrives as one, "\udcff").
+UNENCODABLE = ["\ud800", "s00007\udcff", "\udfff" * 3]
+
+
+def _assert_absent(reader, key):
+    assert key not in reader
+    with pytest.raises(KeyError) as raised:
+        reader.find_index(key)
+    assert raised.value.args == (key,)
+    with pytest.raises(KeyError):
+        reader.seek_key(key)
+
+
+@pytest.mark.parametrize("key", UNENCODABLE)
+def test_a_key_utf8_cannot_encode_is_absent_not_an_error(dataset, key):
+    fresh = MsgpackReader(dataset)
+    _assert_absent(fresh, key)  # the Bloom filter answers first
+    loaded = MsgpackReader(dataset)
+    assert loaded.find_index("s00007") == 7
+    _assert_absent(loaded, key)  # the key hashes answer
+    _remove(dataset, ".filter")
+    _assert_absent(MsgpackReader(dataset), key)
+
+
+@pytest.mark.parametrize("key", UNENCODABLE)
+def test_a_key_utf8_cannot_encode_is_absent_from_legacy_and_sharded_readers(tmp_path, dataset,
+                                                                           samples, key):
+    legacy = MsgpackReader(_write_legacy(tmp_path / "old.msgpack", samples[:5]))
+    _assert_absent(legacy, key)
+    _assert_absent(ShardedReader([legacy, dataset]), key)
 
 
 def test_get_variants(dataset, samples):
@@ -222,14 +255,18 @@ def test_missing_md5_only_breaks_verification(dataset, samples):
         reader.verify_data()
 
 
-def test_legacy_index_datasets_read(tmp_path, samples):
-    data = tmp_path / "old.msgpack"
+def _write_legacy(data, samples):
+    """A dataset with only datadings's old ``.index`` (key -> offset), no ``.offsets``."""
     packed = [pack_sample(s) for s in samples]
     data.write_bytes(b"".join(packed))
     starts = np.cumsum([0] + [len(p) for p in packed[:-1]]).tolist()
-    (tmp_path / "old.msgpack.index").write_bytes(
+    data.with_name(data.name + ".index").write_bytes(
         msgpack.packb(dict(zip((s["key"] for s in samples), starts))))
-    reader = MsgpackReader(data)
+    return data
+
+
+def test_legacy_index_datasets_read(tmp_path, samples):
+    reader = MsgpackReader(_write_legacy(tmp_path / "old.msgpack", samples))
     assert len(reader) == 50 and list(reader) == samples and reader[-3:] == samples[-3:]
     assert reader.find_index("s00020") == 20 and "s00020" in reader and reader.find_key(4) == "s00004"
     assert list(reader.iter(yield_key=True, chunk_size=7))[9] == ("s00009", samples[9])
