@@ -110,6 +110,9 @@ class Writer:
     def _add(self, key: object, packed: bytes) -> None:
         if type(key) is not str and not isinstance(key, str):
             raise TypeError(f"keys must be str; got {type(key).__name__} {key!r:.80}")
+        if not key.isascii() and not _encodable(key):  # else the index could not be written
+            raise ValueError(f"keys must be text that UTF-8 can encode (no lone surrogates); "
+                             f"got {key!r:.80}")
         keys = self._keys
         if key in keys:
             raise ValueError(f"duplicate key {key!r}: keys must be unique")
@@ -164,6 +167,14 @@ class Writer:
                 f"first {whole} samples whole, without an index ('fpipe index' makes one)",
                 str(self.path))
         return self._failure
+
+
+def _encodable(key: str) -> bool:
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class _ClosedKeys:
@@ -240,8 +251,9 @@ class FileWriter(Writer):
     """Write dict samples; each needs a unique str ``"key"``.
 
     Samples are packed like datadings packs them (see :mod:`fpipe.storage.format`). A missing
-    key raises :class:`KeyError`, a non-str key :class:`TypeError` and a duplicate key
-    :class:`ValueError`, all at that ``write``, and the sample is not written.
+    key raises :class:`KeyError`, a non-str key :class:`TypeError`, and a duplicate key or
+    one that UTF-8 cannot encode (a lone surrogate) :class:`ValueError`, all at that
+    ``write`` (:class:`RawWriter` too), and the sample is not written.
 
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")

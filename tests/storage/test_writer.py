@@ -95,6 +95,20 @@ def test_non_str_keys_raise_type_error_at_that_write(tmp_path, key):
     assert [s["key"] for s in MsgpackReader(path)] == ["ok", "also ok"]
 
 
+@pytest.mark.parametrize("writer_class", [FileWriter, RawWriter])
+def test_a_key_utf8_cannot_encode_raises_at_that_write_and_keeps_the_rest(tmp_path, writer_class):
+    path = tmp_path / "set.msgpack"
+    with writer_class(path) as writer:
+        write = writer.write if writer_class is FileWriter else (
+            lambda sample: writer.write(sample["key"], pack_sample(sample)))
+        write({"key": "ok"})
+        with pytest.raises(ValueError):  # a lone surrogate: the index could not hold it
+            write({"key": "bad\ud800"})
+        write({"key": "also ok"})
+    reader = MsgpackReader(path)
+    assert [s["key"] for s in reader] == ["ok", "also ok"] and reader.verify_index()
+
+
 def test_samples_without_key_or_not_dicts_raise_key_error(tmp_path):
     with FileWriter(tmp_path / "set.msgpack") as writer:
         for bad in ({"label": 1}, ["key"], None):
