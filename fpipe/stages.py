@@ -24,6 +24,7 @@ epoch (and the index of the first item) explicitly, to resume a stream.
 
 from __future__ import annotations
 
+import abc
 import builtins
 import collections
 import itertools
@@ -69,7 +70,7 @@ _PROCESS_CHUNK_SECONDS = 2e-2  # ... or to a process, where a round trip costs a
 # --- streams ----------------------------------------------------------------------------
 
 
-class Stream:
+class Stream(abc.ABC):
     """A lazy stream of items: what a stage returns, and what the next stage reads.
 
     It is an iterator (``next()``, ``for``) and a context manager that closes it. Stages read
@@ -141,8 +142,10 @@ class Stream:
             self._raise_error()
         return []  # closed
 
+    @abc.abstractmethod
     def _pull(self, n: int) -> list:
-        raise NotImplementedError
+        """Make the next items, at least one and at most ``n``; ``[]`` at the end. An error
+        raised here closes the stream (see :meth:`pull`)."""
 
     def _unbuffer(self, n: int) -> list:
         buffer = self._buffer
@@ -295,7 +298,7 @@ def as_stream(iterable: Iterable) -> Stream:
 # --- stages -----------------------------------------------------------------------------
 
 
-class Stage:
+class Stage(abc.ABC):
     """A function from an iterable to a :class:`Stream`, configured at construction.
 
     Each call is an application with its own epoch: the first call is epoch 0, the next epoch 1,
@@ -327,6 +330,7 @@ class Stage:
         """
         self._epoch = _check_count("epoch", epoch, 0)
 
+    @abc.abstractmethod
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
         """Apply the stage as epoch ``epoch``, numbering the items from ``start`` (the index
         from which a seeded stage derives each item's generator); the epoch counter is left
@@ -335,7 +339,6 @@ class Stage:
         >>> list(map(abs).apply([3, -4], epoch=2, start=10))
         [3, 4]
         """
-        raise NotImplementedError
 
 
 def _check_count(name: str, value: Any, least: int) -> int:
@@ -911,8 +914,10 @@ class _ParallelStage(Stage):
             return _Run(upstream, self._executor(call), slots, False, self._sizer, start)
         return _Background(as_stream(iterable), repr(self), make_run, self.ordered, self.workers)
 
+    @abc.abstractmethod
     def _executor(self, call: _ItemCall) -> Any:
-        raise NotImplementedError
+        """The executor of one run: ``begin(results)``, ``submit(seq, index, chunk, slots)``,
+        ``stop()`` and ``join(deadline)``, as :class:`_ThreadWorkers` has them."""
 
     def _options(self) -> dict:
         return {"n_workers": self.n_workers, "ordered": None if self.ordered else False,

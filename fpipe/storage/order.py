@@ -48,6 +48,7 @@ reads epoch ``e`` of a :class:`Range`, :class:`Shuffler`, :class:`QuasiShuffler`
 
 from __future__ import annotations
 
+import abc
 import itertools
 import math
 from collections.abc import Callable, Iterator
@@ -133,8 +134,9 @@ class _Progress:
         self.epoch, self.position = origin
 
 
-class _Ordering:
-    """What all orderings share: the iteration API, epochs, and resume."""
+class _Ordering(abc.ABC):
+    """What all orderings share: the iteration API, epochs, and resume. An ordering says how
+    long an epoch is (``len``) and reads positions of an epoch (:meth:`_read`)."""
 
     _endless = False
 
@@ -145,11 +147,13 @@ class _Ordering:
         self.reader = reader
         self._move((0, 0))
 
+    @abc.abstractmethod
     def __len__(self) -> int:
-        raise NotImplementedError
+        """The number of positions in an epoch."""
 
+    @abc.abstractmethod
     def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
-        raise NotImplementedError
+        """The samples at positions ``[start, stop)`` of epoch ``epoch`` (``start < stop``)."""
 
     def _read_list(self, epoch: int, start: int, stop: int, options: _Options) -> list:
         return list(self._read(epoch, start, stop, options))

@@ -9,7 +9,7 @@ from itertools import islice
 import numpy as np
 import pytest
 
-from fpipe.storage.order import Cycler, QuasiShuffler, Range, Repeater, Shuffler
+from fpipe.storage.order import Cycler, QuasiShuffler, Range, Repeater, Shuffler, _Ordering
 from property_tests.strategies import IndexReader
 
 
@@ -255,6 +255,15 @@ def test_orderings_pickle_and_copy_with_their_start_point():
     expected = list(QuasiShuffler(IndexReader(30), 6, 3, seed=5).iter(7))
     assert list(pickle.loads(pickle.dumps(shuffler))) == expected
     assert list(copy.copy(shuffler)) == expected
+
+
+def test_an_ordering_must_say_its_length_and_how_it_reads():
+    class LengthOnly(_Ordering):
+        def __len__(self):
+            return 3
+
+    with pytest.raises(TypeError, match="_read"):
+        LengthOnly(IndexReader(3))
 
 
 # --- QuasiShuffler specifics ---------------------------------------------------------------

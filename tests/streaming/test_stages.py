@@ -1,6 +1,7 @@
 """The stream protocol and the stages that run in the consumer's thread."""
 
 import itertools
+import pickle
 
 import pytest
 from toolz import pipe
@@ -21,6 +22,25 @@ def test_a_pipeline_is_a_lazy_stream():
     stream = pipe(source(), fp.map(double), fp.filter(bool), fp.take(3))
     assert isinstance(stream, Stream) and log == []
     assert list(stream) == [2, 4, 6] and log == ["started"]
+
+
+def test_stage_and_stream_are_abstract_and_subclasses_fill_them_in():
+    with pytest.raises(TypeError, match="apply"):
+        fp.Stage()
+
+    class NoPull(Stream):
+        pass
+
+    with pytest.raises(TypeError, match="_pull"):
+        NoPull(None, "no pull")
+
+    class Doubled(fp.Stage):
+        def apply(self, iterable, *, epoch=0, start=0):
+            return fp.map(double).apply(iterable, epoch=epoch, start=start)
+
+    assert list(Doubled()(range(3))) == [0, 2, 4]
+    for stage in (fp.map(double), fp.threads(double, n_workers=2), fp.batch(2)):
+        assert list(pickle.loads(pickle.dumps(stage))(range(3))) == list(stage(range(3)))
 
 
 def test_pull_returns_between_one_and_n_items_then_empty():
