@@ -1118,8 +1118,9 @@ class _ProcessPool:
 
     def shutdown(self) -> None:
         """Feed no more tasks: the joblib generator ends when its running tasks are done."""
-        with self._lock:
-            self._closed = True
+        # no lock: this is also a finalizer, which the garbage collector may run in a thread
+        # that holds it; one attribute store is atomic, and the readers hold the lock
+        self._closed = True
 
     def wait(self, deadline: float) -> None:
         """Wait for the joblib generator to end; past ``deadline``, stop it and its workers."""
@@ -1186,6 +1187,10 @@ class _ProcessStage(_ParallelStage):
                             f"got backend={backend!r}")
         self.backend = backend
         self._pool = _ProcessPool(self.n_workers, backend)
+        # a stage that nobody can use again ends its joblib generator now, not a second after
+        # its last task: forgotten stages' generators would keep feeding idle tasks to the
+        # workers that every stage shares, and slow the stages that follow
+        weakref.finalize(self, self._pool.shutdown)
 
     def _executor(self, call: _ItemCall) -> _ProcessWorkers:
         return _ProcessWorkers(self._pool, call)
@@ -1213,10 +1218,11 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
 
     The workers are started at the first ``next()`` and kept for every later run of this stage
     object (epochs, other pipelines): the stage keeps one joblib generator running while it has
-    work, and ends it about a second after its last task (the workers stay in joblib's pool).
-    Closing a stream does not kill the workers: results still on their way are dropped.
-    ``stage.close()`` ends the joblib generator at once (before closing a dask cluster, say);
-    the stage starts a new one if it is used again.
+    work, and ends it about a second after its last task (the workers stay in joblib's pool),
+    or as soon as the stage object is garbage-collected. Closing a stream does not kill the
+    workers: results still on their way are dropped. ``stage.close()`` ends the joblib
+    generator at once (before closing a dask cluster, say); the stage starts a new one if it is
+    used again.
 
     Order, seeds and errors behave as in :func:`threads`.
 

@@ -2,6 +2,7 @@
 leftovers, and leaks. Every loky stage here uses two workers, so joblib's one pool of workers
 is never resized."""
 
+import gc
 import itertools
 import os
 import threading
@@ -117,6 +118,27 @@ def test_the_joblib_generator_ends_after_the_last_task_and_restarts():
     pump.join(10)
     assert not pump.is_alive()
     assert list(stage(range(3))) == [0, 2, 4]
+
+
+def test_a_forgotten_stage_ends_its_joblib_generator_at_once(monkeypatch):
+    # The keep-alive is an hour here: only the end of the stage can end its generator. Before,
+    # every stage built for a short pipeline and dropped kept feeding idle tasks to the shared
+    # workers for a second, and the stages after it waited behind them.
+    monkeypatch.setattr(fp.stages, "_KEEP_ALIVE", 3600.0)
+    kept, dropped = loky(double), loky(double)
+    pools = [kept._pool, dropped._pool]
+    for stage in (kept, dropped):
+        stream = pipe(range(10**6), stage, fp.take(5))
+        assert [next(stream) for _ in range(5)] == [0, 2, 4, 6, 8]
+        del stream  # forgotten, not closed
+    del stage, dropped
+    gc.collect()
+    kept_pump, dropped_pump = (pool._pump for pool in pools)
+    dropped_pump.join(60)  # a bound for a hang, not a timing: it ends as soon as joblib asks
+    assert not dropped_pump.is_alive()
+    assert kept_pump.is_alive()  # a stage that can still be used keeps its workers fed
+    kept.close()
+    assert not kept_pump.is_alive()
 
 
 def test_backend_is_checked_and_shown():
