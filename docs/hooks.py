@@ -1,11 +1,15 @@
-"""MkDocs hooks: render docstrings' ``>>>`` examples as Python console code.
+"""MkDocs hooks: render docstrings' ``>>>`` examples as code and their Sphinx roles as links.
 
 Docstrings carry runnable examples in plain doctest form; in Markdown a line starting with
-``>`` is a block quote. This hook adds a Markdown preprocessor that fences each run of doctest
-lines (up to the next blank line) as a ``pycon`` code block, outside existing fences.
+``>`` is a block quote. One Markdown preprocessor fences each run of doctest lines (up to the
+next blank line) as a ``pycon`` code block, outside existing fences. Another turns Sphinx
+cross-reference roles (``:class:`~fpipe.errors.FormatError```) into code: a link to the API
+reference for a full ``fpipe.`` path, plain code for other names.
 """
 
 from __future__ import annotations
+
+import re
 
 from markdown import Extension, Markdown
 from markdown.preprocessors import Preprocessor
@@ -32,10 +36,25 @@ class _DoctestBlocks(Preprocessor):
         return out
 
 
+_ROLE = re.compile(r":(?:attr|class|data|exc|func|meth|mod|obj):`(~?)([\w.]+)`")
+
+
+def _role_as_code(match: re.Match) -> str:
+    short, target = match.groups()
+    shown = target.rsplit(".", 1)[-1] if short else target
+    return f"[`{shown}`][{target}]" if target.startswith("fpipe.") else f"`{shown}`"
+
+
+class _SphinxRoles(Preprocessor):
+    def run(self, lines: list[str]) -> list[str]:
+        return [_ROLE.sub(_role_as_code, line) for line in lines]
+
+
 class DoctestBlocks(Extension):
     def extendMarkdown(self, md: Markdown) -> None:
         # before the fenced-code preprocessors (priority 25), which then see the fences
         md.preprocessors.register(_DoctestBlocks(md), "fpipe_doctest_blocks", 40)
+        md.preprocessors.register(_SphinxRoles(md), "fpipe_sphinx_roles", 39)
 
 
 def on_config(config):

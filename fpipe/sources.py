@@ -244,7 +244,7 @@ class Mix(Stream):
             self._chooser = _Chooser(len(self._weights), self._weights, "weights")
 
     def start(self) -> Mix:
-        """Start the background work of the sources now (see :meth:`fpipe.Stream.start`)."""
+        """Start the background work of the sources now (see :meth:`fpipe.stages.Stream.start`)."""
         for source in self._sources:
             source.start()
         return self

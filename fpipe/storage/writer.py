@@ -357,7 +357,7 @@ def rebuild_index(path: PathLike, *, truncate: bool = True) -> RebuildReport:
     a reader could not decode, numpy values included). With
     ``truncate=True`` the bytes from there on are cut off the data file, so the result is a
     clean, valid dataset; with ``truncate=False`` the data file is left as it is (readers
-    ignore the tail, :meth:`~fpipe.storage.MsgpackReader.verify_data` reports it).
+    ignore the tail, :meth:`~fpipe.storage.reader.MsgpackReader.verify_data` reports it).
 
     >>> import os, tempfile
     >>> from fpipe.storage import pack_sample, MsgpackReader
