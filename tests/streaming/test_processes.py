@@ -42,12 +42,14 @@ def test_workers_are_other_processes_and_stay_warm_across_epochs():
 
 def test_an_early_close_keeps_the_workers_and_leaves_no_leftovers():
     stage = loky(slow_double, 0.001)
-    workers = set(loky(pid)(range(100)))
+    assert list(loky(pid)(range(100)))  # the workers are started
+    # the workers that exist now, not the ones that ran those tasks: one may have run them all
+    workers = {child.pid for child in psutil.Process().children(recursive=True)}
     for _ in range(5):
         with stage(itertools.count()) as stream:
             assert list(itertools.islice(stream, 3)) == [0, 2, 4]  # the rest is dropped
     assert list(stage(range(10))) == [2 * x for x in range(10)]
-    assert set(loky(pid)(range(100))) == workers
+    assert set(loky(pid)(range(100))) <= workers  # none was killed and replaced
 
 
 def test_two_runs_of_one_stage_at_once_get_their_own_results():
