@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .stages import _READ_SECONDS, Stage, Stream, as_stream
+from .stages import READ_SECONDS, Stage, Stream, as_stream
 
 __all__ = [
     "batch",
@@ -74,7 +74,7 @@ class _Batched(Stream):
         # more than one batch only while they are cheap and need no waiting for other threads,
         # so that a batch is never held back by the making of the next one
         batches: list = []
-        deadline = time.perf_counter() + _READ_SECONDS if n > 1 and not self.upstream.waits else 0
+        deadline = time.perf_counter() + READ_SECONDS if n > 1 and not self.upstream.waits else 0
         try:
             while True:
                 items = self._sized() if self._predicate is None else self._by_predicate()

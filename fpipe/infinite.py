@@ -43,10 +43,8 @@ from .stages import (
     Stage,
     Stats,
     Stream,
-    _check_count,
-    _MapStage,
-    _ParallelStage,
     as_stream,
+    check_count,
     map,
     prefetch,
     processes,
@@ -86,8 +84,6 @@ def _arguments(func: Callable, args: tuple, kwargs: dict, options: dict) -> str:
 
 class _Adapter(Stage):
     """A dpipe stage class: applying it applies the fpipe stages it stands for."""
-
-    one_to_one = False  # whether each input item gives exactly one output item, in order
 
     def __init__(self, stages: list[Stage], arguments: str) -> None:
         self.stages, self._arguments = stages, arguments
@@ -209,8 +205,8 @@ class Iterator(_Adapter):
     def __init__(self, transform: Callable, *args: Any, n_workers: int = 1,
                  buffer_size: int = 1, **kwargs: Any) -> None:
         options = {"n_workers": n_workers, "buffer_size": buffer_size}
-        _check_count("buffer_size", buffer_size, 1)
-        if _check_count("n_workers", n_workers, 1) == 1:
+        check_count("buffer_size", buffer_size, 1)
+        if check_count("n_workers", n_workers, 1) == 1:
             stages = [_make_stage(transform_stream, transform, args, kwargs)]
         else:
             stages = [batch(_ITERATOR_CHUNK),
@@ -221,14 +217,6 @@ class Iterator(_Adapter):
 
 
 # --- Infinite -------------------------------------------------------------------------------
-
-
-def _one_to_one(stage: Stage) -> bool:
-    """Whether the stage gives one output per input, in order, numbering items from ``start``:
-    then a restored pipeline can skip ahead by position instead of replaying."""
-    if isinstance(stage, _Adapter):
-        return stage.one_to_one
-    return isinstance(stage, (_MapStage, _ParallelStage))
 
 
 def _as_stage(position: int, transformer: Any) -> Stage:
@@ -315,7 +303,7 @@ class _Pipeline:
 
     def _countable(self) -> bool:
         return self.per_batch is not None and all(
-            _one_to_one(stage) for at, stage in enumerate(self.stages[:-1]) if at != self.batch_at)
+            stage.one_to_one for at, stage in enumerate(self.stages[:-1]) if at != self.batch_at)
 
     def _source_stream(self, state: dict | None, skip: int) -> Stream:
         """The source as a stream, moved ``skip`` items on: in O(1) when the source can seek or
@@ -419,7 +407,7 @@ class Infinite:
         stages = [_as_stage(i, transformer) for i, transformer in enumerate(transformers)]
         stages.append(batch(batch_size))
         self.batches_per_epoch = batches_per_epoch
-        self.buffer_size = _check_count("buffer_size", buffer_size, 1)
+        self.buffer_size = check_count("buffer_size", buffer_size, 1)
         stages += [_combiner_stage(combiner, kwargs), prefetch(self.buffer_size + 1)]
         self.source, self.batch_size = source, batch_size
         self._pipeline = _Pipeline(source, stages, len(transformers), batch_size)
@@ -432,7 +420,7 @@ class Infinite:
 
     @batches_per_epoch.setter
     def batches_per_epoch(self, value: int) -> None:
-        self._batches_per_epoch = _check_count("batches_per_epoch", value, 1)
+        self._batches_per_epoch = check_count("batches_per_epoch", value, 1)
 
     def __call__(self) -> _Iterator:
         """The next ``batches_per_epoch`` batches (fewer if a finite source ends)."""
@@ -551,7 +539,7 @@ class Infinite:
         if len(state["epochs"]) != stages:
             raise ValueError(f"state is of a pipeline with {len(state['epochs'])} stages; this one "
                              f"has {stages}")
-        _check_count("state['delivered']", state["delivered"], 0)
+        check_count("state['delivered']", state["delivered"], 0)
         if (state["source"] is None) == _restorable(self.source):
             raise ValueError(f"state['source'] does not fit source={self.source!r}: a source "
                              f"with state_dict() needs its state, and only such a source has one")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .random import Seed, seed_entropy
-from .stages import Stage, Stream, _check_count, _Generated, as_stream
+from .stages import Stage, Stream, check_count, generator_stream
 
 __all__ = ["ExpirationPool", "expiration_pool", "pool"]
 
@@ -36,13 +36,13 @@ class ExpirationPool(Stage):
 
     def __init__(self, pool_size: int, repetitions: int, iterations: int = 1,
                  seed: Seed | None = None) -> None:
-        self.pool_size = _check_count("pool_size", pool_size, 1)
-        self.repetitions = _check_count("repetitions", repetitions, 1)
-        self.iterations = _check_count("iterations", iterations, 1)
+        self.pool_size = check_count("pool_size", pool_size, 1)
+        self.repetitions = check_count("repetitions", repetitions, 1)
+        self.iterations = check_count("iterations", iterations, 1)
         self.seed = None if seed is None else seed_entropy(seed)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
-        return _Generated(as_stream(iterable), repr(self), lambda upstream: self._draws(
+        return generator_stream(iterable, repr(self), lambda upstream: self._draws(
             upstream, self._generator(epoch)))
 
     def _generator(self, epoch: int) -> np.random.Generator:

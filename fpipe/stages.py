@@ -60,7 +60,7 @@ __all__ = [
 
 _TIMED_EVERY = 16  # a stream times one pull in 16; that keeps stats under 5 % on cheap stages
 _READ_AHEAD = 64  # most items next() reads ahead of the consumer ...
-_READ_SECONDS = 1e-4  # ... and only while they take less than this to make
+READ_SECONDS = 1e-4  # ... and only while they take less than this to make (batch too)
 _GENERATOR_SLICE = 1e-3  # a generator stage returns what it has after this long
 _JOIN_SECONDS = 2.0  # close() waits this long for a stage's threads
 _THREAD_CHUNK_SECONDS = 2e-3  # work per chunk handed to a thread ...
@@ -176,7 +176,7 @@ class Stream(abc.ABC):
             reader.waited += seconds
         if not items:
             raise StopIteration
-        self._read_size = _chunk_size(len(items), seconds, _READ_SECONDS, _READ_AHEAD)
+        self._read_size = _chunk_size(len(items), seconds, READ_SECONDS, _READ_AHEAD)
         items.reverse()
         first = items.pop()
         self._buffer = items
@@ -304,12 +304,17 @@ class Stage(abc.ABC):
     Each call is an application with its own epoch: the first call is epoch 0, the next epoch 1,
     and so on; :meth:`set_epoch` sets the epoch of the next call.
 
+    ``one_to_one`` (false unless a stage class sets it) says that the stage gives exactly one
+    output per input, in input order, and numbers the items from ``start``: then
+    :class:`fpipe.Infinite` resumes a pipeline by skipping inputs instead of replaying outputs.
+
     >>> stage = map(abs)
-    >>> stage.epoch, list(stage([1, -2])), stage.epoch
-    (0, [1, 2], 1)
+    >>> stage.epoch, list(stage([1, -2])), stage.epoch, stage.one_to_one
+    (0, [1, 2], 1, True)
     """
 
     _epoch = 0
+    one_to_one = False
 
     def __call__(self, iterable: Iterable) -> Stream:
         epoch, self._epoch = self._epoch, self._epoch + 1
@@ -328,7 +333,7 @@ class Stage(abc.ABC):
         >>> stage.epoch
         5
         """
-        self._epoch = _check_count("epoch", epoch, 0)
+        self._epoch = check_count("epoch", epoch, 0)
 
     @abc.abstractmethod
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
@@ -341,7 +346,15 @@ class Stage(abc.ABC):
         """
 
 
-def _check_count(name: str, value: Any, least: int) -> int:
+def check_count(name: str, value: Any, least: int) -> int:
+    """``value`` as an int, once it is an integer ``>= least`` (else the error names the
+    argument). Not in ``__all__``: fpipe's stage modules check their counts with it.
+
+    >>> check_count("n", 0, 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: n must be >= 1; got n=0
+    """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer; got {name}={value!r}")
     if value < least:
@@ -417,6 +430,8 @@ def _call_repr(name: str, func: Callable, args: tuple, options: dict) -> str:
 
 
 class _MapStage(Stage):
+    one_to_one = True
+
     def __init__(self, func: Callable, args: tuple, kwargs: dict, seed: Seed | None) -> None:
         _check_callable("func", func)
         self.func, self.args, self.kwargs, self.seed = func, args, kwargs, _entropy(seed)
@@ -495,7 +510,7 @@ def filter(predicate: Callable) -> Stage:
 
 class _TakeStage(Stage):
     def __init__(self, n: int) -> None:
-        self.n = _check_count("n", n, 0)
+        self.n = check_count("n", n, 0)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
         return _Taken(as_stream(iterable), repr(self), self.n)
@@ -533,7 +548,7 @@ class _StreamStage(Stage):
         self.func, self.args, self.kwargs = func, args, kwargs
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
-        return _Generated(as_stream(iterable), repr(self), self._start)
+        return generator_stream(iterable, repr(self), self._start)
 
     def _start(self, upstream: Stream) -> Iterator:
         return iter(self.func(upstream, *self.args, **self.kwargs))
@@ -572,6 +587,18 @@ class _Generated(Stream):
                 close()
         finally:
             super()._close()
+
+
+def generator_stream(iterable: Iterable, name: str, start: Callable[[Stream], Iterator]) -> Stream:
+    """The stream, named ``name``, of what the iterator ``start(upstream)`` yields in the
+    consumer's thread, where ``upstream`` is ``iterable`` as a stream; closing it closes the
+    iterator and the upstream. What :func:`transform_stream` applies; not in ``__all__``:
+    fpipe's other stage modules build their streams with it.
+
+    >>> list(generator_stream("abc", "upper", lambda upstream: (x.upper() for x in upstream)))
+    ['A', 'B', 'C']
+    """
+    return _Generated(as_stream(iterable), name, start)
 
 
 def transform_stream(func: Callable, *args: Any, **kwargs: Any) -> Stage:
@@ -828,7 +855,7 @@ class _Inline:
 
 class _PrefetchStage(Stage):
     def __init__(self, n: int) -> None:
-        self.n = _check_count("n", n, 1)
+        self.n = check_count("n", n, 1)
         self._sizer = _Sizer(_THREAD_CHUNK_SECONDS, self.n)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
@@ -892,6 +919,7 @@ class _ParallelStage(Stage):
     """What :func:`threads` and :func:`processes` share: the checks, the repr, the runs."""
 
     kind, chunk_seconds, per_worker = "", 0.0, 1
+    one_to_one = True
 
     def __init__(self, func: Callable, args: tuple, kwargs: dict, n_workers: int,
                  buffer_size: int, ordered: bool, seed: Seed | None, chunk_size: int) -> None:
@@ -901,8 +929,8 @@ class _ParallelStage(Stage):
         self.func, self.args, self.kwargs, self.ordered = func, args, kwargs, ordered
         self.n_workers = _check_workers(n_workers)
         self.workers = (os.cpu_count() or 1) if self.n_workers == -1 else self.n_workers
-        self.buffer_size = _check_count("buffer_size", buffer_size, 1)
-        self.chunk_size = _check_count("chunk_size", chunk_size, 1)
+        self.buffer_size = check_count("buffer_size", buffer_size, 1)
+        self.chunk_size = check_count("chunk_size", chunk_size, 1)
         self.seed = _entropy(seed)
         self._sizer = _Sizer(self.chunk_seconds, self.chunk_size)
 
