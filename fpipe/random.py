@@ -166,8 +166,16 @@ def using_rng(rng: np.random.Generator | None) -> Iterator[np.random.Generator |
         _active.rng = previous
 
 
-def _set_active(rng: np.random.Generator | None) -> np.random.Generator | None:
-    """Swap the active generator without a context manager (for the stages' hot loops)."""
+def set_active(rng: np.random.Generator | None) -> np.random.Generator | None:
+    """Make ``rng`` the active generator and return the one it replaces: :func:`using_rng`
+    without a context manager, for per-item loops (not in ``__all__``: fpipe's stages and
+    torch adapters use it; call it again with what it returned to restore).
+
+    >>> rng = np.random.default_rng(0)
+    >>> previous = set_active(rng)
+    >>> active_rng() is rng, set_active(previous) is rng, active_rng() is previous
+    (True, True, True)
+    """
     previous, _active.rng = _active.rng, rng
     return previous
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CapturedError, capture
-from .random import Seed, _set_active, item_rng, seed_entropy
+from .random import Seed, item_rng, seed_entropy, set_active
 
 __all__ = [
     "Stage",
@@ -407,11 +407,11 @@ class _ItemCall:
             outputs.extend(calls)
             return
         for index, item in enumerate(chunk, start):
-            previous = _set_active(item_rng(self.seed, self.epoch, index))
+            previous = set_active(item_rng(self.seed, self.epoch, index))
             try:
                 outputs.append(func(item, *args, **kwargs))
             finally:
-                _set_active(previous)
+                set_active(previous)
 
     def run(self, chunk: list, start: int) -> tuple[list, CapturedError | None, float]:
         """``(results, captured error or None, seconds)``: what a worker sends back."""

@@ -36,9 +36,9 @@ import numpy as np
 
 from .functional import Compose
 from .image import CompressedToPIL, ImageDecodeError
-from .random import Seed, _set_active, item_rng, seed_entropy
+from .random import Seed, item_rng, seed_entropy, set_active
 from .sharding import shard_range
-from .storage.order import QuasiShuffler, Range, _integer
+from .storage.order import QuasiShuffler, Range, check_integer
 
 __all__ = [
     "Compose",
@@ -102,15 +102,16 @@ def worker_range(n: int, rank: int = 0, world_size: int = 1, worker: int = 0,
     >>> [worker_range(11, r, 2, w, 2, even="drop") for r in range(2) for w in range(2)]
     [range(0, 2), range(2, 5), range(6, 8), range(8, 11)]
     """
-    n = _integer("n", n, 0)
-    world_size, num_workers = _integer("world_size", world_size, 1), _integer("num_workers", num_workers, 1)
-    rank, worker = _integer("rank", rank, 0), _integer("worker", worker, 0)
+    n = check_integer("n", n, 0)
+    world_size = check_integer("world_size", world_size, 1)
+    num_workers = check_integer("num_workers", num_workers, 1)
+    rank, worker = check_integer("rank", rank, 0), check_integer("worker", worker, 0)
     if rank >= world_size or worker >= num_workers:
         raise ValueError(f"need rank < world_size and worker < num_workers; got rank={rank}, "
                          f"world_size={world_size}, worker={worker}, num_workers={num_workers}")
     if even not in _EVEN:
         raise ValueError(f"even must be None, 'drop' or 'pad'; got even={even!r}")
-    slot = (rank + _integer("epoch", epoch, 0)) % world_size
+    slot = (rank + check_integer("epoch", epoch, 0)) % world_size
     if even is None:
         shards, shard = world_size * num_workers, slot * num_workers + worker
         return range(_round_half_even(n * shard, shards), _round_half_even(n * (shard + 1), shards))
@@ -218,7 +219,7 @@ class DatasetBase:
         self.rng = rng or no_rng
         self.seed = None if seed is None else seed_entropy(seed)
         self._transform = self._checked_transform(transforms)
-        self._clock = _EpochClock(_integer("epoch", epoch, 0))
+        self._clock = _EpochClock(check_integer("epoch", epoch, 0))
 
     def _checked_transform(self, transforms: Any) -> Callable | None:
         if transforms is None:
@@ -248,18 +249,18 @@ class DatasetBase:
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch`` next, in this process and in every DataLoader worker, persistent or not."""
-        self._clock.set(_integer("epoch", epoch, 0))
+        self._clock.set(check_integer("epoch", epoch, 0))
 
     def _apply(self, sample: Any, index: int, epoch: int) -> Any:
         if self._transform is None:
             return sample
         if self.seed is None:
             return self._transform(sample, index)
-        previous = _set_active(item_rng(self.seed, epoch, index))
+        previous = set_active(item_rng(self.seed, epoch, index))
         try:
             return self._transform(sample, index)
         finally:
-            _set_active(previous)
+            set_active(previous)
 
     def _transform_fields(self, sample: Any, index: int) -> Any:
         field = None
@@ -395,8 +396,8 @@ def _distributed(group: Any, rank: int | None, world_size: int | None) -> tuple[
         return 0, 1
     if rank is None or world_size is None:
         raise ValueError(f"pass rank and world_size together; got rank={rank!r}, world_size={world_size!r}")
-    world_size = _integer("world_size", world_size, 1)
-    if not 0 <= _integer("rank", rank) < world_size:
+    world_size = check_integer("world_size", world_size, 1)
+    if not 0 <= check_integer("rank", rank) < world_size:
         raise ValueError(f"rank must be in [0, world_size); got rank={rank}, world_size={world_size}")
     return int(rank), world_size
 
@@ -463,9 +464,9 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         if not callable(getattr(reader, "iter", None)):
             raise TypeError(f"reader must be a reader or an ordering (with iter); got reader={reader!r:.80}")
         super().__init__(reader, transforms, rng, seed=seed, epoch=epoch)
-        self.batch_size = None if batch_size is None else _integer("batch_size", batch_size, 1)
+        self.batch_size = None if batch_size is None else check_integer("batch_size", batch_size, 1)
         self.copy = bool(copy)
-        self.chunk_size = _integer("chunk_size", chunk_size, 1)
+        self.chunk_size = check_integer("chunk_size", chunk_size, 1)
         if even not in _EVEN:
             raise ValueError(f"even must be None, 'drop' or 'pad'; got even={even!r}")
         self.even, self.shuffle, self.buf_size = even, bool(shuffle), _check_buffer(buf_size)

@@ -78,6 +78,18 @@ def test_only_the_torch_adapter_imports_torch_at_module_level():
     assert offenders == []
 
 
+def test_no_module_imports_another_modules_private_names():
+    # a module that another one needs offers it without an underscore (outside __all__ if
+    # users do not need it); renaming a private helper never breaks a neighbour
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("fpipe")):
+                offenders += [f"{path.relative_to(PACKAGE)}: {alias.name}" for alias in node.names
+                              if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert offenders == []
+
+
 CONSOLE_SCRIPT = Path(sys.executable).with_name("fpipe")
 
 

@@ -27,7 +27,8 @@ from .._staging import staged_datasets
 from ..random import Seed, item_rng
 from ._fetch import Archive, check_base_url, fetch, shows_progress
 
-__all__ = ["KnownDataset", "Records", "classes_path", "encode_png", "load_classes", "ordered_map"]
+__all__ = ["KnownDataset", "Records", "WriteOptions", "classes_path", "encode_png", "load_classes",
+           "ordered_map"]
 
 CLASSES_SUFFIX = ".classes.json"
 _CHUNK = 64
@@ -119,7 +120,14 @@ def _map_list(function: Callable[[Any], Any], items: Iterable) -> list:
 
 
 @dataclass(frozen=True)
-class _Options:
+class WriteOptions:
+    """The arguments of one :meth:`KnownDataset.write`, checked, as a family's hooks
+    (``_open``, ``_fetch``, ...) receive them.
+
+    >>> WriteOptions(("train",), False, None, True, False, 1, False, 0, None).splits
+    ('train',)
+    """
+
     splits: tuple[str, ...]
     download: bool
     base_url: str | None
@@ -179,8 +187,8 @@ class KnownDataset(ABC):
         ...
         FileNotFoundError: cifar-10-python.tar.gz not found in ...; download it from https://...
         """
-        options = _Options(self._chosen(splits), download, base_url, verify, overwrite,
-                           _checked_workers(workers), shuffle, seed, progress)
+        options = WriteOptions(self._chosen(splits), download, base_url, verify, overwrite,
+                               _checked_workers(workers), shuffle, seed, progress)
         check_base_url(base_url)
         out = Path(out)
         source = Path(source) if source is not None else out
@@ -200,17 +208,17 @@ class KnownDataset(ABC):
                              f"got splits={splits!r}")
         return tuple(split for split in self.splits if split in chosen)
 
-    def _fetch(self, archive: Archive, source: Path, options: _Options) -> Path:
+    def _fetch(self, archive: Archive, source: Path, options: WriteOptions) -> Path:
         return fetch(archive, source, download=options.download, base_url=options.base_url,
                      verify=options.verify, progress=options.progress)
 
-    def _fetch_all(self, source: Path, options: _Options) -> dict[str, Path]:
+    def _fetch_all(self, source: Path, options: WriteOptions) -> dict[str, Path]:
         """Every archive needed for the chosen splits, by file name."""
         return {archive.filename: self._fetch(archive, source, options)
                 for archive in self.archives if archive.needed_for(options.splits)}
 
     @abstractmethod
-    def _open(self, source: Path, options: _Options, stack: ExitStack) -> Any:
+    def _open(self, source: Path, options: WriteOptions, stack: ExitStack) -> Any:
         """Locate (or download) and open the sources of ``options.splits``; ``stack`` closes
         what stays open."""
 
@@ -218,14 +226,14 @@ class KnownDataset(ABC):
     def _records(self, opened: Any, split: str) -> Records:
         """The records of ``split`` from what :meth:`_open` returned."""
 
-    def _order(self, split: str, count: int, options: _Options) -> Sequence[int]:
+    def _order(self, split: str, count: int, options: WriteOptions) -> Sequence[int]:
         if not options.shuffle:
             return range(count)
         # One generator per split, keyed by its position, so writing one split alone gives
         # the same order as writing all of them.
         return item_rng(options.seed, 0, self.splits.index(split)).permutation(count)
 
-    def _write_split(self, records: Records, split: str, path: Path, options: _Options) -> None:
+    def _write_split(self, records: Records, split: str, path: Path, options: WriteOptions) -> None:
         from ..storage.writer import FileWriter
 
         order = self._order(split, len(records), options)

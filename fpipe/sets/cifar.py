@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._fetch import Archive, ArchiveError
-from ._writing import KnownDataset, _Options, encode_png
+from ._writing import KnownDataset, WriteOptions, encode_png
 
 __all__ = ["CifarDataset", "cifar10", "cifar100"]
 
@@ -93,7 +93,7 @@ class CifarDataset(KnownDataset):
             return {"label": self.CLASSES, "coarse_label": self.COARSE_CLASSES}
         return {"label": self.CLASSES}
 
-    def _open(self, source: Path, options: _Options, stack: ExitStack) -> Path:
+    def _open(self, source: Path, options: WriteOptions, stack: ExitStack) -> Path:
         (path,) = self._fetch_all(source, options).values()
         return path
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from ._fetch import Archive, ArchiveError, progress_bar
 from ._imagenet_synsets import SYNSETS
-from ._writing import KnownDataset, _Options
+from ._writing import KnownDataset, WriteOptions
 
 __all__ = ["ImageNetDataset", "imagenet"]
 
@@ -68,7 +68,7 @@ class ImageNetDataset(KnownDataset):
     def _classes_extra(self) -> dict:
         return {"wnids": list(self.WNIDS)}
 
-    def _open(self, source: Path, options: _Options, stack: ExitStack) -> dict[str, Callable]:
+    def _open(self, source: Path, options: WriteOptions, stack: ExitStack) -> dict[str, Callable]:
         return {split: self._locate(split, source, options, stack) for split in options.splits}
 
     def _records(self, opened: dict[str, Callable[[], _Images]], split: str) -> _Images:
@@ -78,7 +78,7 @@ class ImageNetDataset(KnownDataset):
         (archive,) = (a for a in self.archives if a.splits == (split,) and a.filename.endswith(".tar"))
         return archive
 
-    def _locate(self, split: str, source: Path, options: _Options, stack: ExitStack) -> Callable:
+    def _locate(self, split: str, source: Path, options: WriteOptions, stack: ExitStack) -> Callable:
         """A function that scans ``split``'s images once everything needed has been found."""
         archive, folder = self._archive(split), source / split
         if (source / archive.filename).is_file():
@@ -97,7 +97,7 @@ class ImageNetDataset(KnownDataset):
             f"ImageNet cannot be downloaded automatically: get the ILSVRC2012 archives from "
             f"https://image-net.org (registration needed) and put them there")
 
-    def _val_labels(self, source: Path, options: _Options) -> dict[str, int]:
+    def _val_labels(self, source: Path, options: WriteOptions) -> dict[str, int]:
         """The label of each val image file name, from the devkit or Kaggle's solution file."""
         devkit = next(a for a in self.archives if a.filename.endswith(".tar.gz"))
         if (source / devkit.filename).is_file():

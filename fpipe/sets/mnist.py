@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ._fetch import Archive, ArchiveError
-from ._writing import KnownDataset, _Options, encode_png
+from ._writing import KnownDataset, WriteOptions, encode_png
 
 __all__ = ["FASHION_MNIST_CLASSES", "MNIST_CLASSES", "MnistDataset", "fashion_mnist", "mnist",
            "read_idx"]
@@ -71,7 +71,7 @@ class MnistDataset(KnownDataset):
     'train-images-idx3-ubyte.gz'
     """
 
-    def _open(self, source: Path, options: _Options, stack: ExitStack) -> dict[str, Path]:
+    def _open(self, source: Path, options: WriteOptions, stack: ExitStack) -> dict[str, Path]:
         return self._fetch_all(source, options)
 
     def _records(self, opened: dict[str, Path], split: str) -> _Digits:

@@ -72,7 +72,15 @@ class _Options(NamedTuple):
     chunk_size: int
 
 
-def _integer(name: str, value: Any, low: int | None = None) -> int:
+def check_integer(name: str, value: Any, low: int | None = None) -> int:
+    """``value`` as an int, once it is an integer (``>= low`` if given; else the error names
+    the argument). Not in ``__all__``: the torch adapters check their arguments with it.
+
+    >>> check_integer("epoch", -1, 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: epoch must be >= 0; got epoch=-1
+    """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer; got {name}={value!r}")
     if low is not None and value < low:
@@ -81,7 +89,7 @@ def _integer(name: str, value: Any, low: int | None = None) -> int:
 
 
 def _options(yield_key: bool, raw: bool, copy: bool, chunk_size: int) -> _Options:
-    return _Options(bool(yield_key), bool(raw), bool(copy), _integer("chunk_size", chunk_size, 1))
+    return _Options(bool(yield_key), bool(raw), bool(copy), check_integer("chunk_size", chunk_size, 1))
 
 
 def _read_source(source: Any, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
@@ -209,7 +217,7 @@ class _Ordering(abc.ABC):
         >>> list(shuffler) == first
         True
         """
-        self._move((_integer("epoch", epoch, 0), 0))
+        self._move((check_integer("epoch", epoch, 0), 0))
 
     def seek(self, index: int) -> None:
         """Begin the next iteration at position ``index`` of the current epoch; an index past
@@ -221,7 +229,7 @@ class _Ordering(abc.ABC):
         >>> [s["key"] for s in window], window.epoch
         ([2, 3, 4], 2)
         """
-        index, n = _integer("index", index, 0), len(self)
+        index, n = check_integer("index", index, 0), len(self)
         epoch = self._origin[0]
         self._move((epoch + index // n, index % n) if n else (epoch, 0))
 
@@ -253,8 +261,8 @@ class _Ordering(abc.ABC):
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(); got state={state!r}")
         self._adopt(state)
-        epoch = _integer("state['epoch']", state.get("epoch"), 0)
-        position = _integer("state['position']", state.get("position"), 0)
+        epoch = check_integer("state['epoch']", state.get("epoch"), 0)
+        position = check_integer("state['position']", state.get("position"), 0)
         if position >= max(1, len(self)):
             raise ValueError(f"state['position'] must be < {len(self)}; got {position}")
         self._move((epoch, position))
@@ -284,11 +292,11 @@ class _Ordering(abc.ABC):
     def _limit(self, stop: int | None) -> int | None:
         if stop is None:
             return None
-        return range(len(self))[:_integer("stop", stop)].stop
+        return range(len(self))[:check_integer("stop", stop)].stop
 
     def _window(self, start: int, stop: int | None) -> tuple[int, int, int | None]:
-        stop = None if stop is None else _integer("stop", stop)
-        window = range(len(self))[_integer("start", start):stop]
+        stop = None if stop is None else check_integer("stop", stop)
+        window = range(len(self))[check_integer("start", start):stop]
         return self._origin[0], window.start, window.stop
 
     def _walk(self, epoch: int, position: int, limit: int | None, options: _Options) -> Iterator:
@@ -351,7 +359,7 @@ class _Indexable(_Ordering):
         if not self._random_access():
             raise TypeError(f"{type(self).__name__} over {type(self.reader).__name__} has no "
                             "random access: the reader it wraps cannot get")
-        index, n = _integer("index", index), len(self)
+        index, n = check_integer("index", index), len(self)
         if not -n <= index < n:
             raise IndexError(f"index must be in [-{n}, {n}); got index={index}")
         return self._getter(self.epoch, _options(yield_key, raw, copy, 1))(index % n)
@@ -393,8 +401,8 @@ class Range(_Indexable):
 
     def __init__(self, reader: Any, start: int = 0, stop: int | None = None) -> None:
         super().__init__(reader)
-        stop = None if stop is None else _integer("stop", stop)
-        window = range(len(reader))[_integer("start", start):stop]
+        stop = None if stop is None else check_integer("stop", stop)
+        window = range(len(reader))[check_integer("start", start):stop]
         self.start, self.stop = window.start, max(window.start, window.stop)
 
     def __len__(self) -> int:
@@ -432,7 +440,7 @@ class Repeater(_Ordering):
 
     def __init__(self, reader: Any, times: int) -> None:
         super().__init__(reader)
-        self.times = _integer("times", times, 0)
+        self.times = check_integer("times", times, 0)
 
     def __len__(self) -> int:
         return self.times * len(self.reader)
@@ -488,12 +496,12 @@ class Cycler(_Ordering):
         return _random_access(self.reader)
 
     def _limit(self, stop: int | None) -> int | None:
-        return None if stop is None else _integer("stop", stop, 0)
+        return None if stop is None else check_integer("stop", stop, 0)
 
     def _window(self, start: int, stop: int | None) -> tuple[int, int, int | None]:
-        start, n = _integer("start", start, 0), max(1, len(self))
+        start, n = check_integer("start", start, 0), max(1, len(self))
         laps = start // n
-        limit = None if stop is None else _integer("stop", stop, 0) - laps * n
+        limit = None if stop is None else check_integer("stop", stop, 0) - laps * n
         return self._origin[0] + laps, start % n, limit
 
 
@@ -609,7 +617,7 @@ class QuasiShuffler(_Seeded):
     def __init__(self, reader: Any, buf_size: float = 0.01, chunk_size: int = 16,
                  seed: Seed = None) -> None:
         super().__init__(reader, seed)
-        self.chunk_size = _integer("chunk_size", chunk_size, 1)
+        self.chunk_size = check_integer("chunk_size", chunk_size, 1)
         self._length = len(reader)
         wanted = _buffer_samples(buf_size, self._length)
         self.buffer_size = max(1, -(-wanted // self.chunk_size)) * self.chunk_size
