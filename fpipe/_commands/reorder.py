@@ -145,6 +145,15 @@ def _copy(pairs: Iterable[tuple[str, Any]], path: Path, total: int, name: str,
             write(key, data)
 
 
+def _write_copy(args: argparse.Namespace, sources: Sequence[Path], target: Path,
+                pairs: Iterable[tuple[str, Any]], total: int) -> None:
+    """Write ``(key, packed bytes)`` pairs to the dataset ``target`` through a staging folder,
+    with the class names stored beside ``sources``."""
+    with staged_datasets([target], args.overwrite) as (staged,):
+        _copy(pairs, staged, total, target.name, args)
+        copy_classes(sources, [staged])
+
+
 def _written(args: argparse.Namespace, outputs: Sequence[Path]) -> None:
     from ..storage import MsgpackReader
 
@@ -169,12 +178,11 @@ def _run_shuffle(args: argparse.Namespace) -> int:
     if args.buf_size <= 0:
         raise UsageError(f"--buf-size must be > 0; got {args.buf_size}")
     source, target = Path(args.input), Path(args.output)
-    with open_dataset(source) as reader, staged_datasets([target], args.overwrite) as (staged,):
+    with open_dataset(source) as reader:
         order = (Shuffler(reader, seed=args.seed) if args.mode == "true" else
                  QuasiShuffler(reader, buf_size=_buffer(args.buf_size), chunk_size=args.chunk_size,
                                seed=args.seed))
-        _copy(order.iter(yield_key=True, raw=True), staged, len(reader), target.name, args)
-        copy_classes([source], [staged])
+        _write_copy(args, [source], target, order.iter(yield_key=True, raw=True), len(reader))
     _written(args, [target])
     return 0
 
@@ -192,12 +200,10 @@ def _run_merge(args: argparse.Namespace) -> int:
     try:
         _check_unique_keys(sources, readers)
         lengths = [len(reader) for reader in readers]
-        with staged_datasets([target], args.overwrite) as (staged,):
-            pairs = (_interleaved(readers, lengths, args.seed) if args.strategy == "random"
-                     else itertools.chain.from_iterable(
-                         reader.iter(yield_key=True, raw=True) for reader in readers))
-            _copy(pairs, staged, sum(lengths), target.name, args)
-            copy_classes(sources, [staged])
+        pairs = (_interleaved(readers, lengths, args.seed) if args.strategy == "random"
+                 else itertools.chain.from_iterable(
+                     reader.iter(yield_key=True, raw=True) for reader in readers))
+        _write_copy(args, sources, target, pairs, sum(lengths))
     finally:
         for reader in readers:
             reader.close()
@@ -322,8 +328,6 @@ def _run_sample(args: argparse.Namespace) -> int:
         if args.count > len(reader):
             raise UsageError(f"N is {args.count} but {source} has only {len(reader)} samples")
         chosen = np.sort(item_rng(args.seed, 0, 0).choice(len(reader), args.count, replace=False))
-        with staged_datasets([target], args.overwrite) as (staged,):
-            _copy(_in_blocks(reader, chosen), staged, args.count, target.name, args)
-            copy_classes([source], [staged])
+        _write_copy(args, [source], target, _in_blocks(reader, chosen), args.count)
     _written(args, [target])
     return 0
