@@ -1,4 +1,5 @@
-"""Workloads of the torch adapters: T1, T2 (against datadings's) and T3 (worker scaling).
+"""Workloads of the torch adapters: T1, T2 (against datadings's), T3 (worker scaling), and T4,
+T4n (an fpipe pipeline against a torch DataLoader doing the same image work).
 
 Every timed call builds a fresh DataLoader and reads one epoch, so worker start-up counts, as
 it does for a user whose workers are not persistent. Samples are collated into lists (T1, T2)
@@ -95,16 +96,27 @@ def _to_tensor(image):
     return torch.from_numpy(np.array(image).transpose(2, 0, 1).astype(np.float32)).div_(255)
 
 
-def _image_dataset():
+def _to_uint8_chw(image) -> np.ndarray:
+    return np.asarray(image).transpose(2, 0, 1)
+
+
+def _augment(last):
+    """decode, random resized crop, flip, then ``last`` (to a float tensor, or to uint8 CHW)."""
     from PIL import ImageOps
 
     import fpipe
+    import fpipe.torch
+
+    return fpipe.torch.Compose(fpipe.torch.CompressedToPIL(), _random_resized_crop,
+                               fpipe.random_apply(0.5, ImageOps.mirror), last)
+
+
+def _image_dataset():
     import fpipe.storage
     import fpipe.torch
 
-    augment = fpipe.torch.Compose(fpipe.torch.CompressedToPIL(), _random_resized_crop,
-                                  fpipe.random_apply(0.5, ImageOps.mirror), _to_tensor)
-    return fpipe.torch.Dataset(fpipe.storage.MsgpackReader(images_path()), {"image": augment}, seed=0)
+    return fpipe.torch.Dataset(fpipe.storage.MsgpackReader(images_path()),
+                               {"image": _augment(_to_tensor)}, seed=0)
 
 
 @workload("T3", description="images: decode + random resized crop 224 + flip + to tensor, "
@@ -116,3 +128,82 @@ def image_workers() -> Pair:
     options = {"batch_size": IMAGE_BATCH, "shuffle": True}
     return Pair(fpipe=lambda: _epoch(dataset, 2, items, **options),
                 reference=lambda: _epoch(dataset, 1, items, **options), items=items)
+
+
+class _AugmentedItem:
+    """One sample id -> (augmented image, label); picklable (the reader pickles by path)."""
+
+    def __init__(self, reader, augment) -> None:
+        self.reader, self.augment = reader, augment
+
+    def __call__(self, index: int) -> tuple:
+        sample = self.reader[index]
+        return self.augment(sample["image"]), sample["label"]
+
+
+class _AugmentedBatch:
+    """A batch of sample ids -> (uint8 images N x 3 x 224 x 224, labels), made in a worker."""
+
+    def __init__(self, item: _AugmentedItem) -> None:
+        self.item = item
+
+    def __call__(self, indices: list) -> tuple:
+        images, labels = zip(*map(self.item, indices))
+        return np.stack(images), np.asarray(labels)
+
+
+def _float_batch(batch: tuple) -> tuple:
+    import torch
+
+    images, labels = batch
+    return torch.from_numpy(images).float().div_(255), torch.from_numpy(labels)
+
+
+def _stack_batch(batch: list) -> tuple:
+    import torch
+
+    images, labels = zip(*batch)
+    return torch.stack(images), torch.as_tensor(labels)
+
+
+def _against_data_loader(stage, before: tuple, after: tuple) -> Pair:
+    """An fpipe pipeline over a seeded permutation against a persistent DataLoader (2 workers,
+    shuffle, batch 32) over the same images with the same augmentation, to float tensors."""
+    from toolz import pipe
+    from torch.utils.data import DataLoader
+
+    items = len(_image_dataset())
+    loader = DataLoader(_image_dataset(), batch_size=IMAGE_BATCH, shuffle=True, num_workers=2,
+                        persistent_workers=True)
+
+    def ours() -> int:
+        order = np.random.default_rng(0).permutation(items).tolist()
+        return sum(len(labels) for _, labels in pipe(order, *before, stage, *after))
+    return Pair(fpipe=ours, reference=lambda: sum(len(b["label"]) for b in loader), items=items,
+                teardown=stage.close)
+
+
+@workload("T4", description="images: decode + random resized crop 224 + flip, batches of 32 float "
+          "tensors; fpipe: batch(32), processes(2 workers) making uint8 batches, to float in the "
+          "main process", reference="torch DataLoader (2 persistent workers, to_tensor in the workers)",
+          target=">= 1.0")
+def pipeline_against_data_loader() -> Pair:
+    import fpipe as fp
+    import fpipe.storage
+
+    reader = fpipe.storage.MsgpackReader(images_path())
+    batch = _AugmentedBatch(_AugmentedItem(reader, _augment(_to_uint8_chw)))
+    stage = fp.processes(batch, n_workers=2, seed=0)
+    return _against_data_loader(stage, (fp.batch(IMAGE_BATCH),), (fp.map(_float_batch),))
+
+
+@workload("T4n", description="T4 written naively: processes(2 workers) making one float tensor per "
+          "image, batched in the main process", reference="torch DataLoader (2 persistent workers, "
+          "to_tensor in the workers)", target=">= 1.0")
+def naive_pipeline_against_data_loader() -> Pair:
+    import fpipe as fp
+    import fpipe.storage
+
+    reader = fpipe.storage.MsgpackReader(images_path())
+    stage = fp.processes(_AugmentedItem(reader, _augment(_to_tensor)), n_workers=2, seed=0)
+    return _against_data_loader(stage, (), (fp.batch(IMAGE_BATCH), fp.map(_stack_batch)))
