@@ -3,8 +3,9 @@
 ``python -m benchmarks.plot RESULTS.json [-o FIG.png] [--markdown] [--page PAGE.md]``
 
 The figure shows, for each timed workload, fpipe's speed relative to its reference as a bar and
-the target as a tick, grouped by what fpipe is compared with (datadings, dpipe, a plain Python
-loop, or fpipe itself in another setting). A miss is drawn in another colour and kept on the chart.
+the target as a tick, grouped by what fpipe is compared with (datadings, dpipe, a torch
+DataLoader, a plain Python loop, or fpipe itself in another setting). A miss is drawn in
+another colour and kept on the chart.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def speed(result: dict) -> tuple[float, float]:
 def _family(reference: str) -> str:
     if reference.startswith("the same"):
         return "itself"  # stats off, one worker: fpipe against another setting of fpipe
-    return next((name for name in ("datadings", "dpipe") if name in reference), "plain Python")
+    return next((name for name in ("datadings", "dpipe", "torch DataLoader") if name in reference),
+                "plain Python")
 
 
 def plot(results: list[dict], output: Path) -> None:
@@ -74,10 +76,14 @@ def plot(results: list[dict], output: Path) -> None:
     ax.barh(labels, [s - 1 for s in speeds], left=1, color=colours, height=0.6)
     ax.scatter(targets, labels, marker="|", s=220, color="black", zorder=3, label="target")
     ax.axvline(1.0, color="black", linewidth=0.8)
+    for label, figure, target in zip(labels, speeds, targets):
+        ax.annotate(f"{figure:.2f}×", (max(figure, target, 1.0), label), xytext=(6, 0),
+                    textcoords="offset points", va="center", fontsize=7)
     ax.set_xscale("log")
+    ax.set_xlim(right=max((*speeds, *targets, 1.0)) * 4)  # room for the figures' labels
     ax.set_xlabel("fpipe's speed / the reference's (log scale; green: target met, red: missed)")
-    ax.set_title("fpipe against datadings, dpipe, plain Python and itself, same-run ratios",
-                 fontsize=10)
+    ax.set_title("fpipe against datadings, dpipe, the torch DataLoader, plain Python and itself\n"
+                 "(same-run ratios)", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(output, dpi=120)
