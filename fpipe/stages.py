@@ -1242,7 +1242,9 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     ``backend`` is passed to joblib: ``"loky"`` (the default), ``"threading"``, ``"dask"``
     (with a ``dask.distributed`` client), or any registered joblib backend. Functions travel
     with cloudpickle, so lambdas work. Items travel in chunks of at most ``chunk_size`` (about
-    20 ms of work each); at most ``n_workers + buffer_size`` chunks are in the stage at once.
+    20 ms of work each); at most ``2 * n_workers + buffer_size`` chunks are in the stage at
+    once (two per worker: one in work, one waiting, as joblib sends a worker its next task only
+    when one completes).
 
     The workers are started at the first ``next()`` and kept for every later run of this stage
     object (epochs, other pipelines): the stage keeps one joblib generator running while it has
