@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from typing import NoReturn
+from typing import Any, NoReturn
+
+import numpy as np
 
 __all__ = [
     "CapturedError",
@@ -147,3 +149,22 @@ def _picklable(error: BaseException) -> BaseException:
     except Exception:
         return WorkerError(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
     return error
+
+
+def check_integer(name: str, value: Any, low: int | None = None) -> int:
+    """``value`` as an int, once it is an integer (``>= low`` if given); otherwise a
+    ``TypeError`` or ``ValueError`` that names the argument. Not in ``__all__``: fpipe's
+    modules check their arguments with it.
+
+    >>> check_integer("n_workers", 0, 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: n_workers must be >= 1; got n_workers=0
+    >>> check_integer("epoch", np.int64(3), 0)
+    3
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer; got {name}={value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}; got {name}={value!r}")
+    return int(value)

@@ -39,12 +39,12 @@ from typing import Any
 import numpy as np
 
 from .batching import batch, combine_to_arrays, unbatch
+from .errors import check_integer
 from .stages import (
     Stage,
     Stats,
     Stream,
     as_stream,
-    check_count,
     map,
     prefetch,
     processes,
@@ -205,8 +205,8 @@ class Iterator(_Adapter):
     def __init__(self, transform: Callable, *args: Any, n_workers: int = 1,
                  buffer_size: int = 1, **kwargs: Any) -> None:
         options = {"n_workers": n_workers, "buffer_size": buffer_size}
-        check_count("buffer_size", buffer_size, 1)
-        if check_count("n_workers", n_workers, 1) == 1:
+        check_integer("buffer_size", buffer_size, 1)
+        if check_integer("n_workers", n_workers, 1) == 1:
             stages = [_make_stage(transform_stream, transform, args, kwargs)]
         else:
             stages = [batch(_ITERATOR_CHUNK),
@@ -407,7 +407,7 @@ class Infinite:
         stages = [_as_stage(i, transformer) for i, transformer in enumerate(transformers)]
         stages.append(batch(batch_size))
         self.batches_per_epoch = batches_per_epoch
-        self.buffer_size = check_count("buffer_size", buffer_size, 1)
+        self.buffer_size = check_integer("buffer_size", buffer_size, 1)
         stages += [_combiner_stage(combiner, kwargs), prefetch(self.buffer_size + 1)]
         self.source, self.batch_size = source, batch_size
         self._pipeline = _Pipeline(source, stages, len(transformers), batch_size)
@@ -420,7 +420,7 @@ class Infinite:
 
     @batches_per_epoch.setter
     def batches_per_epoch(self, value: int) -> None:
-        self._batches_per_epoch = check_count("batches_per_epoch", value, 1)
+        self._batches_per_epoch = check_integer("batches_per_epoch", value, 1)
 
     def __call__(self) -> _Iterator:
         """The next ``batches_per_epoch`` batches (fewer if a finite source ends)."""
@@ -539,7 +539,7 @@ class Infinite:
         if len(state["epochs"]) != stages:
             raise ValueError(f"state is of a pipeline with {len(state['epochs'])} stages; this one "
                              f"has {stages}")
-        check_count("state['delivered']", state["delivered"], 0)
+        check_integer("state['delivered']", state["delivered"], 0)
         if (state["source"] is None) == _restorable(self.source):
             raise ValueError(f"state['source'] does not fit source={self.source!r}: a source "
                              f"with state_dict() needs its state, and only such a source has one")

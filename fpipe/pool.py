@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from .errors import check_integer
 from .random import Seed, seed_entropy
-from .stages import Stage, Stream, check_count, generator_stream
+from .stages import Stage, Stream, generator_stream
 
 __all__ = ["ExpirationPool", "expiration_pool", "pool"]
 
@@ -36,9 +37,9 @@ class ExpirationPool(Stage):
 
     def __init__(self, pool_size: int, repetitions: int, iterations: int = 1,
                  seed: Seed | None = None) -> None:
-        self.pool_size = check_count("pool_size", pool_size, 1)
-        self.repetitions = check_count("repetitions", repetitions, 1)
-        self.iterations = check_count("iterations", iterations, 1)
+        self.pool_size = check_integer("pool_size", pool_size, 1)
+        self.repetitions = check_integer("repetitions", repetitions, 1)
+        self.iterations = check_integer("iterations", iterations, 1)
         self.seed = None if seed is None else seed_entropy(seed)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:

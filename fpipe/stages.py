@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CapturedError, capture
+from .errors import CapturedError, capture, check_integer
 from .random import Seed, item_rng, seed_entropy, set_active
 
 __all__ = [
@@ -333,7 +333,7 @@ class Stage(abc.ABC):
         >>> stage.epoch
         5
         """
-        self._epoch = check_count("epoch", epoch, 0)
+        self._epoch = check_integer("epoch", epoch, 0)
 
     @abc.abstractmethod
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
@@ -344,22 +344,6 @@ class Stage(abc.ABC):
         >>> list(map(abs).apply([3, -4], epoch=2, start=10))
         [3, 4]
         """
-
-
-def check_count(name: str, value: Any, least: int) -> int:
-    """``value`` as an int, once it is an integer ``>= least`` (else the error names the
-    argument). Not in ``__all__``: fpipe's stage modules check their counts with it.
-
-    >>> check_count("n", 0, 1)
-    Traceback (most recent call last):
-    ...
-    ValueError: n must be >= 1; got n=0
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer; got {name}={value!r}")
-    if value < least:
-        raise ValueError(f"{name} must be >= {least}; got {name}={value!r}")
-    return int(value)
 
 
 def _check_workers(n_workers: Any) -> int:
@@ -510,7 +494,7 @@ def filter(predicate: Callable) -> Stage:
 
 class _TakeStage(Stage):
     def __init__(self, n: int) -> None:
-        self.n = check_count("n", n, 0)
+        self.n = check_integer("n", n, 0)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
         return _Taken(as_stream(iterable), repr(self), self.n)
@@ -855,7 +839,7 @@ class _Inline:
 
 class _PrefetchStage(Stage):
     def __init__(self, n: int) -> None:
-        self.n = check_count("n", n, 1)
+        self.n = check_integer("n", n, 1)
         self._sizer = _Sizer(_THREAD_CHUNK_SECONDS, self.n)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
@@ -929,8 +913,8 @@ class _ParallelStage(Stage):
         self.func, self.args, self.kwargs, self.ordered = func, args, kwargs, ordered
         self.n_workers = _check_workers(n_workers)
         self.workers = (os.cpu_count() or 1) if self.n_workers == -1 else self.n_workers
-        self.buffer_size = check_count("buffer_size", buffer_size, 1)
-        self.chunk_size = check_count("chunk_size", chunk_size, 1)
+        self.buffer_size = check_integer("buffer_size", buffer_size, 1)
+        self.chunk_size = check_integer("chunk_size", chunk_size, 1)
         self.seed = _entropy(seed)
         self._sizer = _Sizer(self.chunk_seconds, self.chunk_size)
 

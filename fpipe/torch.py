@@ -34,11 +34,12 @@ except ImportError as error:  # pragma: no cover - torch is in the test extra
 
 import numpy as np
 
+from .errors import check_integer
 from .functional import Compose
 from .image import CompressedToPIL, ImageDecodeError
 from .random import Seed, item_rng, seed_entropy, set_active
 from .sharding import shard_range
-from .storage.order import QuasiShuffler, Range, check_integer
+from .storage.order import QuasiShuffler, Range
 
 __all__ = [
     "Compose",

@@ -57,6 +57,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..errors import check_integer
 from ..random import Seed, item_rng, seed_entropy
 
 __all__ = ["Cycler", "QuasiShuffler", "Range", "Repeater", "Shuffler"]
@@ -70,22 +71,6 @@ class _Options(NamedTuple):
     raw: bool
     copy: bool
     chunk_size: int
-
-
-def check_integer(name: str, value: Any, low: int | None = None) -> int:
-    """``value`` as an int, once it is an integer (``>= low`` if given; else the error names
-    the argument). Not in ``__all__``: the torch adapters check their arguments with it.
-
-    >>> check_integer("epoch", -1, 0)
-    Traceback (most recent call last):
-    ...
-    ValueError: epoch must be >= 0; got epoch=-1
-    """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer; got {name}={value!r}")
-    if low is not None and value < low:
-        raise ValueError(f"{name} must be >= {low}; got {name}={value!r}")
-    return int(value)
 
 
 def _options(yield_key: bool, raw: bool, copy: bool, chunk_size: int) -> _Options:
