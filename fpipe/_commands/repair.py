@@ -261,12 +261,14 @@ def _run_index(args: argparse.Namespace) -> int:
         verb = "would convert" if args.dry_run else "converted"
         say(args, f"{files.data}: {verb} the legacy index ({count} samples)")
         return 0
-    report = _rebuild(files.data, args.dry_run)
+    with progress_bar(args, total=files.data.stat().st_size, desc="scanning", unit="B",
+                      unit_scale=True) as bar:
+        report = _rebuild(files.data, args.dry_run, lambda done: bar.update(done - bar.n))
     say(args, _rebuild_summary(files.data, report, args.dry_run))
     return 0
 
 
-def _rebuild(data: Path, dry_run: bool) -> Any:
+def _rebuild(data: Path, dry_run: bool, progress: Callable[[int], object]) -> Any:
     """Rebuild through a link in a staging folder, so that the index files are written there
     and only renamed into place when the scan succeeded."""
     from ..storage import rebuild_index
@@ -274,7 +276,7 @@ def _rebuild(data: Path, dry_run: bool) -> Any:
     with staging_folder(data) as folder:
         link = folder / data.name
         os.symlink(data.resolve(), link)
-        report = rebuild_index(link, truncate=not dry_run)
+        report = rebuild_index(link, truncate=not dry_run, progress=progress)
         link.unlink()
         if not dry_run:
             _move_all(folder, data.parent)

@@ -25,6 +25,7 @@ import threading
 import weakref
 from array import array
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
@@ -50,6 +51,7 @@ _DEFAULT_BUFFER = 1 << 20
 # Below this buffer size blocks are written in the caller's thread (no hand-off per block).
 _THREAD_MIN = 1 << 16
 _MAX_MESSAGE = 2 ** 32 - 1
+_PROGRESS_EVERY = 4096  # samples between two calls of rebuild_index's progress
 
 
 class Writer:
@@ -349,7 +351,8 @@ class RebuildReport:
     incomplete_bytes: int
 
 
-def rebuild_index(path: PathLike, *, truncate: bool = True) -> RebuildReport:
+def rebuild_index(path: PathLike, *, truncate: bool = True,
+                  progress: Callable[[int], object] | None = None) -> RebuildReport:
     """Rebuild every index file of data file ``path`` by scanning its msgpack stream.
 
     Recovers a dataset whose writer was killed: each complete sample (a map with a str
@@ -358,6 +361,8 @@ def rebuild_index(path: PathLike, *, truncate: bool = True) -> RebuildReport:
     ``truncate=True`` the bytes from there on are cut off the data file, so the result is a
     clean, valid dataset; with ``truncate=False`` the data file is left as it is (readers
     ignore the tail, :meth:`~fpipe.storage.reader.MsgpackReader.verify_data` reports it).
+    ``progress``, if given, is called now and then with the number of bytes scanned so far
+    (for a progress bar), and once more at the end.
 
     >>> import os, tempfile
     >>> from fpipe.storage import pack_sample, MsgpackReader
@@ -372,7 +377,7 @@ def rebuild_index(path: PathLike, *, truncate: bool = True) -> RebuildReport:
     """
     files = DatasetFiles(path)
     size = files.data.stat().st_size
-    keys, offsets = _scan(files.data, size)
+    keys, offsets = _scan(files.data, size, progress or _ignore)
     valid = offsets[-1]
     if truncate and valid < size:
         os.truncate(files.data, valid)
@@ -380,7 +385,11 @@ def rebuild_index(path: PathLike, *, truncate: bool = True) -> RebuildReport:
     return RebuildReport(samples=len(keys), valid_bytes=valid, incomplete_bytes=size - valid)
 
 
-def _scan(data: Path, size: int) -> tuple[list[str], array]:
+def _ignore(_: int) -> None:
+    pass
+
+
+def _scan(data: Path, size: int, progress: Callable[[int], object]) -> tuple[list[str], array]:
     keys: dict[str, None] = {}
     offsets = array("Q", [0])
     with open(data, "rb") as file:
@@ -393,6 +402,7 @@ def _scan(data: Path, size: int) -> tuple[list[str], array]:
             try:
                 sample = unpacker.unpack()
             except (msgpack.OutOfData, *DECODE_ERRORS):
+                progress(offsets[-1])
                 return list(keys), offsets
             key = _sample_key(sample, data, len(offsets) - 1, offsets[-1])
             if key in keys:
@@ -400,6 +410,8 @@ def _scan(data: Path, size: int) -> tuple[list[str], array]:
                                   offset=offsets[-1])
             keys[key] = None
             offsets.append(unpacker.tell())
+            if len(offsets) % _PROGRESS_EVERY == 0:
+                progress(offsets[-1])
 
 
 def _sample_key(sample: Any, data: Path, index: int, offset: int) -> str:

@@ -1,6 +1,7 @@
 """Writers: files written, guards, buffering, progress, close-on-error, rebuild_index."""
 
 import gc
+import itertools
 import os
 import shutil
 import subprocess
@@ -223,6 +224,18 @@ def test_rebuild_index_reproduces_the_writer_index(tmp_path, samples):
     report = rebuild_index(path)
     assert report == writer_module.RebuildReport(len(samples), os.path.getsize(path), 0)
     assert {p: p.read_bytes() for p in before} == before
+
+
+def test_rebuild_index_reports_its_progress_in_bytes_up_to_the_last_whole_sample(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer_module, "_PROGRESS_EVERY", 3)
+    samples = make_samples(10)
+    ends = list(itertools.accumulate(len(pack_sample(sample)) for sample in samples))
+    path = write(tmp_path / "set.msgpack", samples)
+    os.truncate(path, os.path.getsize(path) - 3)  # the last sample is cut
+    seen = []
+    report = rebuild_index(path, progress=seen.append)
+    # every third offset (the ends of samples 1, 4 and 7), then the end of the last whole one
+    assert seen == [ends[1], ends[4], ends[7], ends[8]] and ends[8] == report.valid_bytes
 
 
 def test_rebuild_index_recovers_a_truncated_file(tmp_path, samples):
