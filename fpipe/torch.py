@@ -21,9 +21,10 @@ the same number of batches. This is the only fpipe module that imports torch.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
     import torch
@@ -55,6 +56,14 @@ __all__ = [
 _EVEN = (None, "drop", "pad")
 # Pass counters kept in shared memory: one per DataLoader worker id below this bound.
 _SLOTS = 1024
+# where the clock's tensor keeps the pending-resume flags (one per worker id) and the resume
+_PENDING, _RESUME = _SLOTS + 1, 2 * _SLOTS + 1
+
+
+class _Resume(NamedTuple):
+    batches: int
+    batch_size: int
+    drop_last: int
 
 
 def no_rng(_: Any) -> dict:
@@ -122,6 +131,35 @@ def worker_range(n: int, rank: int = 0, world_size: int = 1, worker: int = 0,
                  outer.start + _round_half_even(size * (worker + 1), num_workers))
 
 
+def _resume_plan(counts: list[int], done: int) -> tuple[list[int], int]:
+    """How many of its ``counts[w]`` batches each worker ``w`` has made when a DataLoader has
+    handed out ``done`` batches, and which worker's batch comes next (0 once all are out).
+
+    The DataLoader takes one batch from each worker in turn, passing over the workers that
+    have run out. ``done`` past the end counts as the end.
+    """
+    rounds = _full_rounds(counts, done)
+    made = [min(count, rounds) for count in counts]
+    # the workers with a batch in the round under way, in the order they hand it out
+    behind = [worker for worker, count in enumerate(counts) if count > rounds]
+    extra = min(done, sum(counts)) - sum(made)
+    for worker in behind[:extra]:
+        made[worker] += 1
+    return made, behind[extra] if extra < len(behind) else 0
+
+
+def _full_rounds(counts: list[int], done: int) -> int:
+    """The most rounds (one batch from each worker that has one left) within ``done`` batches."""
+    low, high = 0, max(counts, default=0)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if sum(min(count, middle) for count in counts) <= done:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
 def _worker() -> tuple[int, int]:
     info = torch.utils.data.get_worker_info()
     return (0, 1) if info is None else (info.id, info.num_workers)
@@ -130,17 +168,18 @@ def _worker() -> tuple[int, int]:
 class _EpochClock:
     """The epoch of a dataset, shared with every copy of it in DataLoader workers.
 
-    One shared-memory tensor holds the epoch last set and, per worker id, the number of
-    passes begun since. Forked workers inherit it and spawned ones receive it (torch shares
-    tensors when it pickles a worker's arguments), so ``set_epoch`` in the main process
-    reaches persistent workers too; a plain ``pickle`` copies it instead.
+    One shared-memory tensor holds the epoch last set, per worker id the number of passes
+    begun since and whether a resumed pass is pending, and the resume (batches, batch size,
+    drop_last). Forked workers inherit it and spawned ones receive it (torch shares tensors
+    when it pickles a worker's arguments), so ``set_epoch`` and ``resume`` in the main process
+    reach persistent workers too; a plain ``pickle`` copies it instead.
     """
 
     __slots__ = ("_counts", "_tensor")
 
     def __init__(self, epoch: int, tensor: torch.Tensor | None = None) -> None:
         if tensor is None:
-            tensor = torch.zeros(_SLOTS + 1, dtype=torch.int64)
+            tensor = torch.zeros(_RESUME + 3, dtype=torch.int64)
             tensor[0] = epoch
             tensor.share_memory_()
         self._tensor, self._counts = tensor, tensor.numpy()
@@ -149,25 +188,35 @@ class _EpochClock:
         return _EpochClock, (0, self._tensor)
 
     def set(self, epoch: int) -> None:
-        self._counts[1:] = 0
+        self._counts[1:_PENDING] = 0
         self._counts[0] = epoch
 
     @property
     def base(self) -> int:
         return int(self._counts[0])
 
-    def peek(self, slot: int) -> int:
-        """The epoch of the next pass of worker ``slot``."""
+    def resume(self, batches: int, batch_size: int, drop_last: bool) -> None:
+        """Make the next pass of every worker id a resumed one."""
+        self._counts[_RESUME:] = batches, batch_size, drop_last
+        self._counts[_PENDING:_RESUME] = 1
+
+    def peek(self, slot: int) -> tuple[int, _Resume | None]:
+        """The epoch of the next pass of worker ``slot``, and its resume if it has one."""
         if slot >= _SLOTS:
             raise RuntimeError(f"fpipe datasets support at most {_SLOTS} DataLoader workers; "
                                f"got worker id {slot}")
-        return int(self._counts[0] + self._counts[slot + 1])
+        counts = self._counts
+        resume = _Resume(*counts[_RESUME:].tolist()) if counts[_PENDING + slot] else None
+        return int(counts[0] + counts[slot + 1]), resume
 
-    def begin(self, slot: int) -> int:
-        """Begin a pass of worker ``slot``: its epoch."""
-        epoch = self.peek(slot)
+    def begin(self, slot: int, workers: int) -> tuple[int, _Resume | None]:
+        """Begin a pass of worker ``slot`` of ``workers``: its epoch and resume. Worker ids
+        from ``workers`` on take no part in it, so their pending resumes go."""
+        epoch, resume = self.peek(slot)
         self._counts[slot + 1] += 1
-        return epoch
+        self._counts[_PENDING + slot] = 0
+        self._counts[_PENDING + workers:_RESUME] = 0
+        return epoch, resume
 
 
 def _describe(index: int, sample: Any, field: Any) -> str:
@@ -444,6 +493,8 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     random order through a buffer of ``buf_size``, a fraction of the shard or a number of
     samples), differently every epoch, from ``seed``. ``len()`` is what the calling process
     yields in its next pass: the rank's samples in the main process, the worker's in a worker.
+    :meth:`resume` starts the next pass in the middle of an epoch, after the batches that a
+    DataLoader has already made.
 
     >>> from fpipe.storage import ListReader
     >>> reader = ListReader([{"x": i} for i in range(10)])
@@ -477,13 +528,66 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
 
     def __len__(self) -> int:
         worker, workers = _worker()
-        return len(self._window(self._clock.peek(worker), worker, workers, guard=False))
+        epoch, resume = self._clock.peek(worker)
+        window, skip = self._shard(epoch, resume, worker, workers, guard=False)
+        return len(window) - skip
 
     def __iter__(self) -> Iterator[Any]:
         worker, workers = _worker()
-        epoch = self._clock.begin(worker)
-        window = self._window(epoch, worker, workers, guard=True)
-        return self._stream(window, epoch)
+        epoch, resume = self._clock.begin(worker, workers)
+        window, skip = self._shard(epoch, resume, worker, workers, guard=True)
+        return self._stream(window, epoch, skip)
+
+    def resume(self, batches: int, batch_size: int, drop_last: bool = False) -> None:
+        """Begin the next pass after the first ``batches`` batches that
+        ``DataLoader(dataset, batch_size=batch_size, drop_last=drop_last)`` made in the epoch
+        that pass reads, without reading them; the passes after it are whole again.
+
+        A DataLoader takes one batch from each of its workers in turn (passing over workers
+        that have run out), and each worker batches its own shard. So every worker works out
+        how many batches of each shard were handed out, and the workers trade shards in turn so
+        that worker 0, whose batch the DataLoader takes first, carries on with the shard whose
+        batch came next. The resumed pass then gives the batches of the uninterrupted pass
+        from batch ``batches`` on, augmentation included, persistent workers or not, as long as
+        ``num_workers``, the ranks and the seeds are those of the original run. ``batches`` at
+        or past the end of the epoch makes an empty pass.
+
+        The resume reaches the workers through shared memory, as the epoch does; ``set_epoch``
+        keeps it and ``resume(0, batch_size)`` cancels it. ``len()`` counts what the resumed
+        pass yields. Skipped samples are not read, except by ``shuffle=True`` over a reader
+        without ``get``: that shard's shuffle needs them to fill its buffer.
+
+        >>> from fpipe.storage import ListReader
+        >>> from torch.utils.data import DataLoader
+        >>> dataset = IterableDataset(ListReader([{"x": i} for i in range(10)]))
+        >>> loader = DataLoader(dataset, batch_size=3)
+        >>> dataset.resume(2, batch_size=3)
+        >>> len(dataset), [batch["x"].tolist() for batch in loader]
+        (4, [[6, 7, 8], [9]])
+        >>> [batch["x"].tolist() for batch in loader]            # the next pass is whole
+        [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+        """
+        batches = check_integer("batches", batches, 0)
+        batch_size = check_integer("batch_size", batch_size, 1)
+        if not isinstance(drop_last, (bool, np.bool_)):
+            raise TypeError(f"drop_last must be a bool; got drop_last={drop_last!r}")
+        self._clock.resume(batches, batch_size, bool(drop_last))
+
+    def _shard(self, epoch: int, resume: _Resume | None, worker: int, workers: int,
+               guard: bool) -> tuple[range, int]:
+        """The positions that worker ``worker`` reads in a pass, and how many it skips.
+
+        A DataLoader begins every pass with worker 0, so in a resumed pass the workers trade
+        shards in turn: worker 0 takes the shard whose batch comes next, and the others
+        follow in the original order."""
+        if resume is None:
+            return self._window(epoch, worker, workers, guard), 0
+        batches, size, drop_last = resume
+        lengths = [len(self._window(epoch, w, workers, guard)) for w in range(workers)]
+        counts = [n // size if drop_last else -(-n // size) for n in lengths]
+        made, first = _resume_plan(counts, batches)
+        shard = (first + worker) % workers
+        return self._window(epoch, shard, workers, False), min(lengths[shard], size * made[shard])
 
     def _window(self, epoch: int, worker: int, workers: int, guard: bool) -> range:
         n = len(self.reader)
@@ -497,13 +601,14 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                     "world_size, or pass even='drop' or even='pad'")
         return worker_range(n, self.rank, self.world_size, worker, workers, epoch, self.even)
 
-    def _stream(self, window: range, epoch: int) -> Iterator[Any]:
-        if not window:
+    def _stream(self, window: range, epoch: int, skip: int) -> Iterator[Any]:
+        if skip >= len(window):
             return
         self._follow(epoch)
         if self.shuffle:
-            pairs = self._shuffled(window, epoch)
+            pairs = self._shuffled(window, epoch, skip)
         else:
+            window = window[skip:]
             samples = self.reader.iter(window.start, window.stop, copy=self.copy,
                                        chunk_size=self.chunk_size)
             if self._transform is None:
@@ -518,12 +623,15 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         for index, sample in pairs:
             yield apply(sample, index, epoch)
 
-    def _shuffled(self, window: range, epoch: int) -> Iterator[tuple[int, Any]]:
+    def _shuffled(self, window: range, epoch: int, skip: int) -> Iterator[tuple[int, Any]]:
         shard = Range(_Indexed(self.reader), window.start, window.stop)
         shuffler = QuasiShuffler(shard, buf_size=self.buf_size, chunk_size=self.chunk_size,
                                  seed=_shard_seed(self._shuffle_seed, window.start))
         shuffler.set_epoch(epoch)
-        return shuffler.iter(copy=self.copy)
+        if skip and not callable(getattr(self.reader, "get", None)):
+            # refilling the buffer at `skip` takes random reads: without them, read up to it
+            return itertools.islice(shuffler.iter(copy=self.copy), skip, None)
+        return shuffler.iter(skip, copy=self.copy)
 
     def __repr__(self) -> str:
         options = [f"batch_size={self.batch_size}"] if self.batch_size is not None else []

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fpipe.storage import ListReader
-from fpipe.torch import IterableDataset, worker_range
+from fpipe.torch import IterableDataset, _resume_plan, worker_range
 
 sizes = st.integers(0, 300)
 world_sizes = st.integers(1, 5)
@@ -74,3 +74,62 @@ def test_ranks_and_workers_together_yield_every_sample_once(n, world_size, worke
             assert sorted(shard) == list(worker_range(n, rank, world_size, worker, workers, epoch))
             seen += shard
     assert sorted(seen) == list(range(n))
+
+
+# --- resuming a pass: the schedule of a DataLoader's round-robin over its workers ---
+
+batch_counts = st.lists(st.integers(0, 12), min_size=1, max_size=6)
+
+
+def _round_robin(queues: list[list]) -> list:
+    """What a DataLoader hands out: one item from each worker in turn, passing over the
+    workers that have run out."""
+    queues, order = [list(queue) for queue in queues], []
+    while any(queues):
+        order += [queue.pop(0) for queue in queues if queue]
+    return order
+
+
+@given(batch_counts, st.integers(0, 80))
+def test_the_resume_plan_is_what_a_round_robin_has_made(counts, done):
+    made, first = _resume_plan(counts, done)
+    order = _round_robin([[worker] * count for worker, count in enumerate(counts)])
+    assert sum(made) == min(done, sum(counts))
+    assert made == [order[:done].count(worker) for worker in range(len(counts))]
+    assert first == (order[done] if done < len(order) else 0)
+
+
+@given(batch_counts, st.integers(0, 80))
+def test_workers_trading_shards_from_the_plan_hand_out_the_rest_in_order(counts, done):
+    made, first = _resume_plan(counts, done)
+    workers = len(counts)
+    batches = [[(worker, k) for k in range(count)] for worker, count in enumerate(counts)]
+    rotated = [batches[(first + worker) % workers] for worker in range(workers)]
+    resumed = _round_robin([shard[made[batches.index(shard)]:] for shard in rotated])
+    assert resumed == _round_robin(batches)[done:]
+
+
+def _loader_batches(dataset: IterableDataset, workers: int, batch_size: int, drop_last: bool) -> list:
+    """The batches of x that a DataLoader with ``workers`` workers makes, simulated in-process."""
+    queues = []
+    for worker in range(workers):
+        info = SimpleNamespace(id=worker, num_workers=workers)
+        with mock.patch.object(torch.utils.data, "get_worker_info", lambda info=info: info):
+            xs = [sample["x"] for sample in dataset]
+        cut = [xs[i:i + batch_size] for i in range(0, len(xs), batch_size)]
+        queues.append([b for b in cut if len(b) == batch_size or not drop_last])
+    return _round_robin(queues)
+
+
+@settings(max_examples=40)
+@given(st.integers(0, 40), st.integers(1, 4), st.integers(1, 5), st.booleans(), st.booleans(),
+       st.integers(0, 30))
+def test_a_resumed_pass_is_the_rest_of_the_simulated_loaders_epoch(
+        n, workers, batch_size, drop_last, shuffle, done):
+    reader = ListReader([{"x": i} for i in range(n)])
+    dataset = IterableDataset(reader, rank=1, world_size=2, shuffle=shuffle, seed=1, buf_size=3,
+                              chunk_size=2)
+    original = _loader_batches(dataset, workers, batch_size, drop_last)
+    dataset.set_epoch(0)
+    dataset.resume(done, batch_size, drop_last)
+    assert _loader_batches(dataset, workers, batch_size, drop_last) == original[done:]
