@@ -2,8 +2,8 @@
 
 The launcher (test_distributed.py) sets MASTER_ADDR, MASTER_PORT and WORLD_SIZE. The rank
 reads the dataset through fpipe's IterableDataset with two DataLoader workers, trains a
-DistributedDataParallel model over every batch of two epochs with ``even=`` set, and writes
-what it saw to REPORT as JSON.
+DistributedDataParallel model over every batch of two epochs with ``even=`` set, resumes a
+shuffled epoch in its middle, and writes what it saw to REPORT as JSON.
 """
 
 from __future__ import annotations
@@ -64,6 +64,22 @@ def _training(reader: MsgpackReader, even: str) -> dict:
     return report
 
 
+def _batches(data_loader) -> list[list[int]]:
+    return [[int(x) for x in batch["x"]] for batch in data_loader]
+
+
+def _resumed(reader: MsgpackReader, done: int = 5) -> dict:
+    """Epoch 1 of a shuffled, evened dataset whole, then again from batch ``done`` on with a
+    new dataset and persistent workers, as a run restarted from a checkpoint would."""
+    def loader(dataset):
+        return DataLoader(dataset, batch_size=3, num_workers=2, persistent_workers=True)
+    options = {"shuffle": True, "buf_size": 4, "chunk_size": 2, "seed": 0, "even": "drop"}
+    whole = IterableDataset(reader, epoch=1, **options)
+    restarted = IterableDataset(reader, epoch=1, **options)
+    restarted.resume(done, batch_size=3)
+    return {"resume/whole": _batches(loader(whole)), "resume/restarted": _batches(loader(restarted))}
+
+
 def main(rank: int, path: str, output: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
@@ -72,6 +88,7 @@ def main(rank: int, path: str, output: str) -> None:
     report = _sharding(reader)
     for even in ("drop", "pad"):
         report.update(_training(reader, even))
+    report.update(_resumed(reader))
     dist.barrier()
     dist.destroy_process_group()
     with open(output, "w") as file:

@@ -68,3 +68,7 @@ def test_two_gloo_ranks_with_two_workers_each(tmp_path):
         for epoch in (0, 1):
             assert [report[f"{even}/{epoch}"] for report in reports] == [batches, batches]
         assert reports[0][f"{even}/weight"] == reports[1][f"{even}/weight"]
+    # a mid-epoch resume on each rank gives that rank's batches from the fifth on
+    for report in reports:
+        assert report["resume/restarted"] == report["resume/whole"][5:]
+    assert len({len(report["resume/restarted"]) for report in reports}) == 1
