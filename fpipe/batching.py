@@ -189,16 +189,33 @@ def combine_batches(inputs: Sequence[Sequence]) -> tuple:
 
 def _stack(field: int | str, values: Sequence) -> np.ndarray:
     try:
-        return np.array(values)
+        array = np.array(values)
     except ValueError as error:
         shapes = sorted({np.shape(value) for value in values}, key=str)
         raise ValueError(f"field {field!r} has items of different shapes {shapes}; pad them "
                          f"(combine_pad) or combine them another way") from error
+    if array.dtype.kind == "f" and all(_is_integer(value) for value in values):
+        return _exact_integers(values)
+    return array
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _exact_integers(values: Sequence) -> np.ndarray:
+    """Integers that numpy would make floats of (a mix of int64 and uint64 values, which loses
+    digits): uint64 when they all fit, else Python ints in an object array."""
+    if min(values) >= 0 and max(values) < 2 ** 64:
+        return np.array(values, dtype=np.uint64)
+    return np.array(values, dtype=object)
 
 
 def combine_to_arrays(inputs: Sequence[Sequence]) -> tuple:
     """Stack each field of a batch into one array along a new first axis (dpipe's default
-    combiner). Ragged fields raise ``ValueError`` naming the field and the shapes.
+    combiner). Ragged fields raise ``ValueError`` naming the field and the shapes. Integers
+    keep every digit: where numpy would make floats of them (a mix of int64 and uint64
+    values), the field is uint64, or Python ints in an object array.
 
     >>> images, labels = combine_to_arrays([(np.zeros((2, 2)), 0), (np.ones((2, 2)), 1)])
     >>> images.shape, labels

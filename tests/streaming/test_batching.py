@@ -96,6 +96,16 @@ def test_pad_to_shape_follows_dpipes_geometry():
         fp.pad_to_shape(x, [2])
 
 
+def test_large_integers_keep_every_digit_where_numpy_would_make_floats():
+    # numpy makes float64 of a mix of int64 and uint64 values: 2**63 + 1 would become 2**63
+    ids, labels = fp.combine_to_arrays([(0, 1), (2 ** 63 + 1, 2)])
+    assert ids.dtype == np.uint64 and ids.tolist() == [0, 2 ** 63 + 1]
+    assert labels.dtype == np.int64
+    signed = fp.combine_dicts([{"id": -1}, {"id": 2 ** 63 + 1}])["id"]
+    assert signed.dtype == object and signed.tolist() == [-1, 2 ** 63 + 1]
+    assert fp.combine_to_arrays([(1.5,), (2,)])[0].dtype == np.float64  # real floats stay
+
+
 def test_combine_pad_pads_each_field_with_its_own_value():
     items = [(np.ones((1, 2)), np.ones(1)), (np.ones((3, 1)), np.ones(2))]
     images, masks = fp.combine_pad(items, padding_values=[0, -1])
