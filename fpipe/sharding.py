@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from typing import Any
 
-import numpy as np
+from .errors import check_integer
 
 __all__ = ["shard", "shard_range"]
 
@@ -42,11 +42,11 @@ _ROUNDING = ("balanced", "datadings")
 
 
 def _check_integer(name: str, value: Any) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    try:
+        return check_integer(name, value)
+    except TypeError as error:
         # ValueError like every other bad shard argument, so one except clause catches them all
-        raise ValueError(
-            f"{name} must be an integer; got {name}={value!r}")
-    return int(value)
+        raise ValueError(str(error)) from None
 
 
 def _check_shard(index: Any, count: Any, even: Any) -> tuple[int, int]:
