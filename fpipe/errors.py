@@ -22,8 +22,10 @@ RemoteTraceback True
 
 from __future__ import annotations
 
+import numbers
 import pickle
 import traceback
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import numpy as np
@@ -168,3 +170,63 @@ def check_integer(name: str, value: Any, low: int | None = None) -> int:
     if low is not None and value < low:
         raise ValueError(f"{name} must be >= {low}; got {name}={value!r}")
     return int(value)
+
+
+def check_callable(name: str, value: Any) -> Callable:
+    """``value``, once it is callable; otherwise a ``TypeError`` that names the argument. Not
+    in ``__all__``, like :func:`check_integer`.
+
+    >>> check_callable("func", 3)
+    Traceback (most recent call last):
+    ...
+    TypeError: func must be callable; got func=3
+    """
+    if not callable(value):
+        raise TypeError(f"{name} must be callable; got {name}={value!r}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value``, once it is True or False; otherwise a ``TypeError`` that names the argument.
+
+    >>> check_bool("ordered", 1)
+    Traceback (most recent call last):
+    ...
+    TypeError: ordered must be True or False; got ordered=1
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False; got {name}={value!r}")
+    return bool(value)
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> Any:
+    """``value``, once it is one of ``choices``; otherwise a ``ValueError`` that names the
+    argument and the choices.
+
+    >>> check_choice("until", "last", ("first", "all"))
+    Traceback (most recent call last):
+    ...
+    ValueError: until must be 'first' or 'all'; got until='last'
+    """
+    if not any(value is choice or (type(value) is type(choice) and value == choice)
+               for choice in choices):
+        *rest, last = map(repr, choices)
+        allowed = f"{', '.join(rest)} or {last}" if rest else last
+        raise ValueError(f"{name} must be {allowed}; got {name}={value!r}")
+    return value
+
+
+def check_probability(name: str, value: Any) -> float:
+    """``value`` as a float, once it is a real number in [0, 1]; otherwise a ``TypeError`` or
+    ``ValueError`` that names the argument.
+
+    >>> check_probability("p", "0.5")
+    Traceback (most recent call last):
+    ...
+    TypeError: p must be a real number; got p='0.5'
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating)):
+        raise TypeError(f"{name} must be a real number; got {name}={value!r}")
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a probability in [0, 1]; got {name}={value!r}")
+    return float(value)

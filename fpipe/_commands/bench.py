@@ -133,8 +133,7 @@ def _image_array(data: bytes) -> np.ndarray:
 def _bench_pipeline(reader: Any, args: argparse.Namespace) -> None:
     from toolz import pipe
 
-    from ..batching import batch
-    from ..stages import processes, stats
+    from ..streaming import batch, processes, stats
 
     stream = pipe(reader.iter(raw=True),
                   processes(decode_sample, n_workers=args.workers, backend="loky"),

@@ -292,8 +292,8 @@ class _TorchStep:
 
 def _train_numpy(dataset: Path, classes: int, args: argparse.Namespace) -> tuple[int, float]:
     from ..infinite import Infinite
-    from ..stages import map, processes
     from ..storage import Cycler, MsgpackReader, Shuffler
+    from ..streaming import map, processes
 
     reader = MsgpackReader(dataset)
     source = Cycler(Shuffler(reader, seed=args.seed))  # a new permutation every pass
@@ -359,7 +359,7 @@ def _epochs(make_source: Any, step: Any, args: argparse.Namespace,
     """Train ``args.epochs`` epochs, each through ``pipe(make_source(epoch), map(step))``;
     print a line per epoch and the per-stage table of the last (``pipeline_stats()``, or that
     of the epoch's stream); return samples and seconds."""
-    from ..stages import map, stats
+    from ..streaming import map, stats
 
     seen, seconds, table = 0, 0.0, None
     for epoch in range(args.epochs):

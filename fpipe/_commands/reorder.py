@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .._staging import staged_datasets
 from ..errors import FpipeError
+from ..storage._staging import staged_datasets
 from ._common import (
     UsageError,
     add_command,

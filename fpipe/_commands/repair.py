@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from .._staging import staging_folder
 from ..errors import FormatError
+from ..storage._staging import staging_folder
 from ._common import add_command, human_bytes, progress_bar, say
 
 __all__ = ["add_parsers", "check_dataset"]

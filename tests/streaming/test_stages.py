@@ -7,7 +7,7 @@ import pytest
 from toolz import pipe
 
 import fpipe as fp
-from fpipe.stages import Stream
+from fpipe.streaming import Stream
 
 from .helpers import double, fail_at, maybe_negate, noisy
 
