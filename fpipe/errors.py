@@ -172,6 +172,21 @@ def check_integer(name: str, value: Any, low: int | None = None) -> int:
     return int(value)
 
 
+def check_workers(n_workers: Any) -> int:
+    """``n_workers`` as an int, once it is an integer >= 1 or -1 (one per core); otherwise a
+    ``TypeError`` or ``ValueError`` that names the argument.
+
+    >>> check_workers(-1), check_workers(np.int8(2))
+    (-1, 2)
+    """
+    if n_workers == -1 and not isinstance(n_workers, (bool, np.bool_)):
+        return -1
+    check_integer("n_workers", n_workers)
+    if n_workers < 1:
+        raise ValueError(f"n_workers must be >= 1 or -1; got n_workers={n_workers!r}")
+    return int(n_workers)
+
+
 def check_callable(name: str, value: Any) -> Callable:
     """``value``, once it is callable; otherwise a ``TypeError`` that names the argument. Not
     in ``__all__``, like :func:`check_integer`.

@@ -35,7 +35,7 @@ except ImportError as error:  # pragma: no cover - torch is in the test extra
 
 import numpy as np
 
-from .errors import check_callable, check_integer
+from .errors import check_bool, check_callable, check_integer
 from .functional import Compose
 from .image import CompressedToPIL, ImageDecodeError
 from .random import Seed, item_rng, seed_entropy, set_active
@@ -490,9 +490,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         """
         batches = check_integer("batches", batches, 0)
         batch_size = check_integer("batch_size", batch_size, 1)
-        if not isinstance(drop_last, (bool, np.bool_)):
-            raise TypeError(f"drop_last must be a bool; got drop_last={drop_last!r}")
-        self._clock.resume(batches, batch_size, bool(drop_last))
+        self._clock.resume(batches, batch_size, check_bool("drop_last", drop_last))
 
     def _shard(self, epoch: int, resume: _Resume | None, worker: int, workers: int,
                guard: bool) -> tuple[range, int]:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..errors import check_integer
 from ..random import Seed, item_rng
 from ..storage._staging import staged_datasets
 from ._fetch import Archive, check_base_url, fetch, shows_progress
@@ -250,6 +251,4 @@ class KnownDataset(ABC):
 
 
 def _checked_workers(workers: int) -> int:
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1; got workers={workers!r}")
-    return workers
+    return check_integer("workers", workers, 1)

@@ -41,7 +41,7 @@ from typing import Any, Union
 import msgpack
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, check_integer
 from .format import (
     DECODE_ERRORS,
     BloomFilter,
@@ -183,8 +183,7 @@ class Reader(abc.ABC):
         Without ``start`` it begins at the cursor set by :meth:`seek` (then resets the cursor).
         The output is the same for every ``chunk_size``.
         """
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be an int >= 1; got chunk_size={chunk_size!r}")
+        chunk_size = check_integer("chunk_size", chunk_size, 1)
         if start is None:
             start = self._position if self._position < len(self) else 0
             self._position = 0

@@ -21,9 +21,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import numpy as np
-
-from ..errors import capture, check_bool, check_callable, check_integer
+from ..errors import capture, check_bool, check_callable, check_integer, check_workers
 from ..random import Seed, optional_entropy
 from ._core import JOIN_SECONDS, Stage, Stream, as_stream, next_chunk_size
 from ._joblib import ProcessPool
@@ -34,16 +32,6 @@ __all__ = ["prefetch", "processes", "threads"]
 
 _THREAD_CHUNK_SECONDS = 2e-3  # work per chunk handed to a thread ...
 _PROCESS_CHUNK_SECONDS = 2e-2  # ... or to a process, where a round trip costs about 0.3 ms
-
-
-def _check_workers(n_workers: Any) -> int:
-    if n_workers == -1 and not isinstance(n_workers, bool):
-        return -1
-    if isinstance(n_workers, bool) or not isinstance(n_workers, (int, np.integer)):
-        raise TypeError(f"n_workers must be an integer; got n_workers={n_workers!r}")
-    if n_workers < 1:
-        raise ValueError(f"n_workers must be >= 1 or -1; got n_workers={n_workers!r}")
-    return int(n_workers)
 
 
 # --- the machinery of a background stage ----------------------------------------------
@@ -351,7 +339,7 @@ class _ParallelStage(Stage):
                  buffer_size: int, ordered: bool, seed: Seed | None, chunk_size: int) -> None:
         self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
         self.ordered = check_bool("ordered", ordered)
-        self.n_workers = _check_workers(n_workers)
+        self.n_workers = check_workers(n_workers)
         self.workers = (os.cpu_count() or 1) if self.n_workers == -1 else self.n_workers
         self.buffer_size = check_integer("buffer_size", buffer_size, 1)
         self.chunk_size = check_integer("chunk_size", chunk_size, 1)
