@@ -61,7 +61,7 @@ class FormatError(FpipeError, ValueError):
     def __init__(self, message: str, *, path=None, offset: int | None = None,
                  index: int | None = None) -> None:
         self.reason, self.path, self.offset, self.index = message, path, offset, index
-        super().__init__(_located(message, path, offset, index))
+        super().__init__(_with_location(message, path, offset, index))
 
     def __reduce__(self):
         return _rebuild_format_error, (self.reason, self.path, self.offset, self.index)
@@ -71,7 +71,7 @@ def _rebuild_format_error(message, path, offset, index) -> FormatError:
     return FormatError(message, path=path, offset=offset, index=index)
 
 
-def _located(message: str, path, offset, index) -> str:
+def _with_location(message: str, path, offset, index) -> str:
     sample = f"sample {index}" if index is not None else ""
     byte = f"byte {offset}" if offset is not None else ""
     where = " at ".join(filter(None, [sample, byte]))

@@ -38,7 +38,7 @@ import numpy as np
 from .errors import check_bool, check_callable, check_integer
 from .functional import Compose
 from .image import CompressedToPIL, ImageDecodeError
-from .random import Seed, item_rng, seed_entropy, set_active
+from .random import Seed, item_rng, optional_entropy, seed_entropy, set_active
 from .sharding import check_even, resume_plan, worker_range
 from .storage.order import QuasiShuffler, Range
 
@@ -150,7 +150,7 @@ def _describe(index: int, sample: Any, field: Any) -> str:
     return where if field is None else f"{where}, field {field!r}"
 
 
-def _located(error: Exception, index: int, sample: Any, field: Any) -> Exception:
+def _naming_sample(error: Exception, index: int, sample: Any, field: Any) -> Exception:
     """``error`` with the sample named: in the message of an image error, as a note otherwise."""
     where = _describe(index, sample, field)
     if isinstance(error, ImageDecodeError) and error.sample is None:
@@ -191,7 +191,7 @@ class DatasetBase:
         self.reader = reader
         self.transforms = transforms
         self.rng = rng or no_rng
-        self.seed = None if seed is None else seed_entropy(seed)
+        self.seed = optional_entropy(seed)
         self._transform = self._checked_transform(transforms)
         self._clock = _EpochClock(check_integer("epoch", epoch, 0))
 
@@ -244,7 +244,7 @@ class DatasetBase:
                 sample[field] = transform(sample[field], params)
             return sample
         except Exception as error:
-            located = _located(error, index, sample, field)
+            located = _naming_sample(error, index, sample, field)
             if located is error:
                 raise
             raise located from error.__cause__
@@ -254,7 +254,7 @@ class DatasetBase:
         try:
             return self.transforms(sample)
         except Exception as error:
-            located = _located(error, index, None if key is None else {"key": key}, None)
+            located = _naming_sample(error, index, None if key is None else {"key": key}, None)
             if located is error:
                 raise
             raise located from error.__cause__
