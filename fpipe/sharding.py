@@ -5,7 +5,8 @@ Two forms cover the two kinds of input:
 * :func:`shard` is a stage over any iterable: shard ``index`` of ``count`` takes every
   ``count``-th element, starting at element ``index``. It is lazy and needs no length.
 * :func:`shard_range` splits ``range(n)`` into ``count`` contiguous pieces, for sized readers
-  that read contiguous runs fastest.
+  that read contiguous runs fastest; :func:`worker_range` splits it over ranks and their
+  DataLoader workers (what :class:`fpipe.torch.IterableDataset` reads), without torch.
 
 Across all indices the shards partition their input: every element lands in exactly one shard,
 order is kept within a shard, and shard sizes differ by at most one:
