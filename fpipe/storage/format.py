@@ -562,23 +562,43 @@ def _byte_bar(path: PathLike, progress: bool):
 def read_md5(path: PathLike) -> dict[str, str]:
     """The checksums of a dataset's ``.md5`` file, as ``{file name: md5 hex}``.
 
+    Entries are named after the dataset's files as they are called now: a dataset copied or
+    renamed file by file (``toy.msgpack*`` to ``train.msgpack*``) keeps the checksums that
+    name its old files.
+
     >>> import tempfile, os
     >>> folder = tempfile.mkdtemp()
-    >>> write_index(os.path.join(folder, "x.msgpack"), [], [0], "d41d8cd98f00b204e9800998ecf8427e")
-    >>> read_md5(os.path.join(folder, "x.msgpack"))["x.msgpack"]
+    >>> write_index(os.path.join(folder, "toy.msgpack"), [], [0], "d41d8cd98f00b204e9800998ecf8427e")
+    >>> for name in os.listdir(folder):
+    ...     os.rename(os.path.join(folder, name), os.path.join(folder, name.replace("toy", "train")))
+    >>> read_md5(os.path.join(folder, "train.msgpack"))["train.msgpack"]
     'd41d8cd98f00b204e9800998ecf8427e'
     """
-    md5 = DatasetFiles(path).md5
+    files = DatasetFiles(path)
     try:
-        text = md5.read_text(encoding="utf-8")
+        text = files.md5.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise FormatError(f"corrupt md5 file ({error})", path=md5) from error
+        raise FormatError(f"corrupt md5 file ({error})", path=files.md5) from error
     entries = {}
     for line in text.splitlines():
         # md5sum writes "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode).
         digest, _, rest = line.partition(" ")
         if rest[:1] in (" ", "*") and rest[1:]:
             entries[rest[1:]] = digest
+    return _renamed(entries, files.data.name)
+
+
+_SUFFIXES = ("", ".offsets", ".keys", ".key_hashes", ".filter", ".index")
+
+
+def _renamed(entries: dict[str, str], name: str) -> dict[str, str]:
+    """``entries`` with the files of the dataset they were written for named after data file
+    ``name``: that dataset's data file is the one entry whose index files are the others."""
+    if name in entries:
+        return entries
+    for old in entries:
+        if all(other[len(old):] in _SUFFIXES and other.startswith(old) for other in entries):
+            return {name + other[len(old):]: digest for other, digest in entries.items()}
     return entries
 
 
