@@ -593,11 +593,13 @@ _SUFFIXES = ("", ".offsets", ".keys", ".key_hashes", ".filter", ".index")
 
 def _renamed(entries: dict[str, str], name: str) -> dict[str, str]:
     """``entries`` with the files of the dataset they were written for named after data file
-    ``name``: that dataset's data file is the one entry whose index files are the others."""
+    ``name``: that dataset's data file is the entry whose index files (offsets, or a legacy
+    index, at least) are the others."""
     if name in entries:
         return entries
     for old in entries:
-        if all(other[len(old):] in _SUFFIXES and other.startswith(old) for other in entries):
+        if ((old + ".offsets" in entries or old + ".index" in entries)
+                and all(other[len(old):] in _SUFFIXES and other.startswith(old) for other in entries)):
             return {name + other[len(old):]: digest for other, digest in entries.items()}
     return entries
 
