@@ -126,6 +126,18 @@ class Reader(abc.ABC):
         ``raw=True`` gives the packed msgpack bytes; ``copy=False`` lets a reader return raw
         bytes as a ``memoryview`` into its buffers instead of a copy, and decoded arrays as
         read-only views (with ``copy=True`` they are writable copies).
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.get(0), reader.get(-1, yield_key=True)
+        ({'key': 'a', 'n': 97}, ('c', {'key': 'c', 'n': 99}))
+        >>> reader.get(1, raw=True)
+        b'\\x82\\xa3key\\xa1b\\xa1nb'
         """
 
     def close(self) -> None:  # noqa: B027 (not abstract: a reader without files has none to release)
@@ -182,7 +194,18 @@ class Reader(abc.ABC):
 
     def slice(self, start: int | None, stop: int | None = None, yield_key: bool = False,
               raw: bool = False, copy: bool = True) -> Iterator:
-        """An iterator over samples ``start`` to ``stop`` (datadings's ``slice``)."""
+        """An iterator over samples ``start`` to ``stop`` (datadings's ``slice``), read at once.
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> [sample["key"] for sample in reader.slice(1)], list(reader.slice(0, 2, yield_key=True))[1]
+        (['b', 'c'], ('b', {'key': 'b', 'n': 98}))
+        """
         start, stop, _ = slice(start, stop).indices(len(self))
         return self._chunks(start, stop, yield_key, raw, copy, max(1, stop - start))
 
@@ -193,6 +216,19 @@ class Reader(abc.ABC):
 
         Without ``start`` it begins at the cursor set by :meth:`seek` (then resets the cursor).
         The output is the same for every ``chunk_size``.
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> [s["key"] for s in reader.iter(-2)], [s["key"] for s in reader.iter(0, 2, chunk_size=1)]
+        (['b', 'c'], ['a', 'b'])
+        >>> first, second = reader.iter(), reader.iter()
+        >>> next(first)["key"], next(first)["key"], next(second)["key"]
+        ('a', 'b', 'a')
         """
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1; got chunk_size={chunk_size!r}")
@@ -227,7 +263,20 @@ class Reader(abc.ABC):
         self._position = self._index(index)
 
     def seek(self, index: int) -> None:
-        """Alias of :meth:`seek_index`."""
+        """Alias of :meth:`seek_index`: :meth:`next` and the next ``iter()`` without ``start``
+        begin at ``index``.
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.seek(1)
+        >>> [s["key"] for s in reader], [s["key"] for s in reader]
+        (['b', 'c'], ['a', 'b', 'c'])
+        """
         self.seek_index(index)
 
     def seek_key(self, key: Any) -> None:
@@ -235,7 +284,23 @@ class Reader(abc.ABC):
         self.seek_index(self.find_index(key))
 
     def next(self) -> Any:
-        """The sample at the cursor, advancing it (:class:`StopIteration` at the end)."""
+        """The sample at the cursor, advancing it (:class:`StopIteration` at the end).
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.seek_key("b")
+        >>> reader.next()["key"], reader.next()["key"]
+        ('b', 'c')
+        >>> reader.next()
+        Traceback (most recent call last):
+        ...
+        StopIteration
+        """
         return self._advance(raw=False)
 
     def __next__(self) -> Any:
@@ -539,14 +604,40 @@ class MsgpackReader(Reader):
         return self._hashes().find(key) >= 0
 
     def find_index(self, key: Any) -> int:
-        """The index of ``key`` by its salted 64-bit hash (the keys file is not loaded)."""
+        """The index of ``key`` by its salted 64-bit hash (the keys file is not loaded).
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.find_index("c")
+        2
+        >>> reader.find_index("z")
+        Traceback (most recent call last):
+        ...
+        KeyError: 'z'
+        """
         found = self._hashes().find(key) if isinstance(key, str) else -1
         if found < 0:
             raise KeyError(key)
         return found
 
     def find_key(self, index: int) -> str:
-        """The key of sample ``index`` (loads the keys into a compact table once)."""
+        """The key of sample ``index`` (loads the keys into a compact table once).
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.find_key(0), reader.find_key(-1)
+        ('a', 'c')
+        """
         return self._keys()[self._index(index)]
 
     def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
@@ -613,6 +704,20 @@ class MsgpackReader(Reader):
         """Whether the data file matches its ``.md5`` entry and ends where the last sample ends.
 
         Detects truncated, corrupted and extended data files. Reads the whole file.
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.verify_data()
+        True
+        >>> with open(path, "ab") as file:
+        ...     _ = file.write(b"extra")
+        >>> reader.verify_data()
+        False
         """
         expected = read_md5(self.path).get(self.path.name)
         if expected is None:
@@ -622,7 +727,22 @@ class MsgpackReader(Reader):
         return last == os.stat(self.path).st_size and md5_file(self.path, read_size, progress) == expected
 
     def verify_index(self, read_size: int = 512 * 1024) -> bool:
-        """Whether every index file that ``.md5`` lists exists and matches its checksum."""
+        """Whether every index file that ``.md5`` lists exists and matches its checksum.
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.verify_index()
+        True
+        >>> with open(path + ".keys", "r+b") as file:
+        ...     _ = file.write(b"\\x00")
+        >>> reader.verify_index()
+        False
+        """
         entries = read_md5(self.path)
         listed = [path for path in self._files.index_files + (self._files.legacy_index,)
                   if path.name in entries]

@@ -167,7 +167,21 @@ class Writer:
                 raise self._failed(error) from error
 
     def close(self) -> None:
-        """Flush the data, then write the index files and ``.md5``. Closing twice is harmless."""
+        """Flush the data, then write the index files and ``.md5``. Closing twice is harmless.
+
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+        >>> writer = FileWriter(path)
+        >>> writer.write({"key": "a"})
+        >>> writer.close()
+        >>> writer.close()
+        >>> sorted(name[len("x.msgpack"):] for name in os.listdir(os.path.dirname(path)))
+        ['', '.filter', '.key_hashes', '.keys', '.md5', '.offsets']
+        >>> writer.write({"key": "b"})
+        Traceback (most recent call last):
+        ...
+        ValueError: ...x.msgpack: write to a closed writer
+        """
         if self._sink is None:
             return
         sink, keys = self._sink, list(self._keys)
@@ -408,7 +422,24 @@ class FileWriter(Writer):
         self._packer = new_packer()
 
     def write(self, sample: dict) -> None:
-        """Pack and append one sample."""
+        """Pack and append one sample (buffered: it is on disk once the buffer fills, and
+        readable with the index written at :meth:`close`).
+
+        >>> import os, tempfile
+        >>> from fpipe.storage import MsgpackReader
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+        >>> writer = FileWriter(path)
+        >>> writer.write({"key": "a", "image": b"\\x89PNG"})
+        >>> writer.written
+        1
+        >>> writer.write({"label": 3})
+        Traceback (most recent call last):
+        ...
+        KeyError: 'samples must be dicts with a "key"; got ...'
+        >>> writer.close()
+        >>> MsgpackReader(path).get(0)
+        {'key': 'a', 'image': b'\\x89PNG'}
+        """
         try:
             key = sample["key"]
         except (KeyError, TypeError, IndexError):
