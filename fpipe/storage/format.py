@@ -37,9 +37,9 @@ from ..errors import FormatError
 __all__ = [
     "BloomFilter",
     "DatasetFiles",
+    "corrupt_reason",
     "decode_numpy",
     "decode_numpy_copy",
-    "corrupt_reason",
     "encode_numpy",
     "hash_key",
     "hash_keys",
@@ -187,8 +187,13 @@ def decode_numpy_copy(obj: dict) -> Any:
     >>> image.tolist()
     [7, 0, 0]
     """
-    value = decode_numpy(obj)
-    return value.copy() if type(value) is np.ndarray else value
+    # the same tests as decode_numpy, not a call of it: this hook runs for every map
+    if b"nd" in obj:
+        value = _decode_numpy_value(obj)
+        return value.copy() if type(value) is np.ndarray else value
+    if b"complex" in obj and b"data" in obj:
+        return complex(_text(obj[b"data"]))
+    return obj
 
 
 def _decode_numpy_value(obj: dict) -> Any:
