@@ -65,8 +65,12 @@ def test_the_order_depends_on_seed_and_epoch_alone(n, seed, buf_size, chunk_size
 
 @given(st.integers(12, 200), seeds, buffer_sizes, chunk_sizes)
 def test_epochs_differ(n, seed, buf_size, chunk_size):
-    for shuffler in _shufflers(n, seed, buf_size, chunk_size):
-        assert list(shuffler) != list(shuffler)
+    shuffler, quasi = _shufflers(n, seed, buf_size, chunk_size)
+    assert list(shuffler) != list(shuffler)
+    # datadings's quasi-shuffle (which fpipe keeps) leaves samples in slot order at the end
+    # and in file order within a chunk: with few chunks, two epochs can coincide
+    if quasi.buffer_size >= n or n >= 6 * chunk_size:
+        assert list(quasi) != list(quasi)
 
 
 @settings(max_examples=100)

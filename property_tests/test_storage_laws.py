@@ -175,3 +175,38 @@ def test_bloom_filter_holds_its_keys_and_matches_simplebloom(keys):
     for key in keys:
         theirs += key
     assert ours.dumps() == bytes(theirs.dumps()) and all(key in ours for key in keys)
+
+
+@WRITES
+@given(dataset_samples(max_size=12), st.lists(st.integers(0, 12), max_size=3))
+def test_appending_in_parts_writes_the_files_of_one_write(samples, cuts):
+    bounds = [0, *sorted(min(cut, len(samples)) for cut in cuts), len(samples)]
+    with written(samples) as whole, tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "law.msgpack")
+        for low, high in zip(bounds, bounds[1:]):
+            with FileWriter(path, append=True) as writer:
+                for sample in samples[low:high]:
+                    writer.write(sample)
+        for suffix in ("", ".offsets", ".keys", ".key_hashes", ".filter", ".md5"):
+            with open(whole + suffix, "rb") as a, open(path + suffix, "rb") as b:
+                assert a.read() == b.read(), suffix
+
+
+@given(msgpack_values(numpy_arrays(msgpack_numpy_dtypes)))
+def test_copies_decode_equal_and_writable(value):
+    packed = pack_sample(value)
+    copied, viewed = unpack_sample(packed, copy=True), unpack_sample(packed)
+    assert same(copied, viewed)
+    assert all(array.flags.writeable for array in _arrays(copied))
+    assert not any(array.flags.writeable for array in _arrays(viewed))
+
+
+def _arrays(value):
+    if isinstance(value, np.ndarray):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _arrays(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _arrays(item)

@@ -17,17 +17,25 @@ import glob
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from ..errors import FpipeError
 from ..storage.unpacked import natural_key
 from ._common import UsageError
 
-__all__ = ["Entry", "Listing", "list_source", "natural_order"]
+__all__ = ["IMAGE_SUFFIXES", "Entry", "Listing", "list_source", "natural_order"]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+_FOLDER_LAYOUT = "folder (ImageFolder layout)"
+#: What a file in a class folder must end with to be taken as an image (case ignored).
+IMAGE_SUFFIXES = frozenset((".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff",
+                            ".ppm", ".pgm", ".pbm", ".jp2", ".avif", ".heic"))
+_NAMED = 3  # files named in a one-line notice
 
 
 @dataclass(frozen=True)
@@ -57,9 +65,27 @@ def natural_order(names: Any) -> list:
     return sorted(names, key=natural_key)
 
 
-def list_source(source: str, separator: str | None = None) -> Listing:
+def list_source(source: str, separator: str | None = None, include: Sequence[str] = (),
+                exclude: Sequence[str] = (), strict: bool = False) -> Listing:
     """The listing of ``source``: a folder, a glob pattern (``{LABEL}`` marks the label
-    folder), a JSON-lines file, or a list file of ``path[,label]`` lines."""
+    folder), a JSON-lines file, or a list file of ``path[,label]`` lines.
+
+    Only samples whose key (a file's relative path) matches one of the ``include`` globs, if
+    any, and none of the ``exclude`` globs are kept. In a folder of class folders, files that
+    are not images (by their suffix) are left out, and the listing's note names them; with
+    ``strict`` they are an error instead.
+    """
+    listing = _select(_list_all(source, separator), include, exclude)
+    if listing.kind == _FOLDER_LAYOUT:
+        listing = _images_only(source, listing, strict)
+    if not listing.entries:
+        raise UsageError(f"{source}: no samples found"
+                         + (" (after --include/--exclude)" if include or exclude else ""))
+    _check_unique(listing.entries)
+    return listing
+
+
+def _list_all(source: str, separator: str | None) -> Listing:
     path = Path(source)
     if "{LABEL}" in source or (_GLOB_CHARS.search(source) and not path.exists()):
         listing = _glob_listing(source)
@@ -69,10 +95,38 @@ def list_source(source: str, separator: str | None = None) -> Listing:
         listing = _json_listing(path) if _is_json_lines(path) else _list_listing(path, separator)
     else:
         raise FileNotFoundError(f"{source}: no such file or folder")
-    if not listing.entries:
-        raise UsageError(f"{source}: no samples found")
-    _check_unique(listing.entries)
     return listing
+
+
+def _select(listing: Listing, include: Sequence[str], exclude: Sequence[str]) -> Listing:
+    if not include and not exclude:
+        return listing
+    kept = [entry for entry in listing.entries
+            if (not include or any(fnmatchcase(entry.key, glob) for glob in include))
+            and not any(fnmatchcase(entry.key, glob) for glob in exclude)]
+    return _with_entries(listing, kept)
+
+
+def _with_entries(listing: Listing, entries: list[Entry]) -> Listing:
+    """``listing`` with fewer entries, and the labels that are left."""
+    present = {entry.label for entry in entries}
+    return replace(listing, entries=entries, labels=[label for label in listing.labels
+                                                     if label in present])
+
+
+def _images_only(source: str, listing: Listing, strict: bool) -> Listing:
+    others = [entry.key for entry in listing.entries
+              if Path(entry.key).suffix.lower() not in IMAGE_SUFFIXES]
+    if not others:
+        return listing
+    named = ", ".join(others[:_NAMED]) + (f" and {len(others) - _NAMED} more"
+                                           if len(others) > _NAMED else "")
+    what = f"{len(others)} file(s) in the class folders that are not images (by suffix): {named}"
+    if strict:
+        raise FpipeError(f"{source}: {what}; --exclude them, or leave out --strict to skip them")
+    leave_out = set(others)
+    left = _with_entries(listing, [entry for entry in listing.entries if entry.key not in leave_out])
+    return replace(left, note="; ".join(filter(None, (listing.note, f"left out {what}"))))
 
 
 def _labelled(kind: str, entries: list[Entry], note: str = "") -> Listing:
@@ -102,7 +156,7 @@ def _folder_listing(root: Path) -> Listing:
             f"(e.g. {sorted(loose)[0]})" if loose else "")
     entries = [Entry(p.relative_to(root).as_posix(), str(p), name)
                for name in classes for p in _visible_files(root / name)]
-    return _labelled("folder (ImageFolder layout)", entries, note)
+    return _labelled(_FOLDER_LAYOUT, entries, note)
 
 
 def _glob_listing(pattern: str) -> Listing:

@@ -173,6 +173,8 @@ def _write_parser() -> argparse.ArgumentParser:
 def _pack(source: str, dataset: Path, args: argparse.Namespace) -> None:
     argv = ["write", source, str(dataset), "--shuffle", "--seed", str(args.seed), "--workers", "2"]
     argv += ["-y"] if args.overwrite else []
+    # someone else's images may not decode: find out at packing, in one line naming the file
+    argv += ["--check"] if args.data is not None else []
     say(args, f"2. $ fpipe {' '.join(argv)}")
     written = _write_parser().parse_args(argv + (["-q"] if args.quiet else []))
     status = written.run(written)

@@ -16,6 +16,7 @@ from ._common import (
     UsageError,
     add_command,
     human_bytes,
+    load_classes,
     non_negative_int,
     positive_int,
     say,
@@ -51,12 +52,19 @@ For files, OUT is the dataset's file (e.g. train.msgpack); each sample is
 Images are stored as their original bytes unless --resize or --encode is given.
 Labels are numbered in natural order of their names (digit runs compare as numbers, so
 'class2' < 'class10'), and the names are stored beside the dataset, in
-OUT.classes.json. Nothing appears under OUT unless the whole run succeeds."""
+OUT.classes.json. In a folder of class folders, files that are not images (by suffix:
+.jpg, .png, .webp, ...) are left out with a one-line note (--strict: an error).
+--include/--exclude choose files by their key, --check decodes every image before it is
+written. Nothing appears under OUT unless the whole run succeeds; --append adds the samples
+to an existing OUT instead (its index and .md5 are replaced whole at the end; a failed run
+leaves OUT as it was)."""
 
 _EXAMPLE = """\
   fpipe write photos/ photos.msgpack --workers 4 --shuffle --seed 1
   fpipe write 'photos/{LABEL}/*.jpg' small.msgpack --resize 128 --encode jpeg
   fpipe write train.csv train.msgpack
+  fpipe write photos/ photos.msgpack --exclude '*/thumbs/*' --check
+  fpipe write more-photos/ photos.msgpack --append
   fpipe write cifar10 data/cifar10 --download"""
 
 _FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
@@ -75,6 +83,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                         help="the dataset file to write (a folder for well-known datasets)")
     parser.add_argument("-y", "--overwrite", action="store_true",
                         help="replace datasets that already exist")
+    parser.add_argument("--append", action="store_true",
+                        help="add the samples to the dataset OUT (keys must be new to it; labels "
+                             "must be among its classes)")
     parser.add_argument("--workers", type=positive_int, default=1,
                         help="threads that read and encode files (the output order does not change)")
     parser.add_argument("--shuffle", action="store_true", help="shuffle the samples by --seed")
@@ -87,6 +98,17 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 def _add_file_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--field", default="image", metavar="NAME",
                        help="the field that holds a file's bytes (default image)")
+    group.add_argument("--include", action="append", default=[], metavar="GLOB",
+                       help="take only files whose key (relative path) matches GLOB "
+                            "(repeatable; fnmatch, '*' crosses folders)")
+    group.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                       help="leave out files whose key matches GLOB (repeatable)")
+    group.add_argument("--strict", action="store_true",
+                       help="a file in a class folder that is not an image is an error, not "
+                            "left out")
+    group.add_argument("--check", action="store_true",
+                       help="decode every image before writing it; one that does not decode "
+                            "stops the run, naming the file")
     group.add_argument("--separator", metavar="SEP",
                        help="column separator of a list file (default: tab if the first line "
                             "has one, else comma)")
@@ -115,9 +137,11 @@ def _run_write(args: argparse.Namespace) -> int:
     from .. import sets
 
     if args.source in sets.names():
-        if args.resize or args.encode or args.separator or args.field != "image":
-            raise UsageError("--field, --separator, --resize and --encode are for files, not "
-                             f"for the well-known dataset {args.source}")
+        if (args.resize or args.encode or args.separator or args.field != "image"
+                or args.include or args.exclude or args.strict or args.check or args.append):
+            raise UsageError("--field, --separator, --resize, --encode, --include, --exclude, "
+                             "--strict, --check and --append are for files, not for the "
+                             f"well-known dataset {args.source}")
         return _write_known_set(sets.get(args.source), args)
     source = Path(args.source)
     if not source.exists() and not any(c in args.source for c in "*?[{"):
@@ -179,21 +203,52 @@ def _write_files(args: argparse.Namespace) -> int:
         raise UsageError("--from, --download, --base-url and --split are for well-known datasets")
     if len(args.separator or ",") != 1:
         raise UsageError(f"--separator must be one character; got {args.separator!r}")
-    listing = list_source(args.source, args.separator)
+    if args.append and args.overwrite:
+        raise UsageError("--append adds to OUT, -y/--overwrite replaces it: pass one of them")
+    listing = list_source(args.source, args.separator, args.include, args.exclude, args.strict)
     if listing.note and not args.quiet:
         print(f"fpipe write: note: {listing.note}", file=sys.stderr)
     entries = _ordered(listing.entries, args)
-    make = SampleMaker(args.field, {name: i for i, name in enumerate(listing.labels)},
-                       _recoder(args))
     out = Path(args.out)
-    with staged_datasets([out], args.overwrite) as (staged,):
-        _write_samples(staged, entries, make, args)
-        if listing.labels:
-            _write_labels(staged, args.source, listing)
-    say(args, f"wrote {len(entries)} samples from {listing.kind} {args.source} to {out} "
-              f"({human_bytes(out.stat().st_size)})"
-        + (f", {len(listing.labels)} labels in {out}{CLASSES_SUFFIX}" if listing.labels else ""))
+    labels = _appended_labels(out, listing) if args.append else listing.labels
+    make = SampleMaker(args.field, {name: i for i, name in enumerate(labels)}, _recoder(args),
+                       args.check)
+    if args.append:
+        _append_files(out, entries, make, listing, args)
+    else:
+        with staged_datasets([out], args.overwrite) as (staged,):
+            _write_samples(staged, entries, make, args)
+            if listing.labels:
+                _write_labels(staged, args.source, listing)
+    say(args, f"{'appended' if args.append else 'wrote'} {len(entries)} samples from "
+              f"{listing.kind} {args.source} to {out} ({human_bytes(out.stat().st_size)})"
+        + (f", {len(labels)} labels in {out}{CLASSES_SUFFIX}" if labels else ""))
     return 0
+
+
+def _appended_labels(out: Path, listing: Listing) -> list:
+    """The label names of dataset ``out``, which the appended samples must use."""
+    stored = load_classes(out)
+    if stored is None:
+        if listing.labels and out.exists():
+            raise UsageError(f"--append: {out} has no {CLASSES_SUFFIX}, so the labels "
+                             f"{', '.join(map(str, listing.labels[:3]))}... cannot be numbered "
+                             "as its samples are")
+        return listing.labels
+    names = (stored.get("classes") or {}).get("label") or []
+    unknown = [label for label in listing.labels if label not in names]
+    if unknown:
+        raise UsageError(f"--append: label(s) {', '.join(map(str, unknown[:5]))} are not among "
+                         f"the classes of {out}{CLASSES_SUFFIX}")
+    return names
+
+
+def _append_files(out: Path, entries: list[Entry], make: SampleMaker, listing: Listing,
+                  args: argparse.Namespace) -> None:
+    fresh = not out.exists()
+    _write_samples(out, entries, make, args, append=True)
+    if fresh and listing.labels:
+        _write_labels(out, args.source, listing)
 
 
 def _ordered(entries: list[Entry], args: argparse.Namespace) -> list[Entry]:
@@ -205,7 +260,7 @@ def _ordered(entries: list[Entry], args: argparse.Namespace) -> list[Entry]:
 
 
 def _write_samples(path: Path, entries: list[Entry], make: SampleMaker,
-                   args: argparse.Namespace) -> None:
+                   args: argparse.Namespace, append: bool = False) -> None:
     from ..storage import FileWriter
 
     shown = shows_progress(args)
@@ -214,11 +269,15 @@ def _write_samples(path: Path, entries: list[Entry], make: SampleMaker,
         from ..streaming import threads
 
         samples = threads(make, n_workers=args.workers)(entries)
-    with FileWriter(path, progress=shown, disable=not shown, total=len(entries),
+    with FileWriter(path, append=append, progress=shown, disable=not shown, total=len(entries),
                     desc=Path(args.out).name, unit=" samples") as writer:
         try:
             for sample in samples:
                 writer.write(sample)
+        except BaseException:
+            if append:  # a staged new dataset goes with its staging folder; this one is cut back
+                writer.abandon()
+            raise
         finally:
             getattr(samples, "close", lambda: None)()
 
@@ -233,8 +292,9 @@ class SampleMaker:
     """Turn an :class:`Entry` into the sample to write: read its file (and re-encode it),
     number its label. A plain class, so that worker threads share nothing but it."""
 
-    def __init__(self, field: str, labels: dict, recode: ImageRecoder | None) -> None:
-        self.field, self.labels, self.recode = field, labels, recode
+    def __init__(self, field: str, labels: dict, recode: ImageRecoder | None,
+                 check: bool = False) -> None:
+        self.field, self.labels, self.recode, self.check = field, labels, recode, check
 
     def __call__(self, entry: Entry) -> dict:
         if entry.sample is not None:
@@ -248,10 +308,21 @@ class SampleMaker:
             raise FpipeError(f"cannot read {entry.path}: {error.strerror or error}") from None
         if self.recode is not None:
             data = self.recode(data, entry.path)
+        if self.check:
+            _check_image(data, entry.path)
         sample = {"key": entry.key, self.field: data}
         if entry.label is not None:
             sample["label"] = self.labels[entry.label]
         return sample
+
+
+def _check_image(data: bytes, name: str) -> None:
+    from ..image import ImageDecodeError, decode_image
+
+    try:
+        decode_image(data)
+    except ImageDecodeError as error:
+        raise FpipeError(f"{name}: {error.reason} (--check)") from None
 
 
 def _recoder(args: argparse.Namespace) -> ImageRecoder | None:

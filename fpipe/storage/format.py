@@ -7,12 +7,15 @@ byte; this module reads and writes them.
 
 Samples pack the way datadings packs them: bin type for bytes, UTF-8 strings, numpy arrays
 and scalars in the msgpack-numpy layout. Tuples come back as lists, and decoded arrays are
-read-only views of the bytes they were decoded from:
+read-only views of the bytes they were decoded from, unless ``copy=True`` asks for writable
+copies (what the readers' ``get(i)`` gives by default):
 
 >>> import numpy as np
 >>> sample = unpack_sample(pack_sample({"key": "a", "xy": (1, 2), "image": np.eye(2)}))
 >>> sample["key"], sample["xy"], sample["image"].tolist(), sample["image"].flags.writeable
 ('a', [1, 2], [[1.0, 0.0], [0.0, 1.0]], False)
+>>> unpack_sample(pack_sample({"image": np.eye(2)}), copy=True)["image"].flags.writeable
+True
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from ..errors import FormatError
 __all__ = [
     "BloomFilter",
     "DatasetFiles",
+    "corrupt_reason",
     "decode_numpy",
+    "decode_numpy_copy",
     "encode_numpy",
     "hash_key",
     "hash_keys",
@@ -174,6 +179,23 @@ def decode_numpy(obj: dict) -> Any:
     return obj
 
 
+def decode_numpy_copy(obj: dict) -> Any:
+    """Like :func:`decode_numpy`, but arrays are writable copies (one copy per array).
+
+    >>> image = decode_numpy_copy(encode_numpy(np.zeros(3, np.uint8)))
+    >>> image[0] = 7
+    >>> image.tolist()
+    [7, 0, 0]
+    """
+    # the same tests as decode_numpy, not a call of it: this hook runs for every map
+    if b"nd" in obj:
+        value = _decode_numpy_value(obj)
+        return value.copy() if type(value) is np.ndarray else value
+    if b"complex" in obj and b"data" in obj:
+        return complex(_text(obj[b"data"]))
+    return obj
+
+
 def _decode_numpy_value(obj: dict) -> Any:
     if b"type" not in obj or b"data" not in obj:
         return obj
@@ -231,24 +253,48 @@ def pack_sample(sample: Any) -> bytes:
 
 
 def unpack_sample(data: Any, *, path: Any = None, index: int | None = None,
-                  offset: int | None = None) -> Any:
+                  offset: int | None = None, copy: bool = False) -> Any:
     """Decode one msgpack message; bytes that are not exactly one sample raise FormatError.
 
+    Arrays are read-only views of ``data`` unless ``copy=True`` makes them writable copies.
     ``path``, ``index`` and ``offset`` only label the error. The unpacker's size limits are
     bounded by ``len(data)``, so a corrupt length prefix cannot allocate more than that.
 
     >>> unpack_sample(b"\\x81\\xa3key\\xa1a")
     {'key': 'a'}
-    >>> unpack_sample(b"\\x81\\xa3key", path="x.msgpack", index=3, offset=99)
+    >>> unpack_sample(b"\\x81\\xa3key", path="x", index=3, offset=99)
     Traceback (most recent call last):
     ...
-    fpipe.errors.FormatError: x.msgpack: sample 3 at byte 99: corrupt sample (Unpack failed: incomplete input)
+    fpipe.errors.FormatError: x: sample 3 at byte 99: corrupt sample: Unpack failed: incomplete input; ...
     """
     try:
-        return msgpack.unpackb(data, strict_map_key=False, object_hook=decode_numpy)
+        return msgpack.unpackb(data, strict_map_key=False,
+                               object_hook=decode_numpy_copy if copy else decode_numpy)
     except DECODE_ERRORS as error:
-        raise FormatError(f"corrupt sample ({error})", path=path, index=index,
+        raise FormatError(corrupt_reason(error, data), path=path, index=index,
                           offset=offset) from error
+
+
+def corrupt_reason(error: BaseException | None, data: Any = None) -> str:
+    """Why bytes are not one sample, saying what was found there (for a FormatError).
+
+    >>> print(corrupt_reason(msgpack.ExtraData(49, b"abc"), b"1abc"))
+    corrupt sample: not one msgpack message but an int followed by 3 more bytes; its bytes begin b'1abc'
+    """
+    if isinstance(error, msgpack.ExtraData):
+        found = (f"not one msgpack message but {_article(type(error.unpacked).__name__)} "
+                 f"followed by {len(error.extra)} more bytes")
+    elif error is None:
+        found = "its message does not end at the next offset"
+    else:
+        # msgpack's own FormatError (a byte that begins no msgpack type) has no message
+        found = str(error) or f"not msgpack ({type(error).__name__})"
+    head = "" if data is None else f"; its bytes begin {bytes(data[:16])!r}"
+    return f"corrupt sample: {found}{head}"
+
+
+def _article(noun: str) -> str:
+    return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
 
 
 # --- key hashing -----------------------------------------------------------------------------
@@ -521,23 +567,45 @@ def _byte_bar(path: PathLike, progress: bool):
 def read_md5(path: PathLike) -> dict[str, str]:
     """The checksums of a dataset's ``.md5`` file, as ``{file name: md5 hex}``.
 
+    Entries are named after the dataset's files as they are called now: a dataset copied or
+    renamed file by file (``toy.msgpack*`` to ``train.msgpack*``) keeps the checksums that
+    name its old files.
+
     >>> import tempfile, os
     >>> folder = tempfile.mkdtemp()
-    >>> write_index(os.path.join(folder, "x.msgpack"), [], [0], "d41d8cd98f00b204e9800998ecf8427e")
-    >>> read_md5(os.path.join(folder, "x.msgpack"))["x.msgpack"]
+    >>> write_index(os.path.join(folder, "toy.msgpack"), [], [0], "d41d8cd98f00b204e9800998ecf8427e")
+    >>> for name in os.listdir(folder):
+    ...     os.rename(os.path.join(folder, name), os.path.join(folder, name.replace("toy", "train")))
+    >>> read_md5(os.path.join(folder, "train.msgpack"))["train.msgpack"]
     'd41d8cd98f00b204e9800998ecf8427e'
     """
-    md5 = DatasetFiles(path).md5
+    files = DatasetFiles(path)
     try:
-        text = md5.read_text(encoding="utf-8")
+        text = files.md5.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise FormatError(f"corrupt md5 file ({error})", path=md5) from error
+        raise FormatError(f"corrupt md5 file ({error})", path=files.md5) from error
     entries = {}
     for line in text.splitlines():
         # md5sum writes "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode).
         digest, _, rest = line.partition(" ")
         if rest[:1] in (" ", "*") and rest[1:]:
             entries[rest[1:]] = digest
+    return _renamed(entries, files.data.name)
+
+
+_SUFFIXES = ("", ".offsets", ".keys", ".key_hashes", ".filter", ".index")
+
+
+def _renamed(entries: dict[str, str], name: str) -> dict[str, str]:
+    """``entries`` with the files of the dataset they were written for named after data file
+    ``name``: that dataset's data file is the entry whose index files (offsets, or a legacy
+    index, at least) are the others."""
+    if name in entries:
+        return entries
+    for old in entries:
+        if ((old + ".offsets" in entries or old + ".index" in entries)
+                and all(other[len(old):] in _SUFFIXES and other.startswith(old) for other in entries)):
+            return {name + other[len(old):]: digest for other, digest in entries.items()}
     return entries
 
 

@@ -49,8 +49,10 @@ reads epoch ``e`` of a :class:`Range`, :class:`Shuffler`, :class:`QuasiShuffler`
 from __future__ import annotations
 
 import abc
+import array
 import itertools
 import math
+import random
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, NamedTuple
@@ -58,7 +60,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import check_integer
-from ..random import Seed, item_rng, seed_entropy
+from ..random import Seed, seed_entropy
 
 __all__ = ["Cycler", "QuasiShuffler", "Range", "Repeater", "Shuffler"]
 
@@ -110,10 +112,6 @@ def _random_access(source: Any) -> bool:
     if isinstance(source, _Ordering):
         return source._random_access()
     return callable(getattr(source, "get", None))
-
-
-def _index_dtype(n: int) -> type:
-    return np.int32 if n < 2 ** 31 else np.int64
 
 
 class _Progress:
@@ -493,8 +491,12 @@ class Cycler(_Ordering):
 class Shuffler(_Seeded, _Indexable):
     """A true permutation of ``reader`` per epoch, read sample by sample with ``get``.
 
-    The permutation of epoch ``e`` depends on ``(seed, e)`` alone; ``seed=None`` draws fresh
-    entropy, kept in ``seed``. The permutation lives in a numpy array (4 bytes a sample).
+    The permutation of epoch ``e`` depends on ``(seed, e)`` alone, and is datadings's: Python's
+    ``random.Random(seed + e * len(reader)).shuffle`` of the indices, so an int seed gives the
+    order datadings 3.4.7 gave, epoch after epoch. ``seed=None`` draws fresh entropy, kept in
+    ``seed`` (datadings used ``len(reader)``, the same order every run). The permutation
+    lives in a numpy array (4 bytes a sample); drawing it costs about a second per million
+    samples, once an epoch.
 
     >>> from fpipe.storage import ListReader
     >>> reader = ListReader([{"key": i} for i in range(6)])
@@ -519,8 +521,7 @@ class Shuffler(_Seeded, _Indexable):
         return self._cached(epoch, self._draw_permutation)
 
     def _draw_permutation(self, epoch: int) -> np.ndarray:
-        identity = np.arange(self._length, dtype=_index_dtype(self._length))
-        return item_rng(self.seed, epoch, 0).permutation(identity)
+        return _shuffled(_epoch_random(self.seed, epoch, self._length), self._length)
 
     def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
         get, order = _source_getter(self.reader, epoch, options), self._permutation(epoch)
@@ -548,6 +549,8 @@ class _Plan(NamedTuple):
     starts: np.ndarray
     fill: int
     chunk_size: int
+    slot_state: tuple  # the Mersenne Twister's state when the first slot is drawn
+    flush: np.ndarray  # the order in which the buffer's slots go out at the end
 
     def pieces(self, low: int, high: int) -> Iterator[tuple[int, int]]:
         """The sample ranges ``(first, stop)`` that read positions ``[low, high)`` cover, one
@@ -577,18 +580,26 @@ class QuasiShuffler(_Seeded):
 
     ``buf_size`` below 1 is a fraction of the dataset, an integer from 1 up is a number of
     samples; either way the buffer is rounded up to whole chunks of ``chunk_size`` samples.
-    Per epoch, the buffer fills with the first ``buffer_size`` samples of the chunks in
-    shuffled order; every later sample then takes the place of a random slot, whose sample
-    goes out; at the end the buffer goes out in a random order. Every sample comes out once
-    per epoch, for any length, buffer and chunk size, and at most
-    ``buffer_size + chunk_size`` samples are held at a time.
+    Per epoch, the buffer fills with the first ``buffer_size // chunk_size`` chunks in shuffled
+    order; every later sample then takes the place of a random slot, whose sample goes out;
+    at the end the buffer goes out in slot order (in a shuffled order if the whole epoch fit
+    in the buffer). Every sample comes out once per epoch, for
+    any length, buffer and chunk size, and at most ``buffer_size + chunk_size`` samples are
+    held at a time.
+
+    The random choices are datadings's: Python's ``random.Random(seed + e * len(reader))``
+    shuffles the chunks of epoch ``e`` and then picks the slots, so an int seed gives the
+    order datadings 3.4.7 gave wherever it had the same buffer (an integer ``buf_size``, or
+    the default 0.01). ``seed=None`` draws fresh entropy, kept in ``seed`` (datadings used
+    ``len(reader) * buffer_size * chunk_size``).
 
     Resuming at position ``k`` replays the epoch's random choices on indices (vectorised, no
     data read), then reads only what the buffer holds at ``k``. Fixed against datadings: a
     fraction is honoured (datadings used 1 % for any fraction), resuming on a chunk boundary
     is exact, ``iter(chunk_size=...)`` cannot drop samples (each chunk is one read of
-    ``chunk_size`` samples whatever ``iter`` is given), ``copy`` is passed on, and the
-    buffer's last contents come out shuffled rather than in slot order.
+    ``chunk_size`` samples whatever ``iter`` is given), ``copy`` is passed on, and an epoch
+    that fits in the buffer is shuffled (datadings gave its chunks in file order; there the
+    streams differ).
 
     >>> from fpipe.storage import ListReader
     >>> reader = ListReader([{"key": i} for i in range(100)])
@@ -618,10 +629,17 @@ class QuasiShuffler(_Seeded):
 
     def _draw_plan(self, epoch: int) -> _Plan:
         n, size = self._length, self.chunk_size
-        order = item_rng(self.seed, epoch, 0).permutation(-(-n // size)).astype(_index_dtype(n))
+        rand = _epoch_random(self.seed, epoch, n)
+        order = _shuffled(rand, -(-n // size))
         sizes = np.minimum(size, n - order.astype(np.int64) * size)
         starts = np.concatenate(([0], np.cumsum(sizes)))
-        return _Plan(order, starts, min(self.buffer_size, n), size)
+        # the buffer is whole chunks: shorter than buffer_size if it holds the short last one
+        fill = int(starts[min(len(order), self.buffer_size // size)])
+        state = rand.getstate()
+        # datadings let the buffer out in slot order; when nothing streamed through it, that
+        # is the file order within each chunk: no shuffle at all
+        flush = np.arange(fill) if fill < n else _shuffled(rand, fill)
+        return _Plan(order, starts, fill, size, state, flush)
 
     def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
         return itertools.islice(self._pass(epoch, start, options), stop - start)
@@ -630,14 +648,13 @@ class QuasiShuffler(_Seeded):
         plan = self._plan(epoch)
         options = options._replace(chunk_size=self.chunk_size)
         streamed = self._length - plan.fill
-        flush = item_rng(self.seed, epoch, 2).permutation(plan.fill)[max(0, start - streamed):]
-        buffer = self._load_buffer(plan, epoch, start, flush, options)
+        blocks = _slot_blocks(plan.slot_state, plan.fill) if streamed else iter(())
+        buffer, rest = self._load_buffer(plan, epoch, start, blocks, options)
         if start < streamed:
-            rng = item_rng(self.seed, epoch, 1)
-            rng.bit_generator.advance(start)
-            slots = _slot_stream(rng, plan.fill)
+            slots = itertools.chain(rest.tolist(), itertools.chain.from_iterable(
+                block.tolist() for block in blocks))
             yield from self._stream(plan, epoch, buffer, slots, start, options)
-        for slot in flush.tolist():
+        for slot in plan.flush[max(0, start - streamed):].tolist():
             sample, buffer[slot] = buffer[slot], None
             yield sample
 
@@ -652,41 +669,65 @@ class QuasiShuffler(_Seeded):
             # samples that went out again within their own chunk must not outlive it
             del samples
 
-    def _load_buffer(self, plan: _Plan, epoch: int, start: int, flush: np.ndarray,
-                     options: _Options) -> list:
+    def _load_buffer(self, plan: _Plan, epoch: int, start: int, blocks: Iterator[np.ndarray],
+                     options: _Options) -> tuple[list, np.ndarray]:
+        """The buffer at position ``start`` (slots already gone out are None), and the slot
+        choices left over from the block in which the replay stopped."""
         if start == 0:
             return [sample for first, stop in plan.pieces(0, plan.fill)
-                    for sample in _read_list(self.reader, epoch, first, stop, options)]
-        held = self._held(plan, epoch, min(start, self._length - plan.fill))
-        wanted = flush if start >= self._length - plan.fill else np.arange(plan.fill)
+                    for sample in _read_list(self.reader, epoch, first, stop, options)], _NO_SLOTS
+        streamed = self._length - plan.fill
+        held, rest = _replay(plan, blocks, min(start, streamed))
+        wanted = plan.flush[max(0, start - streamed):]
         buffer: list = [None] * plan.fill
         get = _source_getter(self.reader, epoch, options)
         for slot, index in zip(wanted.tolist(), held[wanted].tolist()):
             buffer[slot] = get(index)
-        return buffer
-
-    def _held(self, plan: _Plan, epoch: int, steps: int) -> np.ndarray:
-        """The sample index in each buffer slot after ``steps`` replacements, replayed on
-        indices: the last replacement of a slot decides what it holds."""
-        held = np.arange(plan.fill, dtype=np.int64)
-        slots = item_rng(self.seed, epoch, 1)
-        for low in range(0, steps, _BLOCK):
-            drawn = _draw_slots(slots, min(steps, low + _BLOCK) - low, plan.fill)
-            chosen, last_from_end = np.unique(drawn[::-1], return_index=True)
-            held[chosen] = plan.fill + low + len(drawn) - 1 - last_from_end
-        return plan.samples(held)
+        return buffer, rest
 
 
-def _draw_slots(rng: np.random.Generator, count: int, slots: int) -> np.ndarray:
-    # one double per step, so that a generator advanced by k draws is at step k
-    return np.minimum((rng.random(count) * slots).astype(np.intp), slots - 1)
+_NO_SLOTS = np.empty(0, dtype=np.uint64)
 
 
-def _slot_stream(rng: np.random.Generator, slots: int) -> Iterator[int]:
-    """Endless slot choices, drawn a block at a time (one numpy call per step costs more than
-    the step)."""
+def _epoch_random(seed: int, epoch: int, n: int) -> random.Random:
+    # datadings seeds each pass with seed + offset, the offset growing by n a pass
+    return random.Random(seed + epoch * n)
+
+
+def _shuffled(rand: random.Random, n: int) -> np.ndarray:
+    """``rand.shuffle`` of ``range(n)``, in a compact array (a list would take 9 times the
+    memory while it is shuffled)."""
+    order = array.array("i" if n < 2 ** 31 else "q", range(n))
+    rand.shuffle(order)
+    return np.frombuffer(order, dtype=order.typecode)
+
+
+def _slot_blocks(state: tuple, slots: int) -> Iterator[np.ndarray]:
+    """Endless ``randrange(slots)`` draws of a ``random.Random`` in ``state``, a block at a
+    time. numpy's MT19937 is the same generator: started from the same state it gives the
+    same 32-bit words, and ``randrange(m)`` keeps the top ``m.bit_length()`` bits of a word
+    when they are below ``m`` and tries the next word otherwise."""
+    words = np.random.MT19937()
+    words.state = {"bit_generator": "MT19937",
+                   "state": {"key": np.array(state[1][:-1], dtype=np.uint32), "pos": state[1][-1]}}
+    shift = np.uint64(32 - slots.bit_length())
     while True:
-        yield from _draw_slots(rng, _BLOCK, slots).tolist()
+        drawn = words.random_raw(_BLOCK) >> shift
+        yield drawn[drawn < slots]
+
+
+def _replay(plan: _Plan, blocks: Iterator[np.ndarray], steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The sample index in each buffer slot after ``steps`` replacements, replayed on indices
+    (the last replacement of a slot decides what it holds), and the slot choices left over
+    from the last block drawn."""
+    held, done, rest = np.arange(plan.fill, dtype=np.int64), 0, _NO_SLOTS
+    while done < steps:
+        drawn = next(blocks)
+        taken, rest = drawn[:steps - done], drawn[steps - done:]
+        chosen, last_from_end = np.unique(taken[::-1], return_index=True)
+        held[chosen] = plan.fill + done + len(taken) - 1 - last_from_end
+        done += len(taken)
+    return plan.samples(held), rest
 
 
 def _buffer_samples(buf_size: float, n: int) -> int:

@@ -47,6 +47,7 @@ from .format import (
     BloomFilter,
     DatasetFiles,
     PathLike,
+    corrupt_reason,
     hash_key,
     hash_keys,
     md5_file,
@@ -55,6 +56,7 @@ from .format import (
     read_md5,
 )
 from .format import decode_numpy as _decode_numpy
+from .format import decode_numpy_copy as _decode_numpy_copy
 
 __all__ = [
     "MsgpackReader",
@@ -113,7 +115,20 @@ class Reader(abc.ABC):
         """Sample ``index`` (negative counts from the end); ``(key, sample)`` with ``yield_key``.
 
         ``raw=True`` gives the packed msgpack bytes; ``copy=False`` lets a reader return raw
-        bytes as a ``memoryview`` into its buffers instead of a copy.
+        bytes as a ``memoryview`` into its buffers instead of a copy, and decoded arrays as
+        read-only views (with ``copy=True`` they are writable copies).
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.get(0), reader.get(-1, yield_key=True)
+        ({'key': 'a', 'n': 97}, ('c', {'key': 'c', 'n': 99}))
+        >>> reader.get(1, raw=True)
+        b'\\x82\\xa3key\\xa1b\\xa1nb'
         """
 
     def close(self) -> None:  # noqa: B027 (not abstract: a reader without files has none to release)
@@ -171,7 +186,18 @@ class Reader(abc.ABC):
 
     def slice(self, start: int | None, stop: int | None = None, yield_key: bool = False,
               raw: bool = False, copy: bool = True) -> Iterator:
-        """An iterator over samples ``start`` to ``stop`` (datadings's ``slice``)."""
+        """An iterator over samples ``start`` to ``stop`` (datadings's ``slice``), read at once.
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> [sample["key"] for sample in reader.slice(1)], list(reader.slice(0, 2, yield_key=True))[1]
+        (['b', 'c'], ('b', {'key': 'b', 'n': 98}))
+        """
         start, stop, _ = slice(start, stop).indices(len(self))
         return self._chunks(start, stop, yield_key, raw, copy, max(1, stop - start))
 
@@ -182,6 +208,19 @@ class Reader(abc.ABC):
 
         Without ``start`` it begins at the cursor set by :meth:`seek` (then resets the cursor).
         The output is the same for every ``chunk_size``.
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> [s["key"] for s in reader.iter(-2)], [s["key"] for s in reader.iter(0, 2, chunk_size=1)]
+        (['b', 'c'], ['a', 'b'])
+        >>> first, second = reader.iter(), reader.iter()
+        >>> next(first)["key"], next(first)["key"], next(second)["key"]
+        ('a', 'b', 'a')
         """
         chunk_size = check_integer("chunk_size", chunk_size, 1)
         if start is None:
@@ -215,7 +254,20 @@ class Reader(abc.ABC):
         self._position = self._index(index)
 
     def seek(self, index: int) -> None:
-        """Alias of :meth:`seek_index`."""
+        """Alias of :meth:`seek_index`: :meth:`next` and the next ``iter()`` without ``start``
+        begin at ``index``.
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.seek(1)
+        >>> [s["key"] for s in reader], [s["key"] for s in reader]
+        (['b', 'c'], ['a', 'b', 'c'])
+        """
         self.seek_index(index)
 
     def seek_key(self, key: Any) -> None:
@@ -223,7 +275,23 @@ class Reader(abc.ABC):
         self.seek_index(self.find_index(key))
 
     def next(self) -> Any:
-        """The sample at the cursor, advancing it (:class:`StopIteration` at the end)."""
+        """The sample at the cursor, advancing it (:class:`StopIteration` at the end).
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.seek_key("b")
+        >>> reader.next()["key"], reader.next()["key"]
+        ('b', 'c')
+        >>> reader.next()
+        Traceback (most recent call last):
+        ...
+        StopIteration
+        """
         return self._advance(raw=False)
 
     def __next__(self) -> Any:
@@ -393,8 +461,10 @@ class MsgpackReader(Reader):
     missing data file, or missing ``.offsets`` and legacy ``.index``, raises
     :class:`FileNotFoundError`. A truncated or corrupt sample raises
     :class:`~fpipe.errors.FormatError` (file, sample index, byte offset) when it is read.
-    Decoded numpy arrays are read-only. Do not modify a dataset's files while a reader has
-    them open (a mapped file that shrinks can crash the process with ``SIGBUS``).
+    Decoded numpy arrays are writable copies; with ``copy=False`` they are read-only views of
+    the decoded bytes (no copy), and writing one raises numpy's "read-only" ValueError
+    (see the FAQ). A folder raises :class:`IsADirectoryError`. Do not modify a dataset's files
+    while a reader has them open (a mapped file that shrinks can crash the process with ``SIGBUS``).
 
     >>> import os, tempfile
     >>> from fpipe.storage import FileWriter
@@ -410,6 +480,8 @@ class MsgpackReader(Reader):
     def __init__(self, path: PathLike, buffering: int = 0) -> None:
         self.path = Path(path)
         self._files = DatasetFiles(self.path)
+        if self.path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, _folder_message(self.path), str(self.path))
         if not self.path.is_file():
             raise FileNotFoundError(errno.ENOENT, "dataset data file not found", str(self.path))
         self._legacy = not self._files.offsets.exists()
@@ -523,14 +595,40 @@ class MsgpackReader(Reader):
         return self._hashes().find(key) >= 0
 
     def find_index(self, key: Any) -> int:
-        """The index of ``key`` by its salted 64-bit hash (the keys file is not loaded)."""
+        """The index of ``key`` by its salted 64-bit hash (the keys file is not loaded).
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.find_index("c")
+        2
+        >>> reader.find_index("z")
+        Traceback (most recent call last):
+        ...
+        KeyError: 'z'
+        """
         found = self._hashes().find(key) if isinstance(key, str) else -1
         if found < 0:
             raise KeyError(key)
         return found
 
     def find_key(self, index: int) -> str:
-        """The key of sample ``index`` (loads the keys into a compact table once)."""
+        """The key of sample ``index`` (loads the keys into a compact table once).
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.find_key(0), reader.find_key(-1)
+        ('a', 'c')
+        """
         return self._keys()[self._index(index)]
 
     def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
@@ -546,9 +644,9 @@ class MsgpackReader(Reader):
             sample = bytes(data) if copy else data
         else:
             try:
-                sample = _unpackb(data, strict_map_key=False, object_hook=_decode_numpy)
+                sample = _unpackb(data, strict_map_key=False, object_hook=_decoder(copy))
             except DECODE_ERRORS as error:
-                raise FormatError(f"corrupt sample ({error})", path=self.path, index=index,
+                raise FormatError(corrupt_reason(error, data), path=self.path, index=index,
                                   offset=start) from error
         if yield_key:
             return self._keys()[index], sample
@@ -597,6 +695,20 @@ class MsgpackReader(Reader):
         """Whether the data file matches its ``.md5`` entry and ends where the last sample ends.
 
         Detects truncated, corrupted and extended data files. Reads the whole file.
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.verify_data()
+        True
+        >>> with open(path, "ab") as file:
+        ...     _ = file.write(b"extra")
+        >>> reader.verify_data()
+        False
         """
         expected = read_md5(self.path).get(self.path.name)
         if expected is None:
@@ -606,7 +718,22 @@ class MsgpackReader(Reader):
         return last == os.stat(self.path).st_size and md5_file(self.path, read_size, progress) == expected
 
     def verify_index(self, read_size: int = 512 * 1024) -> bool:
-        """Whether every index file that ``.md5`` lists exists and matches its checksum."""
+        """Whether every index file that ``.md5`` lists exists and matches its checksum.
+
+        >>> import tempfile
+        >>> from fpipe.storage import FileWriter
+        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     for key in "abc":
+        ...         writer.write({"key": key, "n": ord(key)})
+        >>> reader = MsgpackReader(path)
+        >>> reader.verify_index()
+        True
+        >>> with open(path + ".keys", "r+b") as file:
+        ...     _ = file.write(b"\\x00")
+        >>> reader.verify_index()
+        False
+        """
         entries = read_md5(self.path)
         listed = [path for path in self._files.index_files + (self._files.legacy_index,)
                   if path.name in entries]
@@ -635,7 +762,8 @@ def _span_error(path: Path, index: int, start: int, stop: int, size: int) -> For
     if stop < start:
         reason = f"offsets decrease (sample ends at byte {stop})"
     else:
-        reason = f"truncated: sample ends at byte {stop} but the file has {size} bytes"
+        reason = (f"truncated: sample ends at byte {stop} but the file has {size} bytes; "
+                  f"'fpipe index {path}' keeps every complete sample and rebuilds the index")
     return FormatError(reason, path=path, index=index, offset=start)
 
 
@@ -646,8 +774,21 @@ def _split(buffer: Any, offsets: Sequence[int], first: int, raw: bool, copy: boo
     if raw:
         return _raw_samples(memoryview(buffer), offsets, first, copy, path, size)
     if len(buffer) <= _UNPACKER_MAX_MEAN * (len(offsets) - 1):
-        return _unpacked_samples(buffer, offsets, first, path, size)
-    return _decoded_samples(memoryview(buffer), offsets, first, path, size)
+        return _unpacked_samples(buffer, offsets, first, copy, path, size)
+    return _decoded_samples(memoryview(buffer), offsets, first, copy, path, size)
+
+
+def _decoder(copy: bool) -> Callable[[dict], Any]:
+    # with copy=False arrays stay read-only views of the bytes msgpack decoded (no copy)
+    return _decode_numpy_copy if copy else _decode_numpy
+
+
+def _folder_message(path: Path) -> str:
+    datasets = sorted(child.name for child in path.glob("*.msgpack"))
+    if datasets:
+        return f"a folder, not a dataset data file; it holds {', '.join(datasets[:5])}"
+    return ("a folder, not a dataset data file (X.msgpack); read a folder of files with "
+            "DirectoryReader, or pack it with 'fpipe write'")
 
 
 def _raw_samples(view: memoryview, offsets: Sequence[int], first: int, copy: bool, path: Path,
@@ -661,26 +802,27 @@ def _raw_samples(view: memoryview, offsets: Sequence[int], first: int, copy: boo
         start = stop
 
 
-def _decoded_samples(view: memoryview, offsets: Sequence[int], first: int, path: Path,
-                     size: int) -> Iterator:
+def _decoded_samples(view: memoryview, offsets: Sequence[int], first: int, copy: bool,
+                     path: Path, size: int) -> Iterator:
     base = start = offsets[0]
     for index, stop in enumerate(islice(offsets, 1, None), first):
         piece = view[start - base:stop - base]
         if len(piece) != stop - start:
             raise _span_error(path, index, start, stop, size)
         try:
-            yield _unpackb(piece, strict_map_key=False, object_hook=_decode_numpy)
+            yield _unpackb(piece, strict_map_key=False, object_hook=_decoder(copy))
         except DECODE_ERRORS as error:
-            raise FormatError(f"corrupt sample ({error})", path=path, index=index, offset=start) from error
+            raise FormatError(corrupt_reason(error, piece), path=path, index=index,
+                              offset=start) from error
         start = stop
 
 
-def _unpacked_samples(buffer: Any, offsets: Sequence[int], first: int, path: Path,
+def _unpacked_samples(buffer: Any, offsets: Sequence[int], first: int, copy: bool, path: Path,
                       size: int) -> Iterator:
     # Size limits come from the bytes at hand, so a corrupt length prefix fails at once
     # instead of allocating (or waiting for) gigabytes.
     n = len(buffer)
-    unpacker = msgpack.Unpacker(strict_map_key=False, object_hook=_decode_numpy,
+    unpacker = msgpack.Unpacker(strict_map_key=False, object_hook=_decoder(copy),
                                 max_buffer_size=max(n, 1), max_str_len=n, max_bin_len=n,
                                 max_array_len=n, max_map_len=n // 2, max_ext_len=n)
     unpacker.feed(buffer)
@@ -689,20 +831,27 @@ def _unpacked_samples(buffer: Any, offsets: Sequence[int], first: int, path: Pat
         try:
             sample = unpacker.unpack()
         except (msgpack.OutOfData, *DECODE_ERRORS) as error:
-            raise _sample_error(path, index, start, stop, base + n, size, error) from error
+            raise _sample_error(path, index, start, stop, buffer, base, size, error) from error
         if unpacker.tell() != stop - base:
-            raise _sample_error(path, index, start, stop, base + n, size, None)
+            raise _sample_error(path, index, start, stop, buffer, base, size, None)
         yield sample
         start = stop
 
 
-def _sample_error(path: Path, index: int, start: int, stop: int, available: int, size: int,
-                  error: Exception | None) -> FormatError:
-    if stop < start or stop > available:
+def _sample_error(path: Path, index: int, start: int, stop: int, buffer: Any, base: int,
+                  size: int, error: Exception | None) -> FormatError:
+    """The error for sample ``index``, whose bytes ``[start, stop)`` of the data file are in
+    ``buffer`` from byte ``base`` (or run past its end)."""
+    if stop < start or stop > base + len(buffer):
         return _span_error(path, index, start, stop, size)
-    reason = (f"corrupt sample ({error})" if error
-              else "corrupt sample (its message does not end at the next offset)")
-    return FormatError(reason, path=path, index=index, offset=start)
+    piece = memoryview(buffer)[start - base:stop - base]
+    if error is None:
+        # the Unpacker read across the offset: decoding the sample alone says what is there
+        try:
+            _unpackb(piece, strict_map_key=False)
+        except DECODE_ERRORS as alone:
+            error = alone
+    return FormatError(corrupt_reason(error, piece), path=path, index=index, offset=start)
 
 
 class ShardedReader(Reader):

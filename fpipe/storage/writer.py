@@ -12,6 +12,15 @@ A writer buffers samples and writes them in large blocks, hashing the data as it
 >>> len(os.listdir(os.path.dirname(path)))
 6
 
+``append=True`` adds samples to an existing dataset (and creates one that is not there); its
+keys must be new to the dataset:
+
+>>> with FileWriter(path, append=True) as writer:
+...     writer.write({"key": "ant", "legs": 6})
+>>> from fpipe.storage import MsgpackReader
+>>> [sample["key"] for sample in MsgpackReader(path)]
+['cat', 'bird', 'ant']
+
 A data file whose writer was killed before closing is recovered with :func:`rebuild_index`.
 """
 
@@ -21,6 +30,8 @@ import errno
 import hashlib
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import weakref
 from array import array
@@ -42,6 +53,9 @@ from .format import (
     decode_numpy,
     md5_file,
     new_packer,
+    read_keys,
+    read_md5,
+    read_offsets,
     write_index,
 )
 
@@ -68,6 +82,16 @@ class Writer:
     full disk) raises an :class:`OSError` that names the file and the number of samples it
     keeps whole; no index is written after it (``fpipe index`` makes one from the data).
 
+    ``append=True`` opens an existing dataset to add samples after its last one (a missing
+    dataset is created). It checks first that the data file matches its index and ``.md5``
+    (reading it once, to carry its MD5 on), and refuses keys the dataset already has. The
+    original files are untouched until :meth:`close`, which appends nothing more and replaces
+    the index files and ``.md5`` with complete new ones, each in one rename. A write or close
+    that fails cuts the data file back, leaving the dataset as it was; samples written before
+    an exception in the ``with`` block are kept, as with any writer. Kill the process
+    mid-append and readers still see the old dataset (``fpipe index`` takes in the
+    appended samples, ``fpipe verify`` reports the extra bytes).
+
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
     >>> RawWriter(path).close()
@@ -78,25 +102,29 @@ class Writer:
     """
 
     def __init__(self, outfile: PathLike, buffering: int = _DEFAULT_BUFFER, overwrite: bool = False,
-                 *, progress: bool = False, **tqdm_kwargs: Any) -> None:
+                 *, append: bool = False, progress: bool = False, **tqdm_kwargs: Any) -> None:
         buffering = check_integer("buffering", buffering, 0)
+        if append and overwrite:
+            raise ValueError("pass append=True or overwrite=True, not both; got both")
         self.path = Path(outfile)
         self._files = DatasetFiles(self.path)
         self._buffering = buffering
-        self._bar = _progress_bar(self.path, progress, tqdm_kwargs)
-        self._keys: dict[str, None] | _ClosedKeys = {}
+        self._base = _Base.read(self._files) if append and self.path.exists() else _Base.empty()
+        self._keys: dict[str, None] | _ClosedKeys = dict.fromkeys(self._base.keys)
         self._lengths = array("Q")
         self._chunks: list[bytes] = []
         self._pending = 0
         self._failure: OSError | None = None
-        self._sink: _Sink | None = _Sink(_create(self._files, overwrite), buffering >= _THREAD_MIN)
+        fd = _open_end(self._files) if self._base.existing else _create(self._files, overwrite)
+        self._sink: _Sink | None = _Sink(fd, buffering >= _THREAD_MIN, self._base.md5)
+        self._bar = _progress_bar(self.path, progress, tqdm_kwargs)
         # A writer dropped without close() still stops its thread and closes its file.
         self._finalizer = weakref.finalize(self, self._sink.finish)
 
     @property
     def written(self) -> int:
-        """The number of samples written so far."""
-        return len(self._keys)
+        """The number of samples written so far (by this writer, when it appends)."""
+        return len(self._keys) - len(self._base.keys)
 
     def __enter__(self) -> Writer:
         return self
@@ -138,7 +166,21 @@ class Writer:
                 raise self._failed(error) from error
 
     def close(self) -> None:
-        """Flush the data, then write the index files and ``.md5``. Closing twice is harmless."""
+        """Flush the data, then write the index files and ``.md5``. Closing twice is harmless.
+
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+        >>> writer = FileWriter(path)
+        >>> writer.write({"key": "a"})
+        >>> writer.close()
+        >>> writer.close()
+        >>> sorted(name[len("x.msgpack"):] for name in os.listdir(os.path.dirname(path)))
+        ['', '.filter', '.key_hashes', '.keys', '.md5', '.offsets']
+        >>> writer.write({"key": "b"})
+        Traceback (most recent call last):
+        ...
+        ValueError: ...x.msgpack: write to a closed writer
+        """
         if self._sink is None:
             return
         sink, keys = self._sink, list(self._keys)
@@ -153,13 +195,69 @@ class Writer:
                 raise self._failed(error) from error
         offsets = np.zeros(len(self._lengths) + 1, np.uint64)
         np.cumsum(self._lengths, out=offsets[1:])
-        write_index(self.path, keys, offsets, digest)
+        if self._base.existing:
+            self._replace_index(keys, self._base.offsets[-1] + offsets, digest)
+        else:
+            write_index(self.path, keys, offsets, digest)
         if self._bar is not None:
             self._bar.close()
+
+    def abandon(self) -> None:
+        """Close without keeping what this writer wrote: a new dataset's data file is removed,
+        an appended one is cut back to the dataset it was. Closing afterwards is harmless.
+
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+        >>> with FileWriter(path) as writer:
+        ...     writer.write({"key": "a"})
+        >>> writer = FileWriter(path, append=True)
+        >>> writer.write({"key": "b"})
+        >>> writer.abandon()
+        >>> from fpipe.storage import MsgpackReader
+        >>> [s["key"] for s in MsgpackReader(path)], MsgpackReader(path).verify_data()
+        (['a'], True)
+        """
+        if self._sink is None:
+            return
+        sink, self._sink = self._sink, None
+        self._keys = _ClosedKeys(len(self._keys), self.path)
+        self._finalizer.detach()
+        try:
+            sink.finish()
+        except OSError:
+            pass  # what failed to be written is dropped anyway
+        if self._base.existing:
+            os.truncate(self.path, int(self._base.offsets[-1]))
+        else:
+            self.path.unlink(missing_ok=True)
+        if self._bar is not None:
+            self._bar.close()
+
+    def _replace_index(self, keys: list[str], offsets: np.ndarray, digest: str) -> None:
+        """Write the index of the appended dataset beside it, then rename each file into
+        place (``.md5`` last); on failure, cut the data file back to what the old index says."""
+        folder = Path(tempfile.mkdtemp(prefix=".fpipe-", dir=self.path.parent))
+        try:
+            staged = DatasetFiles(folder / self.path.name)
+            write_index(staged.data, keys, np.concatenate((self._base.offsets, offsets[1:])),
+                        digest)
+            for new, old in zip((*staged.index_files, staged.md5),
+                                (*self._files.index_files, self._files.md5)):
+                os.replace(new, old)
+        except BaseException:
+            os.truncate(self.path, int(self._base.offsets[-1]))
+            raise
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _failed(self, error: OSError) -> OSError:
         """The error of a failed write (a full disk, say), saying what the data file keeps.
         No index is written after it: one would describe samples that are not there."""
+        if self._failure is None and self._base.existing:
+            os.truncate(self.path, int(self._base.offsets[-1]))
+            self._failure = OSError(
+                error.errno, f"{error.strerror}; the append stopped and was undone: the dataset "
+                f"holds its {len(self._base.keys)} samples as before", str(self.path))
         if self._failure is None:
             size = self.path.stat().st_size if self.path.exists() else 0
             whole = bisect_right(list(accumulate(self._lengths)), size)
@@ -168,6 +266,52 @@ class Writer:
                 f"first {whole} samples whole, without an index ('fpipe index' makes one)",
                 str(self.path))
         return self._failure
+
+
+@dataclass(frozen=True)
+class _Base:
+    """What a dataset holds before an append: its keys, offsets and data MD5 (running)."""
+
+    keys: list[str]
+    offsets: np.ndarray
+    md5: Any
+    existing: bool = True
+
+    @classmethod
+    def empty(cls) -> _Base:
+        return cls([], np.zeros(1, np.uint64), hashlib.md5(), existing=False)
+
+    @classmethod
+    def read(cls, files: DatasetFiles) -> _Base:
+        """The dataset of ``files``, checked: its index and ``.md5`` describe its data file."""
+        if not files.offsets.exists() or not files.keys.exists():
+            raise FormatError("cannot append: the dataset has no .offsets and .keys (a legacy "
+                              "or damaged index; 'fpipe index' makes them)", path=files.data)
+        offsets, keys = read_offsets(files.data), read_keys(files.data)
+        size = files.data.stat().st_size
+        if len(offsets) != len(keys) + 1 or int(offsets[-1]) != size:
+            raise FormatError(f"cannot append: the index ({len(keys)} keys, {len(offsets)} "
+                              f"offsets ending at byte {int(offsets[-1])}) does not describe the "
+                              f"data file ({size} bytes); 'fpipe verify' says more, 'fpipe "
+                              "index' rebuilds the index", path=files.data)
+        md5 = _hash(files.data)
+        expected = read_md5(files.data).get(files.data.name) if files.md5.exists() else None
+        if expected is not None and md5.hexdigest() != expected:
+            raise FormatError("cannot append: the data file does not match its .md5 entry "
+                              "('fpipe verify' says more)", path=files.data)
+        return cls(keys, offsets, md5)
+
+
+def _hash(path: Path) -> Any:
+    md5 = hashlib.md5()
+    with open(path, "rb", buffering=0) as file:
+        while block := file.read(1 << 20):
+            md5.update(block)
+    return md5
+
+
+def _open_end(files: DatasetFiles) -> int:
+    return os.open(files.data, os.O_WRONLY | os.O_APPEND | getattr(os, "O_BINARY", 0))
 
 
 def _encodable(key: str) -> bool:
@@ -200,9 +344,9 @@ class _Sink:
     the next ``put`` or at ``finish``.
     """
 
-    def __init__(self, fd: int, threaded: bool) -> None:
+    def __init__(self, fd: int, threaded: bool, md5: Any) -> None:
         self._fd: int | None = fd
-        self._md5 = hashlib.md5()
+        self._md5 = md5
         self._error: BaseException | None = None
         self._queue: queue.Queue | None = queue.Queue(maxsize=4) if threaded else None
         self._thread: threading.Thread | None = None
@@ -271,12 +415,30 @@ class FileWriter(Writer):
     """
 
     def __init__(self, outfile: PathLike, buffering: int = _DEFAULT_BUFFER, overwrite: bool = False,
-                 *, progress: bool = False, **tqdm_kwargs: Any) -> None:
-        super().__init__(outfile, buffering, overwrite, progress=progress, **tqdm_kwargs)
+                 *, append: bool = False, progress: bool = False, **tqdm_kwargs: Any) -> None:
+        super().__init__(outfile, buffering, overwrite, append=append, progress=progress,
+                         **tqdm_kwargs)
         self._packer = new_packer()
 
     def write(self, sample: dict) -> None:
-        """Pack and append one sample."""
+        """Pack and append one sample (buffered: it is on disk once the buffer fills, and
+        readable with the index written at :meth:`close`).
+
+        >>> import os, tempfile
+        >>> from fpipe.storage import MsgpackReader
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+        >>> writer = FileWriter(path)
+        >>> writer.write({"key": "a", "image": b"\\x89PNG"})
+        >>> writer.written
+        1
+        >>> writer.write({"label": 3})
+        Traceback (most recent call last):
+        ...
+        KeyError: 'samples must be dicts with a "key"; got ...'
+        >>> writer.close()
+        >>> MsgpackReader(path).get(0)
+        {'key': 'a', 'image': b'\\x89PNG'}
+        """
         try:
             key = sample["key"]
         except (KeyError, TypeError, IndexError):

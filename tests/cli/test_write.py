@@ -102,7 +102,7 @@ def test_a_failed_run_leaves_no_dataset_and_keeps_the_old_one(image_folder, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "list.csv"]
     ok("write", image_folder, out, "-q")
     before = out.read_bytes()
-    (image_folder / "b10" / "notes.txt").write_text("not an image")
+    (image_folder / "b10" / "broken.jpg").write_text("not an image")
     assert "cannot re-encode" in fails(1, "write", image_folder, out, "-y", "--resize", "4",
                                        "--workers", "2")
     assert out.read_bytes() == before and leftovers(tmp_path) == []

@@ -378,7 +378,8 @@ def test_writer_and_reader_share_a_file_without_confusion(tmp_path):
     with FileWriter(path) as writer:
         writer.write({"key": "a", "array": np.arange(3)})
     sample = MsgpackReader(path)[0]
-    assert sample["array"].tolist() == [0, 1, 2] and not sample["array"].flags.writeable
+    assert sample["array"].tolist() == [0, 1, 2] and sample["array"].flags.writeable
+    assert not MsgpackReader(path).get(0, copy=False)["array"].flags.writeable
 
 
 def test_a_corrupt_filter_or_md5_without_entry_raises_format_error(dataset):
