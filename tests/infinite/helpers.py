@@ -11,6 +11,14 @@ def slow_identity(x, seconds=0.05):
     return x
 
 
+def timed_sleep(x, seconds=0.05):
+    """``x`` with when this call started and ended (the system-wide monotonic clock, which
+    worker processes share)."""
+    start = time.monotonic()
+    time.sleep(seconds)
+    return x, start, time.monotonic()
+
+
 def square(x):
     return x * x
 
