@@ -21,9 +21,11 @@ from .sharding import *
 from .sources import *
 from .stages import *
 from .storage import *
+from .streaming import packing
+from .streaming.packing import *
 
 # Each module that adds public names is imported above and listed here.
-_PUBLIC_MODULES = (batching, errors, functional, infinite, _pool, random, sharding, sources, stages,
-                   storage)
+_PUBLIC_MODULES = (batching, errors, functional, infinite, packing, _pool, random, sharding, sources,
+                   stages, storage)
 
 __all__ = sorted({"__version__", *(name for module in _PUBLIC_MODULES for name in module.__all__)})
