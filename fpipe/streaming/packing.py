@@ -43,7 +43,7 @@ __all__ = ["batch_by_tokens", "bucket_by_length", "pack"]
 _CHUNK = 64  # input items read at a time
 _SKIP_CHUNK = 1024  # input items read at a time while a resumed stream finds its place
 _TOKENS_STREAM = 0x746F6B73  # keeps the batch-order draws apart from other seeded draws
-_STATE_KEYS = frozenset({"type", "epoch", "position", "consumed", "open", "ready"})
+_STATE_KEYS = frozenset({"type", "seed", "epoch", "position", "consumed", "open", "ready"})
 
 
 # --- the stream that all three share ----------------------------------------------------
@@ -84,10 +84,10 @@ class _Regrouped(Stream):
     grouper, and hands out the outputs; it knows which input items the outputs not handed out
     yet, and the grouper's open groups, are made of (:meth:`state_dict`)."""
 
-    def __init__(self, upstream: Stream, name: str, grouper: _Grouper, kind: str, epoch: int,
+    def __init__(self, upstream: Stream, name: str, grouper: _Grouper, place: dict,
                  start: int, resume: dict | None) -> None:
         super().__init__(upstream, name)
-        self._grouper, self._kind, self._epoch = grouper, kind, epoch
+        self._grouper, self._place = grouper, place  # place: type, seed, epoch
         self._index = start  # the input index of the next item read
         self._resume = resume
         self._made: collections.deque = collections.deque()  # (recipe, output), not pulled yet
@@ -139,9 +139,8 @@ class _Regrouped(Stream):
         opened = self._grouper.open_recipes()
         indices = [i for recipe in ready for i in self._grouper.indices(recipe)]
         indices += [i for recipe in opened for i in self._grouper.indices(recipe)]
-        return {"type": self._kind, "epoch": self._epoch,
-                "position": min(indices, default=self._index), "consumed": self._index,
-                "open": opened, "ready": ready}
+        return {**self._place, "position": min(indices, default=self._index),
+                "consumed": self._index, "open": opened, "ready": ready}
 
     def _restore(self, state: dict) -> None:
         """Move to the place ``state`` names: skip the input up to its position, keep the
@@ -175,6 +174,7 @@ class _RegroupStage(Stage):
     """What the three stages share: the streams they make, and their states."""
 
     kind = ""
+    seed: int | None = None
 
     def __init__(self) -> None:
         self._resume: dict | None = None
@@ -182,8 +182,9 @@ class _RegroupStage(Stage):
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
         resume, self._resume = self._resume, None
-        stream = _Regrouped(as_stream(iterable), repr(self), self._grouper(epoch), self.kind,
-                            epoch, start, resume)
+        place = {"type": self.kind, "seed": self.seed, "epoch": epoch}
+        stream = _Regrouped(as_stream(iterable), repr(self), self._grouper(epoch), place, start,
+                            resume)
         self._latest = weakref.ref(stream)
         return stream
 
@@ -196,23 +197,23 @@ class _RegroupStage(Stage):
         where the next application begins if none was made since :meth:`load_state_dict`."""
         stream = self._latest() if self._latest is not None else None
         if self._resume is not None or stream is None:
-            return dict(self._resume or _start_state(self.kind, self.epoch))
+            return dict(self._resume or {"type": self.kind, "seed": self.seed, "epoch": self.epoch,
+                                         "position": 0, "consumed": 0, "open": [], "ready": []})
         return stream.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next application begin where ``state`` (of a stage built the same way)
-        stood: in its epoch, with the same outputs to come. That application reads its input
-        from the start (or from item ``start``, if :meth:`apply` says the input begins
-        there), skips to the items the state names, and rebuilds what the stream held."""
+        stood: in its epoch, with its seed, with the same outputs to come. That application
+        reads its input from the start (or from item ``start``, if :meth:`apply` says the
+        input begins there), skips to the items the state names, and rebuilds what the stream
+        held."""
         self._resume = _checked_state(state, self.kind)
         self.set_epoch(state["epoch"])
+        if self.seed is not None:
+            self.seed = check_integer("state['seed']", state["seed"], 0)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_latest": None}  # a weak reference does not pickle
-
-
-def _start_state(kind: str, epoch: int) -> dict:
-    return {"type": kind, "epoch": epoch, "position": 0, "consumed": 0, "open": [], "ready": []}
 
 
 def _checked_state(state: Any, kind: str) -> dict:
@@ -479,27 +480,27 @@ class _Packer(_Grouper):
 
     def feed(self, index: int, item: Any, out: list) -> None:
         fields = self._fields(index, item)
-        size = len(fields[0])
-        if size > self.stage.length:
-            size = self._overflow(index, fields, size, out)
-        if size:
-            self._place((index, fields, 0, size), size, out)
+        begin, end = 0, len(fields[0])
+        if end > self.stage.length:
+            begin, end = self._overflow(index, fields, end, out)
+        if end > begin:
+            self._place((index, fields, begin, end), end - begin, out)
 
-    def _overflow(self, index: int, fields: tuple, size: int, out: list) -> int:
-        """Handle a sample longer than a row; the size of its part still to place."""
+    def _overflow(self, index: int, fields: tuple, size: int, out: list) -> tuple[int, int]:
+        """Handle a sample longer than a row: the span of it still to place."""
         stage = self.stage
         if stage.overflow == "raise":
             raise ValueError(f"item {index} has length {size}, more than length={stage.length} "
                              f"(overflow='raise')")
-        if stage.strategy == "concat" and stage.overflow == "split":
-            return size  # concat splits at row ends anyway
         if stage.overflow == "truncate":
-            return stage.length
+            return 0, stage.length
+        if stage.strategy == "concat":
+            return 0, size  # concat splits at the ends of rows anyway
         whole = size - size % stage.length
         for begin in range(0, whole, stage.length):
             out.append(([[index, begin, begin + stage.length]],
                         self._row([(index, fields, begin, begin + stage.length)])))
-        return size - whole
+        return whole, size
 
     def _place(self, piece: tuple, size: int, out: list) -> None:
         strategy = self.stage.strategy
