@@ -27,6 +27,7 @@ from __future__ import annotations
 import abc
 import bisect
 import collections
+import copy
 import numbers
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -76,6 +77,7 @@ class _Grouper(abc.ABC):
 
     @staticmethod
     def indices(recipe: list) -> Iterable[int]:
+        """The input indices that ``recipe`` names."""
         return recipe
 
 
@@ -139,8 +141,9 @@ class _Regrouped(Stream):
         opened = self._grouper.open_recipes()
         indices = [i for recipe in ready for i in self._grouper.indices(recipe)]
         indices += [i for recipe in opened for i in self._grouper.indices(recipe)]
-        return {**self._place, "position": min(indices, default=self._index),
-                "consumed": self._index, "open": opened, "ready": ready}
+        # a copy: the caller may change it, the recipes of the outputs to come must stay
+        return copy.deepcopy({**self._place, "position": min(indices, default=self._index),
+                              "consumed": self._index, "open": opened, "ready": ready})
 
     def _restore(self, state: dict) -> None:
         """Move to the place ``state`` names: skip the input up to its position, keep the
