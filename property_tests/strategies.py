@@ -393,3 +393,46 @@ def make_source(spec: tuple) -> tuple:
     if kind == "list":
         return list(range(args[0])), []
     return Shuffler(ListReader([{"key": i} for i in range(args[0])]), seed=args[1]), [key_of]
+
+
+# --- variable-length data: packing and token batches ----------------------------------------
+
+sequence_lengths = st.lists(st.integers(0, 40), max_size=40)
+row_lengths = st.integers(1, 24)
+pack_options = st.fixed_dictionaries({
+    "strategy": st.sampled_from(["best_fit", "first_fit", "concat"]),
+    "buffer_size": st.integers(1, 6),
+    "overflow": st.sampled_from(["split", "truncate"]),
+})
+
+
+def traced_sequences(lengths: list) -> list:
+    """Dict samples whose fields say where each token comes from: ``origin`` is the sample's
+    index and ``offset`` the token's place in it."""
+    import numpy as np
+
+    return [{"origin": np.full(n, i), "offset": np.arange(n)} for i, n in enumerate(lengths)]
+
+
+def regroup_stage(spec: tuple):
+    """A fresh variable-length stage for a spec of ``regroup_specs``."""
+    from fpipe import batch_by_tokens, bucket_by_length, pack
+
+    kind, *args = spec
+    if kind == "pack":
+        return pack(args[0], fields=["offset"], **args[1])
+    if kind == "tokens":
+        return batch_by_tokens(args[0], length=sequence_length, buffer_size=args[1], seed=args[2])
+    return bucket_by_length([5, 15], args[0], length=sequence_length, drop_last=args[1])
+
+
+def sequence_length(sample: dict) -> int:
+    return len(sample["offset"])
+
+
+regroup_specs = st.one_of(
+    st.tuples(st.just("pack"), row_lengths, pack_options),
+    st.tuples(st.just("tokens"), st.integers(1, 80), st.integers(1, 8), st.integers(0, 2**32)),
+    st.tuples(st.just("buckets"), st.lists(st.integers(1, 4), min_size=3, max_size=3),
+              st.booleans()),
+)

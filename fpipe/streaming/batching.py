@@ -219,8 +219,16 @@ def combine_to_arrays(inputs: Sequence[Sequence]) -> tuple:
     >>> images, labels = combine_to_arrays([(np.zeros((2, 2)), 0), (np.ones((2, 2)), 1)])
     >>> images.shape, labels
     ((2, 2, 2), array([0, 1]))
+
+    Dict items (the rows of :func:`fpipe.pack`, say) give a dict, as :func:`combine_dicts`.
     """
+    if _are_dicts(inputs):
+        return combine_dicts(inputs)
     return tuple(_stack(i, field) for i, field in enumerate(combine_batches(inputs)))
+
+
+def _are_dicts(inputs: Sequence) -> bool:
+    return bool(inputs) and isinstance(inputs[0], Mapping)
 
 
 def _per_field(name: str, values: Any, count: int) -> list:
@@ -243,7 +251,12 @@ def combine_pad(inputs: Sequence[Sequence], padding_values: Any = 0, ratio: Any 
     >>> masks
     array([[-1,  1,  1, -1],
            [ 2,  2,  2,  2]])
+
+    Dict items (the rows of :func:`fpipe.pack`, say) give a dict, padded key by key as in
+    :func:`combine_dicts`; then ``padding_values`` may be a dict by key.
     """
+    if _are_dicts(inputs):
+        return combine_dicts(inputs, padding_values, ratio)
     fields = combine_batches(inputs)
     values = _per_field("padding_values", padding_values, len(fields))
     return tuple(pad_batch_equal(field, value, ratio) for field, value in zip(fields, values))
