@@ -175,7 +175,9 @@ def test_the_interpreter_exits_without_close(scope):
     ended = time.monotonic()
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    assert ended - float(result.stdout) < 5.0  # time.monotonic() is system-wide on Linux
+    # a hang, not slowness: exit takes well under a second on an idle machine and seconds on
+    # a loaded one; time.monotonic() is system-wide on Linux
+    assert ended - float(result.stdout) < 30.0
 
 
 def test_the_interpreter_exits_when_the_loop_is_left_by_an_exception():
