@@ -326,9 +326,6 @@ class _Handle:
         data = os.pread(self.fd, wanted, start)
         if len(data) == wanted or not data:
             return data
-        return self._read_rest(data, start, wanted)
-
-    def _read_rest(self, data: bytes, start: int, wanted: int) -> bytes:
         parts, done = [data], len(data)  # one read returns at most about 2 GiB on Linux
         while done < wanted and (part := os.pread(self.fd, wanted - done, start + done)):
             parts.append(part)
