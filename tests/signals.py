@@ -26,15 +26,16 @@ import pytest
 WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGCHLD)
 
 
-def _default_sigint() -> None:
-    # runs in the child between fork and exec: an ignored signal would survive the exec
+def default_sigint() -> None:
+    """``preexec_fn`` for ``subprocess``: SIGINT at its default disposition in the child (it
+    runs between fork and exec; an ignored signal would survive the exec)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def start_interruptible(argv: list[str], **options: Any) -> subprocess.Popen:
     """``subprocess.Popen(argv, **options)``, with SIGINT at its default disposition in the
     child, so that a Python child installs its KeyboardInterrupt handler."""
-    return subprocess.Popen(argv, preexec_fn=_default_sigint, **options)
+    return subprocess.Popen(argv, preexec_fn=default_sigint, **options)
 
 
 def _signal_masks(pid: int) -> dict[str, int]:

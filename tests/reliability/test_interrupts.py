@@ -90,8 +90,9 @@ def interrupt(code: str, args: list[str], group: bool) -> dict:
         all_gone = time.monotonic() - sent
         stderr = victim.stderr.read()
     finally:
-        if victim.poll() is None:
-            victim.kill()
+        if victim.poll() is None:  # the check failed: end the victim and what it started
+            os.killpg(victim.pid, signal.SIGKILL)
+            victim.wait()
     return {"exit": exited, "all_gone": all_gone, "strays": [p.pid for p in alive],
             "children": len(descendants), "returncode": victim.returncode, "stderr": stderr}
 

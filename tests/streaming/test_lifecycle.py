@@ -46,11 +46,16 @@ def test_ctrl_c_during_iteration_ends_the_program():
     code = PIPELINE + "\nprint('running', flush=True)\nfor batch in stream: pass\n"
     process = start_interruptible([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "running"
-    check_interruptible(process.pid)
-    time.sleep(0.5)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=30)
+    try:
+        assert process.stdout.readline().strip() == "running"
+        check_interruptible(process.pid)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
     assert process.returncode != 0 and "KeyboardInterrupt" in stderr
 
 
