@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fpipe.storage import MsgpackReader
+from fpipe.storage import MsgpackReader, QuasiShuffler, ShardedReader, Shuffler
 
 from .changes import first
 from .files import write_dataset
@@ -86,6 +86,9 @@ def test_no_dataset_file_is_mapped_into_memory(tmp_path):
     reader = MsgpackReader(path)
     reader.get(2), reader[0:2], list(reader), reader.find_index("k1"), reader.find_key(0)
     assert "k1" in reader and reader.verify_data() and reader.verify_index()
+    sharded = ShardedReader([path, write_dataset(tmp_path / "two.msgpack", first(2))])
+    for ordering in (Shuffler(sharded, seed=0), QuasiShuffler(sharded, seed=0)):
+        assert len(list(ordering)) == 5
     maps = Path("/proc/self/maps")
     if not maps.exists():
         pytest.skip("no /proc/self/maps to list the mappings on this system")
