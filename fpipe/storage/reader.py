@@ -343,7 +343,7 @@ class _Handle:
         """If the data file changed since it was opened (another program truncated or
         rewrote it), an error that says so in place of ``error``, which the change caused."""
         now = os.fstat(self.fd)
-        if (now.st_size, now.st_mtime_ns) == (self.size, self.opened.st_mtime_ns):
+        if _identity(now) == _identity(self.opened):
             return None
         if now.st_size < self.size:
             reason = (f"the data file shrank from {self.size} to {now.st_size} bytes while the "
@@ -719,8 +719,10 @@ class MsgpackReader(Reader):
 
 
 def _identity(stat: os.stat_result) -> tuple[int, ...]:
-    """What tells a data file from another one at the same path, or from itself rewritten."""
-    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+    """What tells a data file from another one at the same path, or from itself rewritten:
+    size and modification time. (Not the inode: some FUSE file systems number a file anew
+    each time the kernel forgets it, which would be a false alarm.)"""
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _increasing_run(data: bytes) -> int:
