@@ -3,6 +3,7 @@
 import copy
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import msgpack
@@ -417,3 +418,22 @@ def test_offsets_read_into_memory_outlive_their_file(dataset):
     assert reader[0] == expected[0]  # the first get reads all offsets
     os.truncate(dataset + ".offsets", 80)
     assert list(reader.iter(20)) == expected[20:] and reader[30] == expected[30]
+
+
+def test_a_reader_reopens_its_data_file_copied_with_its_size_and_time(dataset):
+    # another inode, the same size and modification time (as a FUSE file system that numbers
+    # files anew, or cp -p, may show it): the same file to the reader, no false alarm
+    reader = MsgpackReader(dataset)
+    expected = reader[1]
+    reader.close()
+    shutil.copy2(dataset, dataset + ".copy")
+    os.replace(dataset + ".copy", dataset)
+    assert reader[1] == expected and pickle.loads(pickle.dumps(reader))[1] == expected
+
+
+def test_a_reader_refuses_a_data_file_changed_since_it_was_made(dataset):
+    reader = MsgpackReader(dataset)
+    os.utime(dataset, ns=(0, 0))
+    with pytest.raises(FormatError, match="changed since the reader was made") as raised:
+        reader.get(0)
+    assert raised.value.path == Path(dataset)
