@@ -30,7 +30,9 @@ import copy
 import functools
 import inspect
 import os
+import signal
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 from collections.abc import Iterator as _Iterator
@@ -544,7 +546,9 @@ class Infinite:
         """A Lightning callback that closes this iterator when the trainer tears down or
         fails: ``Trainer(callbacks=[batch_iter.closing_callback])``. It works with ``lightning``
         and with ``pytorch_lightning`` (whichever is imported; Lightning is imported here, not
-        with fpipe).
+        with fpipe). After a Ctrl-C, Lightning ignores SIGINT while it shuts down and leaves it
+        ignored; the callback closes the iterator, then gives SIGINT back the handler it had
+        when training began, so a program that goes on still answers Ctrl-C.
 
         >>> batch_iter = Infinite(range(4), batch_size=2, batches_per_epoch=1)
         >>> callback = batch_iter.closing_callback  # doctest: +SKIP
@@ -583,14 +587,37 @@ def _closing_callback_class(bases: tuple) -> type:
     # a subclass of each Lightning's Callback in use, so that either Trainer accepts it
     def __init__(self, batch_iter: Infinite) -> None:
         self.batch_iter = batch_iter
+        self.sigint = None
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.sigint = _sigint_handler()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self.batch_iter.close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self.batch_iter.close()
+        _restore_sigint(self.sigint)
 
-    namespace = {"__init__": __init__, "teardown": teardown, "on_exception": on_exception,
-                 "__module__": __name__, "__doc__": "Closes a batch iterator on teardown and on "
-                 "exception."}
+    namespace = {"__init__": __init__, "setup": setup, "teardown": teardown,
+                 "on_exception": on_exception, "__module__": __name__,
+                 "__doc__": "Closes a batch iterator on teardown and on exception (and then "
+                            "lets Ctrl-C through again if Lightning ignored it)."}
     return type("ClosingCallback", bases, namespace)
+
+
+def _sigint_handler() -> Any:
+    """SIGINT's handler, or None outside the main thread (where it cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.getsignal(signal.SIGINT)
+
+
+def _restore_sigint(handler: Any) -> None:
+    # On a KeyboardInterrupt, Lightning ignores SIGINT so that a second Ctrl-C cannot cut its
+    # shutdown short, then raises SystemExit, and never undoes it: a program that goes on
+    # (a notebook, a caller that catches SystemExit) would be deaf to Ctrl-C for good. The
+    # pipeline is closed by now, so SIGINT gets back the handler it had when training began.
+    ignored = _sigint_handler() is signal.SIG_IGN
+    if ignored and handler is not None and handler is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, handler)

@@ -18,9 +18,11 @@ and ``r[a:b:c]`` (a list, with Python's slice clamping, any step):
 >>> len(reader[2:8:2]), reader.get_many([7, 2]) == reader[7:1:-5]
 (3, True)
 
-:class:`MsgpackReader` is thread-safe and fork-safe: it reads with ``os.pread`` and ``mmap``,
-never seek-then-read on a shared file, and it pickles by path (the child reopens the files).
-Iterators are independent of each other.
+:class:`MsgpackReader` is thread-safe and fork-safe: it reads with ``os.pread``, never
+seek-then-read on a shared file, and it pickles by path (the child reopens the files).
+Iterators are independent of each other. It maps no file into memory, so a dataset that
+another program truncates or rewrites under it raises :class:`~fpipe.errors.FormatError`
+instead of killing the process with ``SIGBUS``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from __future__ import annotations
 import abc
 import errno
 import glob
-import mmap
 import operator
 import os
 import struct
@@ -66,11 +67,14 @@ __all__ = [
 
 _PAIR = struct.Struct(">QQ").unpack_from
 _unpackb = msgpack.unpackb
+_pread = os.pread
 # Chunks whose samples average at most this many bytes decode through one Unpacker (fewer
 # calls); bigger samples decode one by one from the buffer (no extra copy into the Unpacker).
 _UNPACKER_MAX_MEAN = 8192
 _KEY_BATCH = 1 << 16
-_COPY_BYTES = 1 << 16
+# Offsets files up to this size are read into memory for random access (8 bytes a sample);
+# bigger ones are read two offsets per get, so that no process holds a gigabyte of them.
+_RESIDENT_OFFSETS = 1 << 26
 # Sequential reads fetch offsets this many at a time, and data in blocks of about this size.
 _OFFSETS_WINDOW = 4096
 _READ_BYTES = 1 << 18
@@ -310,26 +314,31 @@ class Reader(abc.ABC):
 
 
 class _Handle:
-    """One process's open view of a dataset: the data file (``pread`` and ``mmap``) and its
-    offsets (``mmap`` for random access, ``pread`` for sequential reads; or a legacy array).
+    """One process's open view of a dataset: the data file and its offsets, both read with
+    ``os.pread`` (the offsets of a random ``get`` come from memory once read; a legacy index
+    is an array from the start).
+
+    Nothing is memory-mapped. A mapped file that another program truncates kills the process
+    with ``SIGBUS`` at the next touch of a page past its new end; a ``pread`` there comes back
+    short instead, and the reader raises :class:`~fpipe.errors.FormatError` naming the file.
 
     Readers and iterators hold a reference; the files close when the last one lets go, so
     closing a reader never pulls a file out from under a running iterator.
     """
 
-    __slots__ = ("data", "fd", "map", "offsets", "offsets_fd", "size")
+    __slots__ = ("fd", "offsets", "offsets_fd", "offsets_size", "opened", "size")
 
     def __init__(self, files: DatasetFiles, legacy_offsets: bytes | None) -> None:
         self.fd = self.offsets_fd = None
         self.fd = os.open(files.data, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        self.size = os.fstat(self.fd).st_size
-        self.map = _map(self.fd, self.size)
-        self.data = memoryview(self.map)
+        self.opened = os.fstat(self.fd)
+        self.size = self.opened.st_size
+        self.offsets = legacy_offsets
         if legacy_offsets is None:
             self.offsets_fd = os.open(files.offsets, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-            self.offsets = _map(self.offsets_fd, os.fstat(self.offsets_fd).st_size)
+            self.offsets_size = os.fstat(self.offsets_fd).st_size
         else:
-            self.offsets = legacy_offsets
+            self.offsets_size = len(legacy_offsets)
 
     def __del__(self, _close: Callable[[int], None] = os.close) -> None:
         # os.close is bound early: at interpreter exit the os module may already be gone.
@@ -337,17 +346,35 @@ class _Handle:
             if fd is not None:
                 _close(fd)
 
+    def resident_offsets(self, path: Path) -> bytes | None:
+        """All offsets, read into memory on first use (8 bytes a sample, shared with forked
+        workers); None if the offsets file is too big to hold, and then each ``get`` reads
+        its two offsets."""
+        if self.offsets is None and self.offsets_size <= _RESIDENT_OFFSETS:
+            self.offsets = self._pread_offsets(0, self.offsets_size, path)
+        return self.offsets
+
+    def offsets_between(self, start: int, stop: int, path: Path) -> tuple[int, ...]:
+        """Offsets ``start`` to ``stop`` inclusive."""
+        return struct.unpack(f">{stop - start + 1}Q", self._offset_bytes(start, stop, path))
+
     def offset_range(self, start: int, stop: int, path: Path) -> tuple[tuple[int, ...], int]:
-        """Offsets ``start`` to ``stop`` inclusive, read with ``pread`` (no mapped pages), and
-        how many of them from the first never decrease (all, unless the index is damaged)."""
-        count = stop - start + 1
-        if self.offsets_fd is None:
-            data = self.offsets[8 * start:8 * (stop + 1)]
-        else:
-            data = os.pread(self.offsets_fd, 8 * count, 8 * start)
-            if len(data) != 8 * count:
-                raise FormatError("offsets file shrank while open", path=DatasetFiles(path).offsets)
-        return struct.unpack(f">{count}Q", data), _increasing_run(data)
+        """Offsets ``start`` to ``stop`` inclusive, and how many of them from the first never
+        decrease (all, unless the index is damaged)."""
+        data = self._offset_bytes(start, stop, path)
+        return struct.unpack(f">{stop - start + 1}Q", data), _increasing_run(data)
+
+    def _offset_bytes(self, start: int, stop: int, path: Path) -> bytes:
+        if self.offsets is None:
+            return self._pread_offsets(8 * start, 8 * (stop - start + 1), path)
+        return self.offsets[8 * start:8 * (stop + 1)]
+
+    def _pread_offsets(self, start: int, size: int, path: Path) -> bytes:
+        data = os.pread(self.offsets_fd, size, start)
+        if len(data) != size:
+            raise FormatError("the offsets file shrank while the reader had it open",
+                              path=DatasetFiles(path).offsets)
+        return data
 
     def read(self, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of the data file (fewer at its end). Offsets past the end
@@ -364,9 +391,26 @@ class _Handle:
             done += len(part)
         return b"".join(parts)
 
+    def check_unchanged(self, path: Path, index: int, offset: int) -> None:
+        """Raise FormatError if the data file changed since it was opened: raw bytes are not
+        decoded, so nothing else would notice that they came from another file."""
+        changed = self.changed(FormatError("", path=path, index=index, offset=offset))
+        if changed is not None:
+            raise changed
 
-def _map(fd: int, size: int) -> mmap.mmap | bytes:
-    return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+    def changed(self, error: FormatError) -> FormatError | None:
+        """If the data file changed since it was opened (another program truncated or
+        rewrote it), an error that says so in place of ``error``, which the change caused."""
+        now = os.fstat(self.fd)
+        if _identity(now) == _identity(self.opened):
+            return None
+        if now.st_size < self.size:
+            reason = (f"the data file shrank from {self.size} to {now.st_size} bytes while the "
+                      f"reader had it open")
+        else:
+            cause = f" ({error.reason})" if error.reason else ""
+            reason = f"the data file changed while the reader had it open{cause}"
+        return FormatError(reason, path=error.path, index=error.index, offset=error.offset)
 
 
 class _KeyTable:
@@ -449,11 +493,12 @@ class _HashIndex:
 class MsgpackReader(Reader):
     """Read a packed dataset (datadings's format) by index, by key, or in order.
 
-    Opening costs a few ``stat`` calls; offsets are memory-mapped, and keys, key hashes and
-    the Bloom filter load on first use into numpy arrays (never Python lists). ``get`` reads
-    through ``mmap``; ``iter`` reads ``chunk_size`` samples per ``os.pread`` (nothing is
-    mapped, so forked workers iterating do not grow). ``buffering`` is accepted for datadings
-    code and ignored. Keys are str: ``key in reader`` is False, and ``find_index(key)`` raises
+    Opening costs a few ``stat`` calls. The first ``get`` reads the offsets into memory (8 bytes
+    a sample; an offsets file over 64 MiB stays on disk and each ``get`` reads its two), and
+    keys, key hashes and the Bloom filter load on first use into numpy arrays (never Python
+    lists). ``get`` is one ``os.pread``; ``iter`` reads ``chunk_size`` samples or more per
+    ``os.pread`` (so forked workers iterating do not grow). ``buffering`` is accepted for
+    datadings code and ignored. Keys are str: ``key in reader`` is False, and ``find_index(key)`` raises
     :class:`KeyError`, for anything else and for a str that UTF-8 cannot encode (one with a lone
     surrogate, such as a non-UTF-8 byte in a command-line argument).
 
@@ -463,8 +508,15 @@ class MsgpackReader(Reader):
     :class:`~fpipe.errors.FormatError` (file, sample index, byte offset) when it is read.
     Decoded numpy arrays are writable copies; with ``copy=False`` they are read-only views of
     the decoded bytes (no copy), and writing one raises numpy's "read-only" ValueError
-    (see the FAQ). A folder raises :class:`IsADirectoryError`. Do not modify a dataset's files
-    while a reader has them open (a mapped file that shrinks can crash the process with ``SIGBUS``).
+    (see the FAQ). A folder raises :class:`IsADirectoryError`.
+
+    No file is memory-mapped, so changing a dataset under a reader never kills the process.
+    A data file truncated or rewritten in place while open raises FormatError ("the data file
+    shrank ..." or "... changed while the reader had it open") at the first read that does not
+    fit, and at every raw read; a read that decodes cleanly from a rewritten file is not
+    caught. Files deleted and replaced leave the open reader reading the old ones, whole; a
+    reader that opens them anew (after :meth:`close`, or unpickled in a worker) raises
+    FormatError, since ``len`` and the keys describe the old dataset.
 
     >>> import os, tempfile
     >>> from fpipe.storage import FileWriter
@@ -484,6 +536,7 @@ class MsgpackReader(Reader):
             raise IsADirectoryError(errno.EISDIR, _folder_message(self.path), str(self.path))
         if not self.path.is_file():
             raise FileNotFoundError(errno.ENOENT, "dataset data file not found", str(self.path))
+        self._identity = _identity(os.stat(self.path))
         self._legacy = not self._files.offsets.exists()
         self._len = self._legacy_length() if self._legacy else self._offsets_length()
         self._reset()
@@ -514,7 +567,8 @@ class MsgpackReader(Reader):
                 raise FormatError(f"corrupt legacy index ({error})", path=index) from error
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "_files": self._files, "_legacy": self._legacy, "_len": self._len}
+        return {"path": self.path, "_files": self._files, "_legacy": self._legacy, "_len": self._len,
+                "_identity": self._identity}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -532,7 +586,17 @@ class MsgpackReader(Reader):
 
     def _open(self) -> _Handle:
         legacy = self._legacy_tables()[1] if self._legacy else None
-        handle = self._handle = _Handle(self._files, legacy)
+        handle = _Handle(self._files, legacy)
+        # what len() and the keys describe must be what the handle reads: a dataset replaced
+        # or rewritten since this reader was made (or pickled) is another dataset
+        if _identity(handle.opened) != self._identity:
+            raise FormatError("the data file changed since the reader was made (it was replaced "
+                              "or rewritten); make a new reader", path=self.path)
+        if handle.offsets_size != 8 * (self._len + 1) and not self._legacy:
+            raise FormatError(f"the offsets file changed since the reader was made ({self._len} "
+                              f"samples then, {handle.offsets_size} bytes now); make a new reader",
+                              path=self._files.offsets)
+        self._handle = handle
         return handle
 
     def _legacy_tables(self) -> tuple[_KeyTable, bytes]:
@@ -635,26 +699,40 @@ class MsgpackReader(Reader):
         handle = self._handle or self._open()
         if type(index) is not int or not 0 <= index < self._len:
             index = self._index(index)
-        start, stop = _PAIR(handle.offsets, index << 3)
-        # Small samples are cheaper to copy out of the map than to wrap; big ones are not.
-        data = handle.map[start:stop] if stop - start <= _COPY_BYTES else handle.data[start:stop]
+        offsets = handle.offsets or handle.resident_offsets(self.path)
+        start, stop = (_PAIR(offsets, index << 3) if offsets is not None
+                       else handle.offsets_between(index, index + 1, self.path))
         if not start <= stop <= handle.size:
             raise _span_error(self.path, index, start, stop, handle.size)
-        if raw:
-            sample = bytes(data) if copy else data
-        else:
+        data = _pread(handle.fd, stop - start, start)
+        if raw or len(data) != stop - start:
+            data = self._whole(handle, data, index, start, stop)
+        if not raw:
             try:
-                sample = _unpackb(data, strict_map_key=False, object_hook=_decoder(copy))
+                data = _unpackb(data, strict_map_key=False, object_hook=_decoder(copy))
             except DECODE_ERRORS as error:
-                raise FormatError(corrupt_reason(error, data), path=self.path, index=index,
-                                  offset=start) from error
+                corrupt = FormatError(corrupt_reason(error, data), path=self.path, index=index,
+                                      offset=start)
+                raise handle.changed(corrupt) or corrupt from error
+        sample = memoryview(data) if raw and not copy else data
         if yield_key:
             return self._keys()[index], sample
         return sample
 
+    def _whole(self, handle: _Handle, data: bytes, index: int, start: int, stop: int) -> bytes:
+        """``data`` (sample ``index``, from byte ``start``) completed to ``stop``, from a file
+        that has not changed since it was opened; FormatError otherwise."""
+        if len(data) != stop - start:
+            data = handle.read(start, stop)  # one pread returns at most about 2 GiB
+        if len(data) != stop - start:
+            short = _span_error(self.path, index, start, stop, start + len(data))
+            raise handle.changed(short) or short
+        handle.check_unchanged(self.path, index, start)
+        return data
+
     def get_slice(self, start: int | None, stop: int | None, yield_key: bool = False,
                   raw: bool = False, copy: bool = True) -> list:
-        """Samples ``start`` to ``stop`` as a list, cut from one mapped byte range.
+        """Samples ``start`` to ``stop`` as a list, cut from one read.
 
         The building block for chunked orderings: one contiguous read, then per-sample
         decoding (or raw per-sample ``bytes``/``memoryview`` with ``raw=True``).
@@ -663,12 +741,21 @@ class MsgpackReader(Reader):
         if start >= stop:
             return []
         handle = self._handle or self._open()
-        offsets = struct.unpack_from(f">{stop - start + 1}Q", handle.offsets, 8 * start)
+        handle.resident_offsets(self.path)
+        offsets = handle.offsets_between(start, stop, self.path)
         # the largest offset, not the last: a damaged index may decrease, and then the error
         # names the sample where it does, not one whose bytes were left unread
-        buffer = handle.data[offsets[0]:max(offsets)]
-        samples = _split(buffer, offsets, start, raw, copy, self.path, handle.size)
-        return list(zip(self._keys().keys(start, stop), samples) if yield_key else samples)
+        buffer = handle.read(offsets[0], max(offsets))
+        if raw:
+            handle.check_unchanged(self.path, start, offsets[0])
+        try:
+            samples = list(_split(buffer, offsets, start, raw, copy, self.path, handle.size))
+        except FormatError as error:
+            changed = handle.changed(error)
+            if changed is None:
+                raise
+            raise changed from error
+        return list(zip(self._keys().keys(start, stop), samples)) if yield_key else samples
 
     def _chunks(self, start: int, stop: int, yield_key: bool, raw: bool, copy: bool,
                 chunk_size: int) -> Iterator:
@@ -680,12 +767,21 @@ class MsgpackReader(Reader):
             # blocks span increasing offsets only: the samples before a decrease are read,
             # then the sample that ends before it starts raises
             for a, b in _reads(offsets[:increasing], chunk_size):
-                samples = _split(handle.read(offsets[a], offsets[b]), offsets[a:b + 1], first + a,
-                                 raw, copy, self.path, handle.size)
-                if table is None:
-                    yield from samples
-                else:
-                    yield from zip(table.keys(first + a, first + b), samples)
+                block = handle.read(offsets[a], offsets[b])
+                if raw:
+                    handle.check_unchanged(self.path, first + a, offsets[a])
+                samples = _split(block, offsets[a:b + 1], first + a, raw, copy, self.path,
+                                 handle.size)
+                try:
+                    if table is None:
+                        yield from samples
+                    else:
+                        yield from zip(table.keys(first + a, first + b), samples)
+                except FormatError as error:
+                    changed = handle.changed(error)
+                    if changed is None:
+                        raise
+                    raise changed from error
             if increasing < len(offsets):
                 last = increasing - 1
                 raise _span_error(self.path, first + last, offsets[last], offsets[increasing],
@@ -714,7 +810,7 @@ class MsgpackReader(Reader):
         if expected is None:
             raise FormatError(f"the md5 file has no entry for {self.path.name}", path=self._files.md5)
         handle = self._handle or self._open()
-        last = _PAIR(handle.offsets, 8 * self._len - 8)[1] if self._len else 0
+        last = handle.offsets_between(self._len, self._len, self.path)[0]
         return last == os.stat(self.path).st_size and md5_file(self.path, read_size, progress) == expected
 
     def verify_index(self, read_size: int = 512 * 1024) -> bool:
@@ -738,6 +834,13 @@ class MsgpackReader(Reader):
         listed = [path for path in self._files.index_files + (self._files.legacy_index,)
                   if path.name in entries]
         return all(path.exists() and md5_file(path, read_size) == entries[path.name] for path in listed)
+
+
+def _identity(stat: os.stat_result) -> tuple[int, ...]:
+    """What tells a data file from another one at the same path, or from itself rewritten:
+    size and modification time. (Not the inode: some FUSE file systems number a file anew
+    each time the kernel forgets it, which would be a false alarm.)"""
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _increasing_run(data: bytes) -> int:

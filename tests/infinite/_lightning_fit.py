@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import signal
 import sys
 import threading
 
@@ -32,10 +33,14 @@ def fpipe_threads() -> list:
 
 def model_class(pl, torch) -> type:
     class Tiny(pl.LightningModule):
-        def __init__(self, fail_at=None):
+        def __init__(self, fail_at=None, interrupt_setup=False):
             super().__init__()
             self.layer = torch.nn.Linear(4, 1)
-            self.fail_at, self.seen = fail_at, []
+            self.fail_at, self.interrupt_setup, self.seen = fail_at, interrupt_setup, []
+
+        def setup(self, stage):
+            if self.interrupt_setup:  # a Ctrl-C while setup downloads the data, say
+                raise KeyboardInterrupt
 
         def training_step(self, batch, batch_idx):
             if self.global_step == self.fail_at:
@@ -62,11 +67,21 @@ def fit(pl, model, closing: bool = True) -> dict:
         trainer.fit(model, train_dataloaders=batch_iter)
     except RuntimeError as caught:
         error = str(caught)
+    except SystemExit as caught:  # how Lightning ends a fit that a KeyboardInterrupt stopped
+        error = f"SystemExit({caught.code})"
     report = {"steps": trainer.global_step, "epochs": trainer.current_epoch, "seen": model.seen,
               "error": error, "threads_after": fpipe_threads(),
-              "is_callback": isinstance(callback, pl.Callback)}
+              "is_callback": isinstance(callback, pl.Callback), "sigint": sigint_handler()}
     batch_iter.close()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as the next fit expects it
     return report
+
+
+def sigint_handler() -> str:
+    handler = signal.getsignal(signal.SIGINT)
+    names = {signal.SIG_IGN: "SIG_IGN", signal.SIG_DFL: "SIG_DFL",
+             signal.default_int_handler: "default_int_handler"}
+    return names.get(handler, repr(handler))
 
 
 def both_packages(package: str, pl) -> bool:
@@ -84,6 +99,8 @@ def main(package: str) -> None:
     tiny = model_class(pl, torch)
     report = {"fit": fit(pl, tiny()), "failed": fit(pl, tiny(fail_at=3)),
               "without_callback": fit(pl, tiny(), closing=False),
+              "interrupted": fit(pl, tiny(interrupt_setup=True)),
+              "interrupted_without_callback": fit(pl, tiny(interrupt_setup=True), closing=False),
               "both": both_packages(package, pl)}
     print(json.dumps(report))
 

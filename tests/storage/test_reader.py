@@ -3,6 +3,8 @@
 import copy
 import os
 import pickle
+import shutil
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -163,13 +165,23 @@ def test_seek_and_next_keep_datadings_cursor_semantics(dataset, samples):
         reader.seek(50)
 
 
-def test_large_samples_take_the_zero_copy_paths(tmp_path):
-    samples = make_samples(20, size=reader_module._COPY_BYTES + 10)
+def test_large_samples(tmp_path):
+    samples = make_samples(20, size=70_000)
     path = write(tmp_path / "big.msgpack", samples)
     reader = MsgpackReader(path)
     assert reader[7] == samples[7] and reader[3:9] == samples[3:9]
     assert list(reader.iter(chunk_size=3)) == samples
     assert isinstance(reader.get(2, raw=True, copy=False), memoryview)
+    assert reader.get(2, raw=True, copy=False) == pack_sample(samples[2])
+
+
+def test_an_offsets_file_too_big_to_hold_is_read_two_offsets_per_get(tmp_path, monkeypatch):
+    samples = make_samples(30, size=50)
+    reader = MsgpackReader(write(tmp_path / "x.msgpack", samples))
+    monkeypatch.setattr(reader_module, "_RESIDENT_OFFSETS", 8 * 30)  # 31 offsets do not fit
+    assert reader[29] == samples[29] and reader[-30] == samples[0]
+    assert reader[4:9] == samples[4:9] and list(reader.iter(chunk_size=7)) == samples
+    assert reader._handle.offsets is None and reader.verify_data()
 
 
 def test_many_samples_cross_offset_windows_and_read_blocks(tmp_path):
@@ -393,7 +405,37 @@ def test_a_corrupt_filter_or_md5_without_entry_raises_format_error(dataset):
 
 def test_an_offsets_file_that_shrinks_while_open_raises_format_error(dataset):
     reader = MsgpackReader(dataset)
-    assert reader[0] is not None  # opens the files with 51 offsets
+    assert next(reader.iter(0, 1)) is not None  # opens the files with 51 offsets, reads two
     os.truncate(dataset + ".offsets", 80)
-    with pytest.raises(FormatError, match="shrank"):
+    with pytest.raises(FormatError, match="shrank") as raised:
         list(reader.iter(20))
+    assert raised.value.path == Path(dataset + ".offsets")
+    with pytest.raises(FormatError, match="shrank"):
+        reader.get(30)
+
+
+def test_offsets_read_into_memory_outlive_their_file(dataset):
+    reader = MsgpackReader(dataset)
+    expected = list(reader)
+    assert reader[0] == expected[0]  # the first get reads all offsets
+    os.truncate(dataset + ".offsets", 80)
+    assert list(reader.iter(20)) == expected[20:] and reader[30] == expected[30]
+
+
+def test_a_reader_reopens_its_data_file_copied_with_its_size_and_time(dataset):
+    # another inode, the same size and modification time (as a FUSE file system that numbers
+    # files anew, or cp -p, may show it): the same file to the reader, no false alarm
+    reader = MsgpackReader(dataset)
+    expected = reader[1]
+    reader.close()
+    shutil.copy2(dataset, dataset + ".copy")
+    os.replace(dataset + ".copy", dataset)
+    assert reader[1] == expected and pickle.loads(pickle.dumps(reader))[1] == expected
+
+
+def test_a_reader_refuses_a_data_file_changed_since_it_was_made(dataset):
+    reader = MsgpackReader(dataset)
+    os.utime(dataset, ns=(0, 0))
+    with pytest.raises(FormatError, match="changed since the reader was made") as raised:
+        reader.get(0)
+    assert raised.value.path == Path(dataset)

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from ..signals import check_interruptible, start_interruptible
+
 PIPELINE = """
 import itertools, sys, time
 from toolz import pipe
@@ -42,12 +44,18 @@ def test_a_script_that_forgets_to_close_exits(scope):
 
 def test_ctrl_c_during_iteration_ends_the_program():
     code = PIPELINE + "\nprint('running', flush=True)\nfor batch in stream: pass\n"
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "running"
-    time.sleep(0.5)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=30)
+    process = start_interruptible([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "running"
+        check_interruptible(process.pid)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
     assert process.returncode != 0 and "KeyboardInterrupt" in stderr
 
 
