@@ -216,13 +216,15 @@ class _Retrying:
     def __init__(self, url: str, options: dict, timeout: float, retries: int) -> None:
         self.url, self.options, self.timeout, self.retries = url, options, timeout, retries
         self._fetcher: Any = None
+        self._pid = -1
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fetcher": None}
+        return {**self.__dict__, "_fetcher": None, "_pid": -1}
 
     def _target(self) -> Any:
-        if self._fetcher is None:
-            self._fetcher = _fetcher(self.url, self.options, self.timeout)
+        # a forked worker makes its own: fsspec's event loop thread stays in the parent
+        if self._pid != os.getpid():
+            self._fetcher, self._pid = _fetcher(self.url, self.options, self.timeout), os.getpid()
         return self._fetcher
 
     def stat(self) -> tuple[int, str]:
@@ -252,39 +254,24 @@ class _Retrying:
 
 # --- the shared cache ------------------------------------------------------------------------
 
-_PROCESS_LOCK = threading.Lock()  # fcntl locks do not exclude the threads of one process
-os.register_at_fork(after_in_child=lambda: globals().update(_PROCESS_LOCK=threading.Lock()))
-
-
 class _FileLock:
-    """Exclusive locks on single bytes of one lock file (``lockf``), per block or for the
-    whole cache. The descriptor stays open for the life of the process: closing any
-    descriptor of a file drops every ``lockf`` lock the process holds on it."""
+    """An exclusive ``flock`` on a lock file, taken through a descriptor of its own: it excludes
+    other processes and the other threads of this one alike (``lockf`` locks belong to the
+    process, so its threads would share them, and its deadlock check misfires with threads)."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self._fd, self._pid = path, -1, -1
-
-    def __getstate__(self) -> dict:
-        return {"path": self.path, "_fd": -1, "_pid": -1}
-
-    def _descriptor(self) -> int:
-        if self._pid != os.getpid():
-            self._fd, self._pid = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666), os.getpid()
-        return self._fd
-
-    def hold(self, byte: int) -> _Held:
-        return _Held(self._descriptor(), byte)
-
-
-class _Held:
-    def __init__(self, fd: int, byte: int) -> None:
-        self.fd, self.byte = fd, byte
+        self.path, self._fd = path, -1
 
     def __enter__(self) -> None:
-        fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, self.byte)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(self._fd)
+            raise
 
     def __exit__(self, *exc_info: object) -> None:
-        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, self.byte)
+        os.close(self._fd)  # closing the descriptor releases the lock
 
 
 class _Budget:
@@ -298,11 +285,10 @@ class _Budget:
     def __init__(self, root: Path, limit: int) -> None:
         self.root, self.limit = root, limit
         root.mkdir(parents=True, exist_ok=True)
-        self._lock = _FileLock(root / ".lock")
 
     def admit(self, size: int) -> None:
         usage_file = self.root / ".usage"
-        with _PROCESS_LOCK, self._lock.hold(0):
+        with _FileLock(self.root / ".lock"):
             try:
                 usage = int(usage_file.read_text() or 0)
             except (FileNotFoundError, ValueError):
@@ -373,7 +359,6 @@ class RemoteDataset:
         self.folder = root / identity
         self.path = self.folder / name
         (self.folder / "blocks").mkdir(parents=True, exist_ok=True)
-        self.block_lock = _FileLock(self.folder / "blocks" / ".lock")
         self._fetch_index()
 
     def __repr__(self) -> str:
@@ -387,7 +372,7 @@ class RemoteDataset:
         complete = self.folder / ".complete"
         if complete.exists():
             return
-        with _PROCESS_LOCK, _FileLock(self.folder / ".index.lock").hold(0):
+        with _FileLock(self.folder / ".index.lock"):
             if complete.exists():
                 return
             for attempt in range(2):  # a mismatch is fetched once more before it is an error
@@ -645,7 +630,7 @@ class _RemoteHandle:
         path = self.dataset.folder / "blocks" / str(number)
         block = _open_cached(path, span)
         if block is None:
-            with self.dataset.block_lock.hold(number):
+            with _FileLock(path.with_name(f".{number}.lock")):
                 block = _open_cached(path, span) or self._download(path, span)
         return block
 

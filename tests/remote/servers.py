@@ -211,8 +211,8 @@ class SeaweedS3:
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
-            try:
-                self.process.wait(30)
+            try:  # a graceful stop waits for idle client connections: not for long
+                self.process.wait(5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(30)

@@ -238,3 +238,16 @@ def test_prefetch_ignores_indices_out_of_range(http, cache):
     remote.prefetch(np.array([-5, N + 3]))
     remote.prefetch([])
     assert remote.get(0) == sample(0)
+
+
+def test_dataloader_workers_share_the_cache_and_fetch_each_block_once(http, cache):
+    from torch.utils.data import DataLoader
+
+    from fpipe.torch import Dataset
+
+    dataset = Dataset(reader(http, cache))
+    after_index = http.faults.ranged_gets
+    keys = [k for batch in DataLoader(dataset, batch_size=50, num_workers=2, shuffle=True)
+            for k in batch["key"]]
+    assert sorted(keys) == [sample(i)["key"] for i in range(N)]
+    assert http.faults.ranged_gets - after_index == len(block_files(cache))
