@@ -24,6 +24,7 @@ fsspec, which is imported only here and only when such a URL is opened.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import fcntl
 import hashlib
 import http.client
@@ -31,12 +32,15 @@ import mmap
 import os
 import random
 import re
+import shutil
 import struct
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 import zlib
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
@@ -48,7 +52,7 @@ import numpy as np
 from ..errors import FormatError, FpipeError, check_integer
 from .format import read_md5
 
-__all__ = ["RemoteError", "default_cache_dir", "glob_urls", "is_url"]
+__all__ = ["RemoteError", "SIBLINGS", "Upload", "default_cache_dir", "glob_urls", "is_url"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _PAIR = struct.Struct(">QQ").unpack_from
@@ -779,3 +783,98 @@ def glob_urls(pattern: str, storage_options: dict | None = None) -> list[str]:
     sibling = re.compile(r"\.(offsets|keys|key_hashes|filter|md5|index)$")
     found = [path for path in fs.glob(pattern) if not sibling.search(path)]
     return sorted(fs.unstrip_protocol(path) for path in found)
+
+
+# --- writing to a URL ------------------------------------------------------------------------
+
+# Every file a dataset may have besides its data file, in upload order: ``.offsets`` goes
+# last, because a reader needs it to open the dataset, so the dataset appears only when whole.
+SIBLINGS = (".keys", ".key_hashes", ".filter", ".classes.json", ".md5", ".offsets")
+_UPLOAD_TRIES = 3
+
+
+class Upload:
+    """A dataset bound for ``url``: written locally in a staging folder (``path`` is its data
+    file there), then uploaded file by file by :meth:`commit`.
+
+    The data and index files go first and ``.offsets`` last; a reader needs ``.offsets`` to open
+    a dataset, and an overwritten dataset loses its old ``.offsets`` before anything else
+    changes, so the name never holds a dataset made of two writes. If an upload fails, the files
+    already sent are deleted again. The staging folder (in the system's temporary folder, see
+    :func:`tempfile.gettempdir`) is removed either way.
+
+    >>> Upload("https://example.org/x.msgpack")
+    Traceback (most recent call last):
+    ...
+    ValueError: fpipe writes to object storage (s3://, gs://, ...), not to http(s) URLs; got 'https://example.org/x.msgpack'
+    """
+
+    def __init__(self, url: str, storage_options: dict | None = None, overwrite: bool = False) -> None:
+        if url.split("://", 1)[0].lower() in ("http", "https"):
+            raise ValueError("fpipe writes to object storage (s3://, gs://, ...), not to http(s) "
+                             f"URLs; got {url!r}")
+        import fsspec.core
+
+        name = _basename(url)
+        self.url = url
+        self.fs, self._remote = fsspec.core.url_to_fs(url, **_check_options(storage_options))
+        existing = [suffix for suffix in ("", *SIBLINGS) if self.fs.exists(self._remote + suffix)]
+        if existing and not overwrite:
+            raise FileExistsError(17, "dataset exists (pass overwrite=True to replace it)",
+                                  url + existing[0])
+        self.folder = Path(tempfile.mkdtemp(prefix="fpipe-upload-"))
+        self.path = self.folder / name
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, True)
+
+    def commit(self, progress: bool = False) -> None:
+        """Upload the staged files (``.offsets`` last), then remove the staging folder."""
+        try:
+            local = [("", self.path)] + [(s, self.path.with_name(self.path.name + s))
+                                          for s in SIBLINGS]
+            local = [(suffix, path) for suffix, path in local if path.exists()]
+            self._retry(self._remove, ".offsets")
+            self._upload(local, progress)
+            for suffix in sorted(set(SIBLINGS) - {suffix for suffix, _ in local}):
+                self._retry(self._remove, suffix)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Remove the staging folder; nothing is uploaded."""
+        self._cleanup()
+
+    def _upload(self, local: list[tuple[str, Path]], progress: bool) -> None:
+        from tqdm import tqdm
+
+        sent = []
+        total = sum(path.stat().st_size for _, path in local)
+        with tqdm(total=total, unit="B", unit_scale=True, disable=not progress,
+                  desc=_basename(self.url)) as bar:
+            try:
+                for suffix, path in local:
+                    self._retry(self.fs.put_file, str(path), self._remote + suffix)
+                    sent.append(suffix)
+                    bar.update(path.stat().st_size)
+            except BaseException:
+                for suffix in reversed(sent):  # best effort: without .offsets it is no dataset
+                    with contextlib.suppress(Exception):
+                        self.fs.rm(self._remote + suffix)
+                raise
+
+    def _remove(self, suffix: str) -> None:
+        """Delete the dataset's file ``suffix`` at the URL, if it is there."""
+        if self.fs.exists(self._remote + suffix):
+            self.fs.rm(self._remote + suffix)
+
+    def _retry(self, call: Callable[..., Any], *args: Any) -> Any:
+        for tried in range(_UPLOAD_TRIES):
+            try:
+                return call(*args)
+            except (FileNotFoundError, PermissionError):
+                raise
+            except Exception as error:  # botocore and aiohttp errors differ by backend
+                if tried + 1 == _UPLOAD_TRIES:
+                    raise RemoteError(self.url, None, None, f"upload failed after {tried + 1} "
+                                      f"attempts; last: {type(error).__name__}: {error}") from error
+                time.sleep(_BACKOFF * 4 ** tried)
+        raise AssertionError("unreachable")
