@@ -511,6 +511,11 @@ class MsgpackReader(Reader):
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def url(self) -> str | None:
+        """The URL the reader reads, or None for a local file (then ``path`` is the file)."""
+        return self._remote.url if self._remote is not None else None
+
     def close(self) -> None:
         """Let go of the open files (running iterators keep theirs); reopened when needed."""
         self._handle = None

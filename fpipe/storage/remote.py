@@ -52,7 +52,8 @@ import numpy as np
 from ..errors import FormatError, FpipeError, check_integer
 from .format import read_md5
 
-__all__ = ["RemoteError", "SIBLINGS", "Upload", "default_cache_dir", "glob_urls", "is_url"]
+__all__ = ["RemoteError", "SIBLINGS", "Upload", "default_cache_dir", "download_dataset", "glob_urls",
+           "is_url"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _PAIR = struct.Struct(">QQ").unpack_from
@@ -826,11 +827,12 @@ class Upload:
         self.path = self.folder / name
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, True)
 
-    def commit(self, progress: bool = False) -> None:
-        """Upload the staged files (``.offsets`` last), then remove the staging folder."""
+    def commit(self, progress: bool = False, source: Path | None = None) -> None:
+        """Upload the staged files (or the dataset whose data file is ``source``), ``.offsets``
+        last, then remove the staging folder."""
+        data = self.path if source is None else Path(source)
         try:
-            local = [("", self.path)] + [(s, self.path.with_name(self.path.name + s))
-                                          for s in SIBLINGS]
+            local = [("", data)] + [(s, data.with_name(data.name + s)) for s in SIBLINGS]
             local = [(suffix, path) for suffix, path in local if path.exists()]
             self._retry(self._remove, ".offsets")
             self._upload(local, progress)
@@ -878,3 +880,42 @@ class Upload:
                                       f"attempts; last: {type(error).__name__}: {error}") from error
                 time.sleep(_BACKOFF * 4 ** tried)
         raise AssertionError("unreachable")
+
+
+def download_dataset(url: str, path: Path, storage_options: dict | None = None,
+                     progress: bool = False) -> list[Path]:
+    """Fetch every file of the dataset at ``url`` to data file ``path`` and its siblings (with
+    retries, in ranges of 8 MiB); the files written. ``.offsets`` must be there: without it
+    the URL holds no whole dataset.
+    """
+    from tqdm import tqdm
+
+    options = _check_options(storage_options)
+    sources = [(suffix, _Retrying(url + suffix, options, DEFAULT_TIMEOUT, DEFAULT_RETRIES))
+               for suffix in ("", *SIBLINGS)]
+    sizes = {}
+    for suffix, source in sources:
+        try:
+            sizes[suffix] = source.stat()[0]
+        except FileNotFoundError:
+            if suffix in ("", ".offsets"):
+                raise FileNotFoundError(2, "no dataset at the URL (need the data file and "
+                                        ".offsets)", url + suffix) from None
+    written = []
+    with tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, disable=not progress,
+              desc=_basename(url)) as bar:
+        for suffix, source in sources:
+            if suffix in sizes:
+                target = path.with_name(path.name + suffix)
+                _fetch_file(source, sizes[suffix], target, bar)
+                written.append(target)
+    return written
+
+
+def _fetch_file(source: _Retrying, size: int, target: Path, bar: Any) -> None:
+    step = 8 << 20
+    with open(target, "wb") as file:
+        for start in range(0, size, step):
+            block = source.read(start, min(size, start + step))
+            file.write(block)
+            bar.update(len(block))
