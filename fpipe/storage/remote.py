@@ -146,6 +146,14 @@ class _HttpFetcher:
                 raise _Transient(f"Content-Range {answered!r} does not match bytes {start}-{stop - 1}")
             return _read_all(response, stop - start, self.timeout)
 
+    def read_whole(self) -> bytes:
+        response = self._open({})
+        with response:
+            size = response.headers.get("Content-Length")
+            if response.status != 200 or size is None:
+                raise _Transient(f"HTTP {response.status} without a Content-Length")
+            return _read_all(response, int(size), self.timeout)
+
     def _open(self, headers: dict, method: str = "GET") -> Any:
         request = urllib.request.Request(self.url, headers={**self.headers, **headers}, method=method)
         try:
@@ -195,6 +203,9 @@ class _FsspecFetcher:
     def read(self, start: int, stop: int) -> bytes:
         return self._call("cat_file", self.path, start=start, end=stop)
 
+    def read_whole(self) -> bytes:
+        return self._call("cat_file", self.path)
+
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         import fsspec.asyn
 
@@ -234,6 +245,10 @@ class _Retrying:
 
     def stat(self) -> tuple[int, str]:
         return self._attempts(lambda: self._target().stat(), None, None, None)
+
+    def read_whole(self) -> bytes:
+        """The whole object, with one request (for the small index files)."""
+        return self._attempts(lambda: self._target().read_whole(), None, None, None)
 
     def read(self, start: int, stop: int, samples: tuple[int, int] | None = None) -> bytes:
         def attempt() -> bytes:
@@ -391,19 +406,26 @@ class RemoteDataset:
             complete.write_bytes(b"")
 
     def _fetch_index_files(self) -> list[str]:
+        suffixes = (".md5", *_INDEX_SUFFIXES)
+        # side by side: against a far-away server, one round trip for all of them
+        with concurrent.futures.ThreadPoolExecutor(len(suffixes)) as pool:
+            contents = list(pool.map(self._fetch_sibling, suffixes))
         fetched = []
-        for suffix in (".md5", *_INDEX_SUFFIXES):
-            try:
-                data = _whole(self.sibling(suffix))
-            except FileNotFoundError:
-                continue
-            _write_atomically(self.path.with_name(self.path.name + suffix), data)
-            fetched.append(suffix)
+        for suffix, data in zip(suffixes, contents):
+            if data is not None:
+                _write_atomically(self.path.with_name(self.path.name + suffix), data)
+                fetched.append(suffix)
         if ".offsets" not in fetched:  # a legacy .index needs the data file's size to be read
             raise FileNotFoundError(2, "dataset offsets not found (a URL needs the .offsets file; "
                                     "datasets with only a legacy .index are read locally)",
                                     self.url + ".offsets")
         return [self.path.name + suffix for suffix in fetched]
+
+    def _fetch_sibling(self, suffix: str) -> bytes | None:
+        try:
+            return self.sibling(suffix).read_whole()
+        except FileNotFoundError:
+            return None
 
     def handle(self, offsets: Any) -> _RemoteHandle:
         """The reader's view of the samples: ``offsets`` (``n + 1`` big-endian uint64)."""
@@ -455,11 +477,6 @@ def _basename(url: str) -> str:
     return name
 
 
-def _whole(source: _Retrying) -> bytes:
-    size, _ = source.stat()
-    return source.read(0, size) if size else b""
-
-
 def _mismatched(path: Path, fetched: list[str]) -> str | None:
     """The first fetched index file whose md5 differs from the ``.md5`` entry, if any."""
     if path.name + ".md5" not in fetched:
@@ -504,15 +521,21 @@ class _Bytes:
     comes from the cached block that holds it (fetched first if need be)."""
 
     def __init__(self, handle: _RemoteHandle) -> None:
-        self._handle, self._blocks = handle, handle.blocks
+        self._handle, self._views = handle, handle.views
         self._block_size, self._size = handle.block_size, handle.size
 
     def __getitem__(self, key: slice) -> bytes:
-        start, stop = key.start, min(key.stop, self._size)
+        # the common case first, in as few steps as can be: it runs once a sample
+        start, stop = key.start, key.stop
+        found = self._views.get(start // self._block_size)
+        if found is not None and found[0] <= start and stop <= found[1]:
+            return found[2][start - found[0]:stop - found[0]]
+        return self._slow(start, min(stop, self._size))
+
+    def _slow(self, start: int, stop: int) -> bytes:
         if start >= stop:
             return b""
-        number = start // self._block_size
-        block = self._blocks.get(number) or self._handle.load(number)
+        block = self._handle.load(start // self._block_size)
         if block is not None and block.start <= start and stop <= block.stop:
             return block.view[start - block.start:stop - block.start]
         return self._handle.gather(start, stop)
@@ -527,6 +550,7 @@ class _RemoteHandle:
         self.dataset, self.offsets, self.size = dataset, offsets, dataset.size
         self.block_size, self.n = dataset.block_size, len(offsets) // 8 - 1
         self.blocks: dict[int, _Block] = {}
+        self.views: dict[int, tuple[int, int, Any]] = {}  # the blocks' (start, stop, view)
         self.map = self.data = _Bytes(self)
         self._spans: dict[int, _Block | None] = {}
         self._reset_threads()
@@ -542,6 +566,7 @@ class _RemoteHandle:
         # locks taken by threads of the parent are never released in a forked child
         if self._pid != os.getpid():
             self.blocks.clear()
+            self.views.clear()
             self._reset_threads()
 
     def read(self, start: int, stop: int) -> bytes:
@@ -625,8 +650,11 @@ class _RemoteHandle:
 
     def _keep(self, number: int, block: _Block) -> None:
         if len(self.blocks) >= _MAPPED_BLOCKS:
-            self.blocks.pop(next(iter(self.blocks)))
+            oldest = next(iter(self.blocks))
+            self.views.pop(oldest, None)
+            self.blocks.pop(oldest)
         self.blocks[number] = block
+        self.views[number] = (block.start, block.stop, block.view)
 
     def _obtain(self, number: int) -> _Block | None:
         span = self.span(number)
@@ -655,7 +683,7 @@ class _RemoteHandle:
         """Fetch, in the background, the blocks that samples ``indices`` (in the order they
         will be read) need; a new call replaces the plan of the last."""
         self._own()
-        if self.dataset.read_ahead:
+        if self.dataset.read_ahead and len(self.blocks) < self.span_count():
             self._ahead.plan(self._first_blocks(indices))
 
     def _first_blocks(self, indices: Sequence[int] | np.ndarray) -> list[int]:
