@@ -171,6 +171,12 @@ def _mosaic_epoch(remote: str, cache: _ColdCache) -> Callable[[], int]:
 
 
 def _litdata_epoch(remote: str, cache: _ColdCache) -> Callable[[], int]:
+    from litdata.streaming import downloader
+
+    # litdata gives obstore client options of its own, which leave out the environment's
+    # AWS_ALLOW_HTTP; a local server speaks plain http (cloud endpoints are https)
+    downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
+
     def run() -> int:
         from litdata import StreamingDataset
         from litdata.streaming.cache import Dir

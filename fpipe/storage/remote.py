@@ -740,15 +740,15 @@ class _ReadAhead:
         self.handle, self.limit = handle, handle.dataset.read_ahead
         self.cond = threading.Condition()
         self.order: Sequence[int] = []
-        self.where: dict[int, int] | None = {}
+        self.where: dict[int, int] = {}  # a block's place in a listed order (not a range)
         self.next = self.reached = self.workers = 0
         self.last = -2
 
-    def plan(self, order: Sequence[int], where: dict[int, int] | None = None) -> None:
+    def plan(self, order: Sequence[int]) -> None:
+        """Fetch the blocks ``order`` (a list, or a range for reading in file order) ahead."""
         with self.cond:
             self.order = order
-            self.where = {n: i for i, n in enumerate(order)} if where is None and not isinstance(
-                order, range) else where
+            self.where = {} if isinstance(order, range) else {n: i for i, n in enumerate(order)}
             self.next = self.reached = 0
             self.handle.ready.clear()
             self._start()
@@ -757,7 +757,7 @@ class _ReadAhead:
     def _position(self, number: int) -> int | None:
         if isinstance(self.order, range):
             return number - self.order.start if number in self.order else None
-        return self.where.get(number) if self.where else None
+        return self.where.get(number)
 
     def consumed(self, number: int) -> None:
         if not self.limit:
