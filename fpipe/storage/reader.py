@@ -325,10 +325,6 @@ def _map_file(path: Path) -> mmap.mmap | bytes:
         os.close(fd)
 
 
-_REMOTE_DEFAULTS = dict.fromkeys(("storage_options", "cache_dir", "cache_limit", "block_size",
-                                  "read_ahead", "retries", "timeout"))
-
-
 def _remote_dataset(path: Any, **options: Any) -> Any:
     """A :class:`~fpipe.storage.remote.RemoteDataset` for a URL; None for a local path (which
     takes none of the remote options)."""
