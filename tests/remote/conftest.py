@@ -47,6 +47,7 @@ def _http_server(served):
 def http(_http_server):
     """The HTTP server, with no faults pending and its counters at zero."""
     _http_server.faults.pending.clear()
+    _http_server.faults.whole_pending.clear()
     _http_server.faults.release.clear()
     _http_server.faults.ranged_gets = 0
     if _http_server._server is None:

@@ -27,6 +27,7 @@ class Faults:
 
     def __init__(self) -> None:
         self.pending: deque[str] = deque()
+        self.whole_pending: deque[str] = deque()  # "500"s for GETs of whole files
         self.release = threading.Event()
         self.ranged_gets = 0
 
@@ -66,6 +67,10 @@ class _Handler(BaseHTTPRequestHandler):
         data = path.read_bytes()
         match = _RANGE.match(self.headers.get("Range", ""))
         fault = self.server.faults.take() if match else None
+        if match is None and self.server.faults.whole_pending:
+            self.server.faults.whole_pending.popleft()
+            self._send(500, b"broken", {})
+            return
         if match is None or fault == "whole":
             self._send(200, data, {})
             return

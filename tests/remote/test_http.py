@@ -251,3 +251,12 @@ def test_dataloader_workers_share_the_cache_and_fetch_each_block_once(http, cach
             for k in batch["key"]]
     assert sorted(keys) == [sample(i)["key"] for i in range(N)]
     assert http.faults.ranged_gets - after_index == len(block_files(cache))
+
+
+def test_an_index_file_that_cannot_be_fetched_is_a_remote_error_naming_it(http, cache):
+    http.faults.whole_pending.extend(["500"] * 10)
+    with pytest.raises(RemoteError, match=r"train\.msgpack\.\w+: gave up after 2 attempts; "
+                                          r"last: HTTP 500"):
+        reader(http, cache, retries=1)
+    http.faults.whole_pending.clear()
+    assert reader(http, cache, retries=1).get(0) == sample(0)
