@@ -13,6 +13,8 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +38,8 @@ def _server() -> SeaweedS3:
         server.start()
         atexit.register(shutil.rmtree, folder, True)
         atexit.register(server.stop)
+        # a run stopped with SIGTERM (timeout, kill) exits through atexit too: no stray server
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         fs = _filesystem(server.storage_options)
         fs.mkdir(BUCKET)
         source = Path(data.small_path())
