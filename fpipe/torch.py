@@ -325,6 +325,9 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
         # A sequential sampler's batch is one run: one contiguous read. Shuffled batches are
         # read sample by sample, which beats sorting them into runs that are nearly all 1 long.
         reader = self.reader
+        prefetch = getattr(reader, "prefetch", None)
+        if prefetch is not None:  # a reader at a URL fetches the batch's blocks side by side
+            prefetch(indices)
         if len(indices) > 1 and callable(getattr(reader, "get_slice", None)):
             first = indices[0]
             stop = first + len(indices)
@@ -359,6 +362,11 @@ class _Indexed:
     def get(self, index: int, yield_key: bool = False, raw: bool = False,
             copy: bool = True) -> tuple[int, Any]:
         return index, self.reader.get(index)
+
+    def prefetch(self, indices: Any) -> None:
+        prefetch = getattr(self.reader, "prefetch", None)
+        if prefetch is not None:
+            prefetch(indices)
 
 
 def _distributed(group: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -12,7 +12,7 @@ import pytest
 import fpipe
 
 PACKAGE = Path(fpipe.__file__).parent
-HEAVY = ("torch", "lightning", "pytorch_lightning", "dask", "PIL")
+HEAVY = ("torch", "lightning", "pytorch_lightning", "dask", "PIL", "fsspec", "s3fs", "botocore")
 
 
 def test_import_fpipe_imports_no_heavy_dependency():

@@ -152,7 +152,10 @@ def human_bytes(size: float) -> str:
 
 
 def open_dataset(path: str | Path) -> Any:
-    """A :class:`~fpipe.storage.MsgpackReader` of ``path`` with a clear error if it is missing."""
+    """A :class:`~fpipe.storage.MsgpackReader` of ``path`` (or a URL) with a clear error if it
+    is missing."""
+    if isinstance(path, str) and "://" in path:  # credentials from the environment (fsspec's way)
+        return MsgpackReader(path)
     path = Path(path)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.msgpack"))

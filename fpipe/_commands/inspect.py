@@ -44,7 +44,7 @@ def _add_cat(commands: argparse._SubParsersAction) -> None:
                       "shortened. Piping into head or less and quitting early is fine.",
                       "  fpipe cat train.msgpack | head -3\n  fpipe cat train.msgpack --key "
                       "cat/1.jpg\n  fpipe cat train.msgpack --keys > keys.txt", _run_cat)
-    cat.add_argument("dataset", metavar="DATASET", help="the dataset file (X.msgpack)")
+    cat.add_argument("dataset", metavar="DATASET", help="the dataset file (X.msgpack), or its URL")
     cat.add_argument("--start", type=non_negative_int, default=0, help="first sample (0)")
     cat.add_argument("-n", "--limit", type=non_negative_int, help="print at most this many samples")
     cat.add_argument("--key", action="append", metavar="KEY",
@@ -63,7 +63,7 @@ def _add_info(commands: argparse._SubParsersAction) -> None:
                        "or from every sample with --all.",
                        "  fpipe info train.msgpack\n  fpipe info train.msgpack --all --json",
                        _run_info)
-    info.add_argument("dataset", metavar="DATASET", help="the dataset file (X.msgpack)")
+    info.add_argument("dataset", metavar="DATASET", help="the dataset file (X.msgpack), or its URL")
     info.add_argument("--samples", type=positive_int, default=1000, metavar="N",
                       help="examine N samples spread evenly over the dataset (1000)")
     info.add_argument("--all", action="store_true", help="examine every sample")
@@ -159,9 +159,11 @@ def _file_summary(reader: Any) -> dict:
     sizes = np.diff(_offsets(reader)) if n else np.zeros(0, np.int64)
     present = {path.name: path.stat().st_size for path in (*files.all_files, files.legacy_index)
                if path.exists()}
+    if reader.url is not None:  # the index files are in the cache; the data stays remote
+        present[files.data.name] = int(_offsets(reader)[-1])
     keys = dataset_keys(reader) if n else []
     return {
-        "path": str(reader.path),
+        "path": reader.url or str(reader.path),
         "samples": n,
         "files": present,
         "data_bytes": present.get(files.data.name, 0),

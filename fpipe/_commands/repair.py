@@ -49,7 +49,8 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
         "byte offset; the exit status is 1 if there is any.",
         "  fpipe verify train.msgpack val.msgpack\n  fpipe verify big.msgpack --quick",
         _run_verify)
-    verify.add_argument("datasets", nargs="+", metavar="DATASET", help="dataset files (X.msgpack)")
+    verify.add_argument("datasets", nargs="+", metavar="DATASET",
+                        help="dataset files (X.msgpack), or URLs (fetched to a temporary folder)")
     verify.add_argument("--quick", action="store_true",
                         help="check checksums and the index, not every sample")
     verify.add_argument("-q", "--quiet", action="store_true",
@@ -81,7 +82,7 @@ def _add_index(commands: argparse._SubParsersAction) -> None:
 def _run_verify(args: argparse.Namespace) -> int:
     failed = False
     for dataset in args.datasets:
-        problems, checked = check_dataset(Path(dataset), args)
+        problems, checked = _check_any(dataset, args)
         if problems:
             failed = True
             print(f"{dataset}: {len(problems)} problem(s)")
@@ -92,6 +93,18 @@ def _run_verify(args: argparse.Namespace) -> int:
         else:
             say(args, f"{dataset}: ok ({checked})")
     return 1 if failed else 0
+
+
+def _check_any(dataset: str, args: argparse.Namespace) -> tuple[list[str], str]:
+    """:func:`check_dataset` of a path, or of a URL's dataset fetched to a temporary folder."""
+    from ..storage.remote import is_url
+    from .transfer import fetched_copy
+
+    if not is_url(dataset):
+        return check_dataset(Path(dataset), args)
+    path, folder = fetched_copy(dataset)
+    with folder:
+        return check_dataset(path, args)
 
 
 def check_dataset(path: Path, args: argparse.Namespace) -> tuple[list[str], str]:

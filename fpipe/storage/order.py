@@ -108,6 +108,16 @@ def _source_getter(source: Any, epoch: int, options: _Options) -> Callable[[int]
     return partial(source.get, yield_key=options.yield_key, raw=options.raw, copy=options.copy)
 
 
+def _prefetch(source: Any, indices: np.ndarray) -> None:
+    """Tell the reader under ``source`` which of its samples come next, in order, so that a
+    reader at a URL fetches their blocks in the background (other readers ignore it)."""
+    while isinstance(source, Range):
+        source, indices = source.reader, indices + source.start
+    prefetch = None if isinstance(source, _Ordering) else getattr(source, "prefetch", None)
+    if prefetch is not None and len(indices):
+        prefetch(indices)
+
+
 def _random_access(source: Any) -> bool:
     if isinstance(source, _Ordering):
         return source._random_access()
@@ -525,9 +535,15 @@ class Shuffler(_Seeded, _Indexable):
 
     def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
         get, order = _source_getter(self.reader, epoch, options), self._permutation(epoch)
-        return itertools.chain.from_iterable(
-            map(get, order[low:min(stop, low + _BLOCK)].tolist())
-            for low in range(start, stop, _BLOCK))
+        return self._blocks(get, order, start, stop)
+
+    def _blocks(self, get: Callable[[int], Any], order: np.ndarray, start: int,
+                stop: int) -> Iterator:
+        for low in range(start, stop, _BLOCK):
+            high = min(stop, low + _BLOCK)
+            # two blocks ahead, so the next block's first samples are on their way too
+            _prefetch(self.reader, order[low:min(stop, high + _BLOCK)])
+            yield from map(get, order[low:high].tolist())
 
     def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
         get, order = _source_getter(self.reader, epoch, options), self._permutation(epoch)
@@ -660,7 +676,12 @@ class QuasiShuffler(_Seeded):
 
     def _stream(self, plan: _Plan, epoch: int, buffer: list, slots: Iterator[int], step: int,
                 options: _Options) -> Iterator:
+        position = hinted = plan.fill + step
         for first, stop in plan.pieces(plan.fill + step, self._length):
+            if position >= hinted:
+                hinted = position + _BLOCK
+                self._prefetch(plan, position, hinted + _BLOCK)
+            position += stop - first
             samples = _read_list(self.reader, epoch, first, stop, options)
             # samples first: zip must not draw a slot for a sample that is not there
             for sample, slot in zip(samples, slots):
@@ -674,6 +695,7 @@ class QuasiShuffler(_Seeded):
         """The buffer at position ``start`` (slots already gone out are None), and the slot
         choices left over from the block in which the replay stopped."""
         if start == 0:
+            self._prefetch(plan, 0, plan.fill + _BLOCK)
             return [sample for first, stop in plan.pieces(0, plan.fill)
                     for sample in _read_list(self.reader, epoch, first, stop, options)], _NO_SLOTS
         streamed = self._length - plan.fill
@@ -684,6 +706,10 @@ class QuasiShuffler(_Seeded):
         for slot, index in zip(wanted.tolist(), held[wanted].tolist()):
             buffer[slot] = get(index)
         return buffer, rest
+
+    def _prefetch(self, plan: _Plan, low: int, high: int) -> None:
+        """Hint the samples at read positions ``[low, high)``: those of each chunk in turn."""
+        _prefetch(self.reader, plan.samples(np.arange(low, min(high, self._length))))
 
 
 _NO_SLOTS = np.empty(0, dtype=np.uint64)

@@ -138,6 +138,14 @@ class Reader(abc.ABC):
     def close(self) -> None:  # noqa: B027 (not abstract: a reader without files has none to release)
         """Release open files; the reader stays usable and reopens them when needed."""
 
+    def prefetch(self, indices: Sequence[int]) -> None:  # noqa: B027 (a hint most readers ignore)
+        """A hint: samples ``indices`` will be read next, in this order. Readers of datasets
+        at URLs fetch their blocks in the background; the others have nothing to do.
+
+        >>> from fpipe.storage import ListReader
+        >>> ListReader([{"key": "a"}]).prefetch([0])
+        """
+
     def __enter__(self) -> Reader:
         return self
 
@@ -413,6 +421,20 @@ class _Handle:
         return FormatError(reason, path=error.path, index=error.index, offset=error.offset)
 
 
+def _remote_dataset(path: Any, **options: Any) -> Any:
+    """A :class:`~fpipe.storage.remote.RemoteDataset` for a URL; None for a local path (which
+    takes none of the remote options)."""
+    if isinstance(path, str) and "://" in path:
+        from .remote import RemoteDataset, is_url  # not at import: most readers are local
+
+        if is_url(path):
+            return RemoteDataset(path, **options)
+    given = [f"{name}={value!r:.60}" for name, value in options.items() if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} only apply to URLs; got the local path {path!r}")
+    return None
+
+
 class _KeyTable:
     """Keys as one bytes object of concatenated UTF-8 plus a numpy array of end positions:
     compact, and no Python object per key (forked workers do not copy it on read)."""
@@ -518,6 +540,13 @@ class MsgpackReader(Reader):
     reader that opens them anew (after :meth:`close`, or unpickled in a worker) raises
     FormatError, since ``len`` and the keys describe the old dataset.
 
+    ``path`` may be a URL (``s3://``, ``gs://``, ``https://``, any fsspec scheme): the index
+    files are fetched once, and samples are read by range in blocks of about ``block_size``
+    bytes through a local cache of ``cache_limit`` bytes in ``cache_dir`` that the processes
+    of a machine share; ``storage_options`` go to fsspec, and ``read_ahead`` blocks are fetched
+    ahead of the order being read. See :mod:`fpipe.storage.remote` and the guide "Datasets in
+    object storage". These keywords are only for URLs.
+
     >>> import os, tempfile
     >>> from fpipe.storage import FileWriter
     >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
@@ -529,14 +558,21 @@ class MsgpackReader(Reader):
     (('b', {'key': 'b', 'n': 2}), b'\\x82\\xa3key\\xa1a\\xa1n\\x01')
     """
 
-    def __init__(self, path: PathLike, buffering: int = 0) -> None:
-        self.path = Path(path)
+    def __init__(self, path: PathLike, buffering: int = 0, *, storage_options: dict | None = None,
+                 cache_dir: PathLike | None = None, cache_limit: int | None = None,
+                 block_size: int | None = None, read_ahead: int | None = None,
+                 retries: int | None = None, timeout: float | None = None) -> None:
+        # where the bytes come from: a local file (None) or a URL through the block cache
+        self._remote = _remote_dataset(path, storage_options=storage_options, cache_dir=cache_dir,
+                                       cache_limit=cache_limit, block_size=block_size,
+                                       read_ahead=read_ahead, retries=retries, timeout=timeout)
+        self.path = Path(path) if self._remote is None else self._remote.path
         self._files = DatasetFiles(self.path)
-        if self.path.is_dir():
+        if self._remote is None and self.path.is_dir():
             raise IsADirectoryError(errno.EISDIR, _folder_message(self.path), str(self.path))
-        if not self.path.is_file():
+        if self._remote is None and not self.path.is_file():
             raise FileNotFoundError(errno.ENOENT, "dataset data file not found", str(self.path))
-        self._identity = _identity(os.stat(self.path))
+        self._identity = None if self._remote else _identity(os.stat(self.path))
         self._legacy = not self._files.offsets.exists()
         self._len = self._legacy_length() if self._legacy else self._offsets_length()
         self._reset()
@@ -568,23 +604,32 @@ class MsgpackReader(Reader):
 
     def __getstate__(self) -> dict:
         return {"path": self.path, "_files": self._files, "_legacy": self._legacy, "_len": self._len,
-                "_identity": self._identity}
+                "_identity": self._identity, "_remote": self._remote}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
 
     def __repr__(self) -> str:
-        return f"MsgpackReader({str(self.path)!r})"
+        return f"MsgpackReader({self._remote.url if self._remote else str(self.path)!r})"
 
     def __len__(self) -> int:
         return self._len
+
+    @property
+    def url(self) -> str | None:
+        """The URL the reader reads, or None for a local file (then ``path`` is the file)."""
+        return self._remote.url if self._remote is not None else None
 
     def close(self) -> None:
         """Let go of the open files (running iterators keep theirs); reopened when needed."""
         self._handle = None
 
     def _open(self) -> _Handle:
+        if self._remote is not None:
+            # the offsets file is a cached copy, fetched and checked once, in memory like a local one's
+            handle = self._handle = self._remote.handle(self._files.offsets.read_bytes())
+            return handle
         legacy = self._legacy_tables()[1] if self._legacy else None
         handle = _Handle(self._files, legacy)
         # what len() and the keys describe must be what the handle reads: a dataset replaced
@@ -704,7 +749,8 @@ class MsgpackReader(Reader):
                        else handle.offsets_between(index, index + 1, self.path))
         if not start <= stop <= handle.size:
             raise _span_error(self.path, index, start, stop, handle.size)
-        data = _pread(handle.fd, stop - start, start)
+        fd = handle.fd  # None at a URL: the bytes come from the block cache
+        data = _pread(fd, stop - start, start) if fd is not None else handle.read(start, stop)
         if raw or len(data) != stop - start:
             data = self._whole(handle, data, index, start, stop)
         if not raw:
@@ -811,7 +857,15 @@ class MsgpackReader(Reader):
             raise FormatError(f"the md5 file has no entry for {self.path.name}", path=self._files.md5)
         handle = self._handle or self._open()
         last = handle.offsets_between(self._len, self._len, self.path)[0]
+        if self._remote is not None:
+            return last == handle.size and self._remote.verify_data(expected, read_size, progress)
         return last == os.stat(self.path).st_size and md5_file(self.path, read_size, progress) == expected
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Fetch in the background the blocks that samples ``indices`` need, in that order
+        (a reader at a URL; nothing to do for a local file). Orderings call it."""
+        if self._remote is not None and self._remote.read_ahead:
+            (self._handle or self._open()).prefetch(indices)
 
     def verify_index(self, read_size: int = 512 * 1024) -> bool:
         """Whether every index file that ``.md5`` lists exists and matches its checksum.
@@ -966,15 +1020,25 @@ class ShardedReader(Reader):
     >>> sharded = ShardedReader([first, second])
     >>> len(sharded), sharded.find_index("c"), [s["key"] for s in sharded.iter(0, 2)]
     (3, 2, ['a', 'b'])
+
+    Shards may be URLs, and a pattern may be a URL with wildcards (``s3://b/train-*.msgpack``);
+    the keywords go to each :class:`MsgpackReader` made from a path or URL.
     """
 
-    def __init__(self, shards: Union[PathLike, Iterable[Union[PathLike, Reader]]]) -> None:
+    def __init__(self, shards: Union[PathLike, Iterable[Union[PathLike, Reader]]], *,
+                 storage_options: dict | None = None, cache_dir: PathLike | None = None,
+                 cache_limit: int | None = None, block_size: int | None = None,
+                 read_ahead: int | None = None, retries: int | None = None,
+                 timeout: float | None = None) -> None:
+        options = {"storage_options": storage_options, "cache_dir": cache_dir,
+                   "cache_limit": cache_limit, "block_size": block_size, "read_ahead": read_ahead,
+                   "retries": retries, "timeout": timeout}
         if isinstance(shards, (str, os.PathLike)):
             pattern = os.fspath(shards)
-            shards = sorted(glob.glob(pattern))
+            shards = _matches(pattern, storage_options)
             if not shards:
                 raise FileNotFoundError(errno.ENOENT, "no dataset matches the pattern", pattern)
-        self.readers = [_as_reader(shard) for shard in shards]
+        self.readers = [_as_reader(shard, options) for shard in shards]
         self._starts = [0]
         for reader in self.readers:
             self._starts.append(self._starts[-1] + len(reader))
@@ -1026,10 +1090,28 @@ class ShardedReader(Reader):
         for reader, a, b in self._pieces(start, stop):
             yield from reader.iter(a, b, yield_key, raw, copy, chunk_size)
 
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Pass each shard the indices of ``indices`` that fall in it (see
+        :meth:`MsgpackReader.prefetch`)."""
+        positions = np.asarray(indices, dtype=np.int64)
+        shard_of = np.searchsorted(self._starts, positions, side="right") - 1
+        for shard, reader in enumerate(self.readers):
+            mine = positions[shard_of == shard]
+            if mine.size:
+                reader.prefetch(mine - self._starts[shard])
 
-def _as_reader(shard: Union[PathLike, Reader]) -> Reader:
+
+def _matches(pattern: str, storage_options: dict | None) -> list[str]:
+    if isinstance(pattern, str) and "://" in pattern:
+        from .remote import glob_urls
+
+        return glob_urls(pattern, storage_options)
+    return sorted(glob.glob(pattern))
+
+
+def _as_reader(shard: Union[PathLike, Reader], options: dict) -> Reader:
     if isinstance(shard, Reader):
         return shard
     if isinstance(shard, (str, os.PathLike)):
-        return MsgpackReader(shard)
+        return MsgpackReader(shard, **options)
     raise TypeError(f"shards must be paths or readers; got {type(shard).__name__} {shard!r:.80}")

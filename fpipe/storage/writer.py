@@ -77,7 +77,10 @@ class Writer:
     files) raises :class:`FileExistsError` unless ``overwrite=True``, which removes the old
     files first (a reader that has them open keeps reading the old data). ``progress=True``,
     or any tqdm option such as ``desc=`` or ``total=``, shows a progress bar
-    (``disable=True`` hides it). Hashing and writing run in a background thread when
+    (``disable=True`` hides it). ``outfile`` may be a URL of object storage (``s3://``,
+    ``gs://``; ``storage_options`` go to fsspec): the dataset is written to a local staging
+    folder and uploaded at :meth:`close`, ``.offsets`` last, so that it appears only when whole
+    (see :class:`fpipe.storage.remote.Upload`). Hashing and writing run in a background thread when
     ``buffering`` is at least 64 KiB; the thread ends at :meth:`close`. A write that fails (a
     full disk) raises an :class:`OSError` that names the file and the number of samples it
     keeps whole; no index is written after it (``fpipe index`` makes one from the data).
@@ -102,11 +105,16 @@ class Writer:
     """
 
     def __init__(self, outfile: PathLike, buffering: int = _DEFAULT_BUFFER, overwrite: bool = False,
-                 *, append: bool = False, progress: bool = False, **tqdm_kwargs: Any) -> None:
+                 *, append: bool = False, progress: bool = False,
+                 storage_options: dict | None = None, **tqdm_kwargs: Any) -> None:
         buffering = check_integer("buffering", buffering, 0)
         if append and overwrite:
             raise ValueError("pass append=True or overwrite=True, not both; got both")
-        self.path = Path(outfile)
+        if append and isinstance(outfile, str) and "://" in outfile:
+            raise ValueError(f"append=True works on local datasets only; got the URL {outfile!r}")
+        # where the files go: here, or to a staging folder that close() uploads
+        self._upload = _upload(outfile, storage_options, overwrite)
+        self.path = Path(outfile) if self._upload is None else self._upload.path
         self._files = DatasetFiles(self.path)
         self._buffering = buffering
         self._base = _Base.read(self._files) if append and self.path.exists() else _Base.empty()
@@ -134,7 +142,8 @@ class Writer:
 
     def __repr__(self) -> str:
         state = "closed" if self._sink is None else "open"
-        return f"{type(self).__name__}({str(self.path)!r}, written={self.written}, {state})"
+        where = self._upload.url if self._upload is not None else str(self.path)
+        return f"{type(self).__name__}({where!r}, written={self.written}, {state})"
 
     def _add(self, key: object, packed: bytes) -> None:
         if type(key) is not str and not isinstance(key, str):
@@ -201,6 +210,8 @@ class Writer:
             write_index(self.path, keys, offsets, digest)
         if self._bar is not None:
             self._bar.close()
+        if self._upload is not None:
+            self._upload.commit(progress=self._bar is not None)
 
     def abandon(self) -> None:
         """Close without keeping what this writer wrote: a new dataset's data file is removed,
@@ -312,6 +323,18 @@ def _hash(path: Path) -> Any:
 
 def _open_end(files: DatasetFiles) -> int:
     return os.open(files.data, os.O_WRONLY | os.O_APPEND | getattr(os, "O_BINARY", 0))
+
+
+def _upload(outfile: Any, storage_options: dict | None, overwrite: bool) -> Any:
+    """An :class:`~fpipe.storage.remote.Upload` for a URL; None for a local path."""
+    if isinstance(outfile, str) and "://" in outfile:
+        from .remote import Upload, is_url  # not at import: most writers are local
+
+        if is_url(outfile):
+            return Upload(outfile, storage_options, overwrite)
+    if storage_options is not None:
+        raise ValueError(f"storage_options only apply to URLs; got the local path {outfile!r}")
+    return None
 
 
 def _encodable(key: str) -> bool:

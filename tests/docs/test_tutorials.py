@@ -202,7 +202,17 @@ def check_distributed(printed: dict[str, str]) -> None:
     assert [r[:4] for r in alone[0]] == [(33, 1025, 0, 1024)]
 
 
-CHECKS = {"image-folder.md": check_image_folder, "distributed.md": check_distributed}
+def check_object_storage(printed: dict[str, str]) -> None:
+    trained = _only(printed, "source s3.env\npython train.py")
+    epochs = re.findall(r"epoch (\d): (\d+) different samples, accuracy ([\d.]+)", trained)
+    assert [(e, int(n)) for e, n, _ in epochs] == [("0", 20000), ("1", 20000)]
+    assert float(epochs[1][2]) > 0.4, "better than chance (0.25) after an epoch"
+    blocks, mib = re.search(r"cache: (\d+) blocks, ([\d.]+) MiB", trained).groups()
+    assert int(blocks) >= 8 and float(mib) <= 64  # several blocks, within the budget
+
+
+CHECKS = {"image-folder.md": check_image_folder, "distributed.md": check_distributed,
+          "object-storage.md": check_object_storage}
 
 
 # --- tests -------------------------------------------------------------------------------
@@ -238,9 +248,21 @@ def test_every_block_on_a_tutorial_page_is_run(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PAGES)
 def test_tutorial_runs_and_prints_what_the_page_shows(name, tmp_path):
-    printed = run_page(name, tmp_path)
+    try:
+        printed = run_page(name, tmp_path)
+    finally:
+        _stop_server(tmp_path / "weed.pid")
     if name in CHECKS:
         CHECKS[name](printed)
+
+
+def _stop_server(pid_file: Path) -> None:
+    """Stop a server that a page started in the background, when a later block failed before
+    the page's own last block could stop it."""
+    try:
+        os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        pass
 
 
 def test_a_block_that_hangs_fails_the_test_instead(tmp_path, monkeypatch):
