@@ -554,6 +554,14 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     :meth:`resume` starts the next pass in the middle of an epoch, after the batches that a
     DataLoader has already made.
 
+    ``elastic=True`` (with ``batch_size``, and without ``shuffle``) lays the epoch out so that a
+    run can carry on on another grid: one order for the epoch, the reader's positions, dealt out
+    in global batches of ``world_size * batch_size`` (:func:`fpipe.elastic_batches`), rank
+    ``r`` taking the ``r``-th ``batch_size`` of each, its workers taking its batches in turn.
+    :meth:`state_dict` then says where the epoch stands, and :meth:`load_state_dict` carries on
+    from there with any number of ranks and workers and any batch size. ``resume`` still works
+    in this mode, for the same grid.
+
     >>> from fpipe.storage import ListReader
     >>> reader = ListReader([{"x": i} for i in range(10)])
     >>> ranks = [IterableDataset(reader, rank=r, world_size=2, even="drop") for r in range(2)]
