@@ -43,6 +43,7 @@ import numpy as np
 from .errors import check_integer
 from .functional import call_repr
 from .streaming import (
+    ExpirationPool,
     Stage,
     Stats,
     Stream,
@@ -251,6 +252,17 @@ def _combiner_stage(combiner: Any, kwargs: dict) -> Stage:
 def _restorable(source: Any) -> bool:
     return callable(getattr(source, "state_dict", None)) and \
         callable(getattr(source, "load_state_dict", None))
+
+
+def _inexact(stage: Stage) -> str | None:
+    """Why a restored pipeline would not make the same items again through ``stage``, if it
+    would not: results in the order they complete, or draws without a seed."""
+    for part in getattr(stage, "stages", [stage]):  # a dpipe stage class stands for several
+        if getattr(part, "ordered", True) is False:
+            return f"{part!r} hands out results in the order they complete (ordered=False)"
+        if isinstance(part, ExpirationPool) and part.seed is None:
+            return f"{part!r} draws without a seed (give it seed=)"
+    return None
 
 
 def _discard(stream: Stream, n: int) -> None:
@@ -480,7 +492,15 @@ class Infinite:
         the batches this one would have. When every transformer maps one item to one item
         (functions, :class:`Threads`, :class:`Loky`, :func:`fpipe.map`, :func:`fpipe.threads`,
         :func:`fpipe.processes`) and ``batch_size`` is an integer, the restored pipeline skips
-        ahead at once; otherwise it makes and drops the batches handed out so far.
+        ahead at once; otherwise it makes and drops the batches handed out so far. The number
+        of workers of a stage may differ between the two (seeded stages draw per item, from
+        ``(seed, epoch, index)``), except that :class:`Iterator` with one worker reads the
+        whole stream and with more reads chunks of 64: keep that choice.
+
+        A pipeline that cannot be made again exactly has no state: a ``ValueError`` names the
+        stage, a parallel stage with ``ordered=False`` (its order depends on timing) or a pool
+        without a seed. Other unseeded randomness in your functions cannot be seen here: seed
+        it (:func:`fpipe.current_rng` in a seeded stage) or the restored batches differ.
 
         The source must have ``state_dict()`` and ``load_state_dict()``, or be iterable again
         from its start (a list, a range); an iterator raises ``TypeError``.
@@ -500,6 +520,7 @@ class Infinite:
         (None, None)
         """
         self._check_restorable()
+        self._check_exact()
         pipeline = self._pipeline
         if pipeline.stream is not None:
             source, epochs = pipeline.origin
@@ -528,8 +549,15 @@ class Infinite:
                             f"(fpipe.sample, say) or one that can be iterated again from its "
                             f"start; got source={self.source!r}")
 
+    def _check_exact(self) -> None:
+        for stage in self._pipeline.stages:
+            reason = _inexact(stage)
+            if reason is not None:
+                raise ValueError(f"this pipeline cannot be resumed exactly: {reason}")
+
     def _check_state(self, state: Any) -> None:
         self._check_restorable()
+        self._check_exact()
         if not isinstance(state, dict) or set(state) != {"source", "epochs", "delivered"}:
             raise TypeError(f"state must be a dict from Infinite.state_dict(); got state={state!r}")
         stages = len(self._pipeline.stages)

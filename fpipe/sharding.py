@@ -7,6 +7,9 @@ Two forms cover the two kinds of input:
 * :func:`shard_range` splits ``range(n)`` into ``count`` contiguous pieces, for sized readers
   that read contiguous runs fastest; :func:`worker_range` splits it over ranks and their
   DataLoader workers (what :class:`fpipe.torch.IterableDataset` reads), without torch.
+* :func:`elastic_batches` deals the batches of an epoch's order from a position on to ranks and
+  workers, so that a run can stop on one grid and carry on on another;
+  :func:`elastic_position` is where it stands after some batches.
 
 Across all indices the shards partition their input: every element lands in exactly one shard,
 order is kept within a shard, and shard sizes differ by at most one:
@@ -36,7 +39,7 @@ from typing import Any
 
 from .errors import check_choice, check_integer
 
-__all__ = ["shard", "shard_range", "worker_range"]
+__all__ = ["elastic_batches", "elastic_position", "shard", "shard_range", "worker_range"]
 
 _EVEN = (None, "drop", "pad")
 _ROUNDING = ("balanced", "datadings")
@@ -267,3 +270,97 @@ def _full_rounds(counts: list[int], done: int) -> int:
         else:
             high = middle - 1
     return low
+
+
+# --- elastic layout: an epoch's order dealt out in global batches, from any position ----------
+
+
+def _check_elastic(n: Any, position: Any, batch_size: Any, world_size: Any) -> tuple[int, int, int, int]:
+    n, position = check_integer("n", n, 0), check_integer("position", position, 0)
+    if position > n:
+        raise ValueError(f"position must be in [0, n]; got position={position} with n={n}")
+    return n, position, check_integer("batch_size", batch_size, 1), check_integer("world_size", world_size, 1)
+
+
+def elastic_position(n: int, position: int, batches: int, batch_size: int, world_size: int = 1) -> int:
+    """Where the epoch's order stands after every rank of ``world_size`` made ``batches`` more
+    batches of :func:`elastic_batches` from ``position`` on: each step takes one global batch of
+    ``world_size * batch_size`` samples, and the step that takes the last (short) batches ends
+    the epoch, at ``n``.
+
+    >>> elastic_position(100, 0, 3, batch_size=4, world_size=2)
+    24
+    >>> elastic_position(100, 96, 1, batch_size=4, world_size=2)   # the short last step
+    100
+    """
+    n, position, batch_size, world_size = _check_elastic(n, position, batch_size, world_size)
+    return min(n, position + check_integer("batches", batches, 0) * batch_size * world_size)
+
+
+def elastic_batches(n: int, position: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                    worker: int = 0, num_workers: int = 1, even: str | None = None) -> Iterator[range]:
+    """The batches that DataLoader worker ``worker`` of rank ``rank`` makes of an epoch whose
+    first ``position`` samples (in the epoch's order, ``0 .. n-1``) are done: ranges of
+    positions in that order.
+
+    The rest of the epoch is dealt out in global batches of ``world_size * batch_size``
+    samples: rank ``r`` takes the ``r``-th run of ``batch_size`` positions of each, so global
+    step ``t`` takes positions ``position + t·G`` to ``position + (t+1)·G``, whatever the grid.
+    What is left at the end, fewer than ``G``, is split among the ranks: ``even=None`` in
+    pieces that differ by at most one sample (a rank may get none), ``"drop"`` into equal
+    pieces, dropping fewer than ``world_size`` samples, ``"pad"`` into equal pieces that run
+    past ``n``, where position ``p`` stands for ``p % n`` (the epoch's first samples again).
+    Within a rank, batch ``t`` belongs to worker ``t % num_workers``, so a DataLoader taking one
+    batch from each worker in turn hands out the rank's batches in order.
+
+    So a run stopped after any number of steps, at ``elastic_position(...)``, carries on on any
+    other grid from there: the samples before and after the switch make the epoch, each once.
+
+    >>> [list(elastic_batches(10, 0, 2, rank=r, world_size=2)) for r in range(2)]
+    [[range(0, 2), range(4, 6), range(8, 9)], [range(2, 4), range(6, 8), range(9, 10)]]
+    >>> [list(elastic_batches(10, 4, 3, worker=w, num_workers=2)) for w in range(2)]
+    [[range(4, 7)], [range(7, 10)]]
+    >>> [list(elastic_batches(10, 8, 2, rank=r, world_size=3, even="pad")) for r in range(3)]
+    [[range(8, 9)], [range(9, 10)], [range(10, 11)]]
+    """
+    n, position, batch_size, world_size = _check_elastic(n, position, batch_size, world_size)
+    check_even(even)
+    _check_member("rank", rank, "world_size", world_size)
+    _check_member("worker", worker, "num_workers", check_integer("num_workers", num_workers, 1))
+    return _elastic(n, position, batch_size, rank, world_size, even, range(worker, _count(
+        n, position, batch_size, rank, world_size, even), num_workers))
+
+
+def _check_member(name: str, value: Any, count_name: str, count: int) -> int:
+    value = check_integer(name, value, 0)
+    if value >= count:
+        raise ValueError(f"{name} must be < {count_name}; got {name}={value} with {count_name}={count}")
+    return value
+
+
+def _tail(n: int, base: int, batch_size: int, rank: int, world_size: int, even: str | None) -> range:
+    """Rank ``rank``'s piece of what is left from ``base`` on, fewer than a global batch."""
+    left = n - base
+    if even is None:
+        piece = shard_range(left, rank, world_size)
+        return range(base + piece.start, base + piece.stop)
+    size = left // world_size if even == "drop" else -(-left // world_size)
+    return range(base + rank * size, base + (rank + 1) * size)
+
+
+def _count(n: int, position: int, batch_size: int, rank: int, world_size: int, even: str | None) -> int:
+    full = (n - position) // (batch_size * world_size)
+    base = position + full * batch_size * world_size
+    return full + bool(_tail(n, base, batch_size, rank, world_size, even))
+
+
+def _elastic(n: int, position: int, batch_size: int, rank: int, world_size: int, even: str | None,
+             steps: range) -> Iterator[range]:
+    step_size = batch_size * world_size
+    full = (n - position) // step_size
+    for step in steps:
+        start = position + step * step_size
+        if step < full:
+            yield range(start + rank * batch_size, start + (rank + 1) * batch_size)
+        else:
+            yield _tail(n, start, batch_size, rank, world_size, even)

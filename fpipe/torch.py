@@ -39,7 +39,7 @@ from .errors import check_bool, check_callable, check_integer
 from .functional import Compose
 from .image import CompressedToPIL, ImageDecodeError
 from .random import Seed, item_rng, optional_entropy, seed_entropy, set_active
-from .sharding import check_even, resume_plan, worker_range
+from .sharding import check_even, elastic_batches, elastic_position, resume_plan, worker_range
 from .storage.order import QuasiShuffler, Range
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "CompressedToPIL",
     "Dataset",
     "DatasetBase",
+    "ElasticBatchSampler",
     "IterableDataset",
     "dict2tuple",
     "no_rng",
@@ -55,14 +56,18 @@ __all__ = [
 
 # Pass counters kept in shared memory: one per DataLoader worker id below this bound.
 _SLOTS = 1024
-# where the clock's tensor keeps the pending-resume flags (one per worker id) and the resume
+# where the clock's tensor keeps the pending-resume flags (one per worker id), the resume, and
+# the latest pass begun (whether there is one since the epoch or resume was set, its epoch and
+# its elastic position)
 _PENDING, _RESUME = _SLOTS + 1, 2 * _SLOTS + 1
+_LATEST = _RESUME + 4
 
 
 class _Resume(NamedTuple):
     batches: int
     batch_size: int
     drop_last: int
+    position: int  # where an elastic pass begins in the epoch's order
 
 
 def no_rng(_: Any) -> dict:
@@ -93,17 +98,18 @@ class _EpochClock:
     """The epoch of a dataset, shared with every copy of it in DataLoader workers.
 
     One shared-memory tensor holds the epoch last set, per worker id the number of passes
-    begun since and whether a resumed pass is pending, and the resume (batches, batch size,
-    drop_last). Forked workers inherit it and spawned ones receive it (torch shares tensors
-    when it pickles a worker's arguments), so ``set_epoch`` and ``resume`` in the main process
-    reach persistent workers too; a plain ``pickle`` copies it instead.
+    begun since and whether a resumed pass is pending, the resume (batches, batch size,
+    drop_last, elastic position), and the epoch and position of the latest pass begun. Forked
+    workers inherit it and spawned ones receive it (torch shares tensors when it pickles a
+    worker's arguments), so ``set_epoch`` and ``resume`` in the main process reach persistent
+    workers too; a plain ``pickle`` copies it instead.
     """
 
     __slots__ = ("_counts", "_tensor")
 
     def __init__(self, epoch: int, tensor: torch.Tensor | None = None) -> None:
         if tensor is None:
-            tensor = torch.zeros(_RESUME + 3, dtype=torch.int64)
+            tensor = torch.zeros(_LATEST + 3, dtype=torch.int64)
             tensor[0] = epoch
             tensor.share_memory_()
         self._tensor, self._counts = tensor, tensor.numpy()
@@ -113,16 +119,18 @@ class _EpochClock:
 
     def set(self, epoch: int) -> None:
         self._counts[1:_PENDING] = 0
+        self._counts[_LATEST] = 0
         self._counts[0] = epoch
 
     @property
     def base(self) -> int:
         return int(self._counts[0])
 
-    def resume(self, batches: int, batch_size: int, drop_last: bool) -> None:
+    def resume(self, batches: int, batch_size: int, drop_last: bool, position: int = 0) -> None:
         """Make the next pass of every worker id a resumed one."""
-        self._counts[_RESUME:] = batches, batch_size, drop_last
+        self._counts[_RESUME:_LATEST] = batches, batch_size, drop_last, position
         self._counts[_PENDING:_RESUME] = 1
+        self._counts[_LATEST] = 0
 
     def peek(self, slot: int) -> tuple[int, _Resume | None]:
         """The epoch of the next pass of worker ``slot``, and its resume if it has one."""
@@ -130,7 +138,7 @@ class _EpochClock:
             raise RuntimeError(f"fpipe datasets support at most {_SLOTS} DataLoader workers; "
                                f"got worker id {slot}")
         counts = self._counts
-        resume = _Resume(*counts[_RESUME:].tolist()) if counts[_PENDING + slot] else None
+        resume = _Resume(*counts[_RESUME:_LATEST].tolist()) if counts[_PENDING + slot] else None
         return int(counts[0] + counts[slot + 1]), resume
 
     def begin(self, slot: int, workers: int) -> tuple[int, _Resume | None]:
@@ -140,7 +148,17 @@ class _EpochClock:
         self._counts[slot + 1] += 1
         self._counts[_PENDING + slot] = 0
         self._counts[_PENDING + workers:_RESUME] = 0
+        self._counts[_LATEST:] = 1, epoch, 0 if resume is None else resume.position
         return epoch, resume
+
+    def latest(self) -> tuple[int, int]:
+        """The epoch and elastic position of the latest pass begun since the epoch or the resume
+        was set; if none has begun, of the next pass of this process."""
+        counts = self._counts
+        if counts[_LATEST]:
+            return int(counts[_LATEST + 1]), int(counts[_LATEST + 2])
+        epoch, resume = self.peek(0)
+        return epoch, 0 if resume is None else resume.position
 
 
 def _describe(index: int, sample: Any, field: Any) -> str:
@@ -341,6 +359,85 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
         return index + len(self.reader) if index < 0 else index
 
 
+class ElasticBatchSampler(torch.utils.data.Sampler):
+    """The batches of indices that rank ``rank`` of ``world_size`` takes of an epoch of ``data``
+    (a dataset, or its length), from any position on, for ``DataLoader(data, batch_sampler=...)``.
+
+    The epoch's order is the dataset's own, ``0 .. len(data)-1`` (put a
+    :class:`~fpipe.storage.order.Shuffler` in the :class:`Dataset` to shuffle it), dealt out in
+    global batches of ``world_size * batch_size`` indices as :func:`fpipe.elastic_batches` says:
+    step ``t`` takes the same samples on every grid. ``even=`` gives the ranks equal batch counts,
+    as for :class:`IterableDataset`. :meth:`state_dict` says where the epoch stands after some
+    batches, and :meth:`load_state_dict` carries on from there, on any grid of ranks and
+    DataLoader workers and with any batch size. ``rank`` and ``world_size`` come from
+    ``torch.distributed`` (process ``group``) when it is initialised, or are given.
+
+    The sampler does not set the dataset's epoch: call ``set_epoch`` on both.
+
+    >>> from torch.utils.data import DataLoader
+    >>> from fpipe.storage import ListReader
+    >>> data = Dataset(ListReader([{"x": i} for i in range(10)]))
+    >>> sampler = ElasticBatchSampler(data, batch_size=2, rank=1, world_size=2)
+    >>> [batch["x"].tolist() for batch in DataLoader(data, batch_sampler=sampler)]
+    [[2, 3], [6, 7], [9]]
+    >>> state = sampler.state_dict(batches=1)
+    >>> state
+    {'epoch': 0, 'position': 4, 'length': 10}
+    >>> alone = ElasticBatchSampler(data, batch_size=4, rank=0, world_size=1)
+    >>> alone.load_state_dict(state)
+    >>> list(alone), list(alone)         # the rest of epoch 0, then a whole pass
+    ([[4, 5, 6, 7], [8, 9]], [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]])
+    """
+
+    def __init__(self, data: Any, batch_size: int, *, rank: int | None = None,
+                 world_size: int | None = None, group: Any = None, even: str | None = None,
+                 epoch: int = 0) -> None:
+        length = data if isinstance(data, (int, np.integer)) and not isinstance(data, bool) else None
+        if length is None and not hasattr(data, "__len__"):
+            raise TypeError(f"data must be a dataset with len() or a length; got data={data!r:.80}")
+        self.length = check_integer("data", length, 0) if length is not None else len(data)
+        self.batch_size = check_integer("batch_size", batch_size, 1)
+        self.even = check_even(even)
+        self.rank, self.world_size = _distributed(group, rank, world_size)
+        self.epoch, self._position = check_integer("epoch", epoch, 0), 0
+        self._latest: int | None = None  # where the latest pass of this epoch began
+
+    def __iter__(self) -> Iterator[list[int]]:
+        position, self._position = self._position, 0
+        self._latest = position
+        n = self.length
+        for batch in elastic_batches(n, position, self.batch_size, self.rank, self.world_size,
+                                     even=self.even):
+            yield [index % n for index in batch]
+
+    def __len__(self) -> int:
+        return sum(1 for _ in elastic_batches(self.length, self._position, self.batch_size,
+                                              self.rank, self.world_size, even=self.even))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Deal out epoch ``epoch`` next, from its start."""
+        self.epoch, self._position, self._latest = check_integer("epoch", epoch, 0), 0, None
+
+    def state_dict(self, batches: int) -> dict[str, int]:
+        """Where the epoch stands once the DataLoader has handed out ``batches`` batches of the
+        latest pass (of the next one, if none has begun since the epoch or the state was set):
+        as :meth:`IterableDataset.state_dict`."""
+        start = self._position if self._latest is None else self._latest
+        return {"epoch": self.epoch, "position": elastic_position(
+            self.length, start, batches, self.batch_size, self.world_size), "length": self.length}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Deal out epoch ``state["epoch"]`` next, from ``state["position"]`` on (a state of
+        :meth:`state_dict` on any grid); the passes after it are whole."""
+        self.epoch, self._position = _checked_state(state, self.length)
+        self._latest = None
+
+    def __repr__(self) -> str:
+        even = f", even={self.even!r}" if self.even else ""
+        return (f"ElasticBatchSampler({self.length}, batch_size={self.batch_size}, rank={self.rank}, "
+                f"world_size={self.world_size}{even})")
+
+
 class _Indexed:
     """A reader whose samples are ``(position, sample)``, so a shuffled shard still knows
     where each sample came from (for its random generator and its error messages)."""
@@ -393,6 +490,44 @@ def _check_buffer(buf_size: Any) -> float:
     return buf_size
 
 
+def _check_elastic(elastic: Any, batch_size: int | None, shuffle: bool) -> bool:
+    if not check_bool("elastic", elastic):
+        return False
+    if batch_size is None:
+        raise ValueError("elastic=True needs batch_size (the DataLoader's): the epoch is dealt "
+                         "out in batches; got batch_size=None")
+    if shuffle:
+        raise ValueError("elastic=True needs one order for the whole epoch, and shuffle=True "
+                         "shuffles each worker's shard; shuffle with an ordering instead: "
+                         "IterableDataset(Shuffler(reader, seed=...), elastic=True); got shuffle=True")
+    return True
+
+
+def _checked_state(state: Any, n: int) -> tuple[int, int]:
+    """The epoch and position of an elastic ``state`` for a dataset of ``n`` samples."""
+    if not isinstance(state, Mapping) or set(state) != {"epoch", "position", "length"}:
+        raise TypeError(f"state must be a dict from state_dict(): epoch, position and length; "
+                        f"got state={state!r}")
+    length = check_integer("state['length']", state["length"], 0)
+    if length != n:
+        raise ValueError(f"state is of a dataset of {length} samples; this one has {n}")
+    position = check_integer("state['position']", state["position"], 0)
+    if position > n:
+        raise ValueError(f"state['position'] must be at most the length {n}; got {position}")
+    return check_integer("state['epoch']", state["epoch"], 0), position
+
+
+def _wrapped_runs(batch: range, n: int) -> Iterator[range]:
+    """The runs of positions in ``[0, n)`` that ``batch`` stands for, position ``p`` being
+    ``p % n`` (a padded batch runs past the end of the epoch's order)."""
+    start = batch.start
+    while start < batch.stop:
+        offset = start % n
+        stop = min(batch.stop, start + n - offset)
+        yield range(offset, offset + stop - start)
+        start = stop
+
+
 def _shard_seed(seed: int, start: int) -> int:
     # a 3-number spawn key, so no shard's seed is ever an item generator's (2 numbers)
     return seed_entropy(np.random.SeedSequence(seed, spawn_key=(start, 0, 1)))
@@ -427,6 +562,14 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     :meth:`resume` starts the next pass in the middle of an epoch, after the batches that a
     DataLoader has already made.
 
+    ``elastic=True`` (with ``batch_size``, and without ``shuffle``) lays the epoch out so that a
+    run can carry on on another grid: one order for the epoch, the reader's positions, dealt out
+    in global batches of ``world_size * batch_size`` (:func:`fpipe.elastic_batches`), rank
+    ``r`` taking the ``r``-th ``batch_size`` of each, its workers taking its batches in turn.
+    :meth:`state_dict` then says where the epoch stands, and :meth:`load_state_dict` carries on
+    from there with any number of ranks and workers and any batch size. ``resume`` still works
+    in this mode, for the same grid.
+
     >>> from fpipe.storage import ListReader
     >>> reader = ListReader([{"x": i} for i in range(10)])
     >>> ranks = [IterableDataset(reader, rank=r, world_size=2, even="drop") for r in range(2)]
@@ -443,7 +586,8 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                  rng: Callable[[Any], Mapping] | None = None, batch_size: int | None = None,
                  epoch: int = 0, copy: bool = True, chunk_size: int = 16, group: Any = None, *,
                  even: str | None = None, shuffle: bool = False, buf_size: float = 0.01,
-                 seed: Seed = None, rank: int | None = None, world_size: int | None = None) -> None:
+                 seed: Seed = None, rank: int | None = None, world_size: int | None = None,
+                 elastic: bool = False) -> None:
         if not callable(getattr(reader, "iter", None)):
             raise TypeError(f"reader must be a reader or an ordering (with iter); got reader={reader!r:.80}")
         super().__init__(reader, transforms, rng, seed=seed, epoch=epoch)
@@ -454,16 +598,21 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         # the shuffle needs a seed even when the transforms draw fresh entropy
         self._shuffle_seed = seed_entropy(seed) if self.seed is None else self.seed
         self.rank, self.world_size = _distributed(group, rank, world_size)
+        self.elastic = _check_elastic(elastic, self.batch_size, self.shuffle)
 
     def __len__(self) -> int:
         worker, workers = _worker()
         epoch, resume = self._clock.peek(worker)
+        if self.elastic:
+            return sum(map(len, self._elastic_batches(resume, worker, workers)))
         window, skip = self._shard(epoch, resume, worker, workers, guard=False)
         return len(window) - skip
 
     def __iter__(self) -> Iterator[Any]:
         worker, workers = _worker()
         epoch, resume = self._clock.begin(worker, workers)
+        if self.elastic:
+            return self._elastic_stream(self._elastic_batches(resume, worker, workers), epoch)
         window, skip = self._shard(epoch, resume, worker, workers, guard=True)
         return self._stream(window, epoch, skip)
 
@@ -498,7 +647,71 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         """
         batches = check_integer("batches", batches, 0)
         batch_size = check_integer("batch_size", batch_size, 1)
-        self._clock.resume(batches, batch_size, check_bool("drop_last", drop_last))
+        drop_last = check_bool("drop_last", drop_last)
+        position = elastic_position(len(self.reader), 0, batches, batch_size, self.world_size) \
+            if self.elastic else 0
+        self._clock.resume(batches, batch_size, drop_last, position)
+
+    # --- elastic: one order for the epoch, dealt out in global batches onto any grid -------
+
+    def state_dict(self, batches: int) -> dict[str, int]:
+        """Where the epoch stands once the DataLoader has handed out ``batches`` batches of the
+        latest pass (or of the next one, if none has begun since :meth:`load_state_dict` or
+        :meth:`~DatasetBase.set_epoch`): the epoch, the position in its order (the samples
+        every rank together has consumed) and the dataset's length. Needs ``elastic=True``.
+
+        Load it with :meth:`load_state_dict` into a dataset on any number of ranks and workers,
+        with any batch size: the run carries on with the samples of the epoch not yet seen.
+
+        >>> from fpipe.storage import ListReader
+        >>> reader = ListReader([{"x": i} for i in range(10)])
+        >>> ranks = [IterableDataset(reader, batch_size=2, rank=r, world_size=2, elastic=True)
+        ...          for r in range(2)]
+        >>> [[s["x"] for s in rank] for rank in ranks]       # batches [0 1] [4 5] [8] | [2 3] [6 7] [9]
+        [[0, 1, 4, 5, 8], [2, 3, 6, 7, 9]]
+        >>> state = ranks[0].state_dict(batches=1)            # after one step: 4 samples done
+        >>> state
+        {'epoch': 0, 'position': 4, 'length': 10}
+        >>> alone = IterableDataset(reader, batch_size=3, elastic=True)
+        >>> alone.load_state_dict(state)
+        >>> [s["x"] for s in alone]
+        [4, 5, 6, 7, 8, 9]
+        """
+        self._need_elastic("state_dict")
+        epoch, position = self._clock.latest()
+        n = len(self.reader)
+        return {"epoch": epoch, "position": elastic_position(n, min(position, n), batches,
+                                                             self.batch_size, self.world_size),
+                "length": n}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Read epoch ``state["epoch"]`` next, from ``state["position"]`` of its order on, in
+        this process and in every DataLoader worker; the passes after it are whole. ``state``
+        comes from :meth:`state_dict`, of this grid of ranks and workers or any other."""
+        self._need_elastic("load_state_dict")
+        epoch, position = _checked_state(state, len(self.reader))
+        self.set_epoch(epoch)
+        self._clock.resume(0, self.batch_size, False, position)
+
+    def _need_elastic(self, method: str) -> None:
+        if not self.elastic:
+            raise ValueError(f"{method} needs IterableDataset(..., elastic=True): the default "
+                             "layout's position depends on the number of ranks and workers")
+
+    def _elastic_batches(self, resume: _Resume | None, worker: int, workers: int) -> Iterator[range]:
+        n = len(self.reader)
+        position = 0 if resume is None else min(resume.position, n)
+        return elastic_batches(n, position, self.batch_size, self.rank, self.world_size, worker,
+                               workers, self.even)
+
+    def _elastic_stream(self, batches: Iterator[range], epoch: int) -> Iterator[Any]:
+        self._follow(epoch)
+        n, reader, apply = len(self.reader), self.reader, self._apply
+        for batch in batches:
+            for run in _wrapped_runs(batch, n):
+                samples = reader.iter(run.start, run.stop, copy=self.copy, chunk_size=self.chunk_size)
+                for index, sample in zip(run, samples):
+                    yield apply(sample, index, epoch)
 
     def _shard(self, epoch: int, resume: _Resume | None, worker: int, workers: int,
                guard: bool) -> tuple[range, int]:
@@ -509,7 +722,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         follow in the original order."""
         if resume is None:
             return self._window(epoch, worker, workers, guard), 0
-        batches, size, drop_last = resume
+        batches, size, drop_last, _ = resume
         lengths = [len(self._window(epoch, w, workers, guard)) for w in range(workers)]
         counts = [n // size if drop_last else -(-n // size) for n in lengths]
         made, first = resume_plan(counts, batches)

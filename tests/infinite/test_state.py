@@ -1,5 +1,7 @@
 """Infinite.state_dict() / load_state_dict(): a restored pipeline continues exactly."""
 
+import re
+
 import pytest
 
 from fpipe import (
@@ -176,3 +178,63 @@ def test_an_ordering_source_is_restored_by_seeking_also_at_the_end_of_its_epoch(
     assert [list(again()) for _ in range(3)] == expected
     original.close()
     again.close()
+
+
+# --- resuming with other worker counts, and what cannot be resumed exactly ---
+
+def _workers(n):
+    """Pipelines with ``n`` workers in every parallel stage; the same stream for any n >= 2."""
+    return {
+        "threads": lambda: build(threads(noisy, seed=2, n_workers=n), map(noisy, seed=1)),
+        "processes": lambda: build(processes(noisy, seed=3, n_workers=n)),
+        "Threads-Loky": lambda: build(Threads(square, n_workers=n), Loky(square, n_workers=n)),
+        "filter": lambda: build(filter(lambda x: x % 3), threads(noisy, seed=2, n_workers=n)),
+        "pool": lambda: build(threads(noisy, seed=2, n_workers=n), ExpirationPool(4, 2, seed=5)),
+        "Iterator": lambda: build(Iterator(pairs, n_workers=n), threads(noisy, seed=2, n_workers=n)),
+        "predicate": lambda: build(threads(noisy, seed=2, n_workers=n),
+                                   batch_size=lambda chunk, item: len(chunk) < 2),
+    }
+
+
+@pytest.mark.parametrize("name", list(_workers(2)))
+def test_a_state_carries_on_with_other_worker_counts(name):
+    original = _workers(2)[name]()
+    _take(original, 5)
+    state = original.state_dict()
+    expected = _take(original, 6)
+    original.close()
+    for n in (3, 4):
+        again = restored(_workers(n)[name], state)
+        assert _take(again, 6) == expected, n
+        again.close()
+
+
+@pytest.mark.parametrize("make, stage", [
+    (lambda: build(threads(square, n_workers=2, ordered=False)), "ordered=False"),
+    (lambda: build(processes(square, n_workers=2, ordered=False)), "ordered=False"),
+    (lambda: build(ExpirationPool(4, 2)), "pool(4, 2) draws without a seed"),
+], ids=["threads", "processes", "pool"])
+def test_pipelines_that_cannot_be_made_again_exactly_have_no_state(make, stage):
+    batch_iter = make()
+    _take(batch_iter, 2)
+    with pytest.raises(ValueError, match=f"cannot be resumed exactly: .*{re.escape(stage)}"):
+        batch_iter.state_dict()
+    state = build().state_dict()
+    with pytest.raises(ValueError, match=f"cannot be resumed exactly: .*{re.escape(stage)}"):
+        batch_iter.load_state_dict(state)
+    batch_iter.close()
+
+
+def test_a_stage_pipeline_started_at_an_index_is_the_rest_of_the_whole_run_for_any_worker_count():
+    def stages(n):
+        return [threads(noisy, seed=2, n_workers=n), map(noisy, seed=1),
+                processes(noisy, seed=3, n_workers=n)]
+
+    def run(n, start):
+        stream = range(start, 40)
+        for stage in stages(n):
+            stream = stage.apply(stream, epoch=1, start=start)
+        return list(stream)
+
+    whole = run(2, 0)
+    assert all(run(n, 15) == whole[15:] for n in (1, 3))

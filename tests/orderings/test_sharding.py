@@ -5,7 +5,7 @@ import pickle
 import numpy as np
 import pytest
 
-from fpipe.sharding import shard, shard_range
+from fpipe.sharding import elastic_batches, elastic_position, shard, shard_range
 
 
 def test_strided_shards_take_every_count_th_element():
@@ -145,3 +145,30 @@ def test_contiguous_even_options():
     # a short shard takes in the last index of its left neighbour
     assert [shard_range(7, i, 3, even="pad") for i in range(3)] == [
         range(0, 3), range(2, 5), range(4, 7)]
+
+
+def test_elastic_batches_deal_global_batches_and_split_the_short_last_one():
+    ranks = [list(elastic_batches(11, 0, 2, rank, 3)) for rank in range(3)]
+    assert ranks == [[range(0, 2), range(6, 8)], [range(2, 4), range(8, 10)], [range(4, 6), range(10, 11)]]
+    drop = [list(elastic_batches(11, 0, 2, rank, 3, even="drop")) for rank in range(3)]
+    assert drop == [[range(0, 2), range(6, 7)], [range(2, 4), range(7, 8)], [range(4, 6), range(8, 9)]]
+    pad = [list(elastic_batches(11, 0, 2, rank, 3, even="pad")) for rank in range(3)]
+    assert [batches[-1] for batches in pad] == [range(6, 8), range(8, 10), range(10, 12)]  # 11 is 0
+    assert list(elastic_batches(11, 11, 2)) == [] and list(elastic_batches(0, 0, 2, even="pad")) == []
+    assert elastic_position(11, 6, 5, 2, 3) == 11
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: elastic_batches(10, 11, 2), ValueError,
+     "position must be in \\[0, n\\]; got position=11 with n=10"),
+    (lambda: elastic_batches(10, 0, 0), ValueError, "batch_size must be >= 1"),
+    (lambda: elastic_batches(10, 0, 2, rank=2, world_size=2), ValueError,
+     "rank must be < world_size; got rank=2"),
+    (lambda: elastic_batches(10, 0, 2, worker=1), ValueError, "worker must be < num_workers; got worker=1"),
+    (lambda: elastic_batches(10, 0, 2, even="all"), ValueError, "even"),
+    (lambda: elastic_batches(10, 1.5, 2), TypeError, "position"),
+    (lambda: elastic_position(10, 0, -1, 2), ValueError, "batches must be >= 0"),
+])
+def test_elastic_arguments_are_checked_at_the_call(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
