@@ -40,6 +40,7 @@ from .functional import Compose
 from .image import CompressedToPIL, ImageDecodeError
 from .random import Seed, item_rng, optional_entropy, seed_entropy, set_active
 from .sharding import check_even, resume_plan, worker_range
+from .skipping import OnError, TooManyErrors, check_max_errors, check_on_error, handle
 from .storage.order import QuasiShuffler, Range
 
 __all__ = [
@@ -57,6 +58,8 @@ __all__ = [
 _SLOTS = 1024
 # where the clock's tensor keeps the pending-resume flags (one per worker id) and the resume
 _PENDING, _RESUME = _SLOTS + 1, 2 * _SLOTS + 1
+_KEPT_INDICES = 32  # indices of skipped samples recorded per worker id (the count is exact)
+_SKIP = object()  # what _apply_or_skip returns for a skipped sample
 
 
 class _Resume(NamedTuple):
@@ -160,6 +163,40 @@ def _naming_sample(error: Exception, index: int, sample: Any, field: Any) -> Exc
     return error
 
 
+class _SkipBoard:
+    """The samples a dataset skipped (``on_error``), counted in shared memory like the epoch:
+    per worker id, a count and the first indices, so that the main process sees what every
+    DataLoader worker skipped and ``max_errors`` holds across them."""
+
+    __slots__ = ("_rows", "_tensor")
+
+    def __init__(self, tensor: torch.Tensor | None = None) -> None:
+        if tensor is None:
+            tensor = torch.zeros((_SLOTS, 1 + _KEPT_INDICES), dtype=torch.int64).share_memory_()
+        self._tensor, self._rows = tensor, tensor.numpy()
+
+    def __reduce__(self):
+        return _SkipBoard, (self._tensor,)
+
+    def add(self, index: int) -> int:
+        """Record sample ``index`` as skipped by this worker; the count over every worker."""
+        row = self._rows[_worker()[0]]
+        if row[0] < _KEPT_INDICES:
+            row[1 + row[0]] = index
+        row[0] += 1
+        return self.count
+
+    @property
+    def count(self) -> int:
+        return int(self._rows[:, 0].sum())
+
+    @property
+    def indices(self) -> list[int]:
+        rows = self._rows
+        kept = np.minimum(rows[:, 0], _KEPT_INDICES)
+        return sorted(int(i) for row, n in zip(rows, kept) for i in row[1:1 + n])
+
+
 class DatasetBase:
     """What :class:`Dataset` and :class:`IterableDataset` share: the reader, the transforms,
     the parameters drawn per sample, and the epoch.
@@ -172,6 +209,12 @@ class DatasetBase:
     reproducible per sample, whichever worker or rank reads it. An exception in a transform
     names the sample (its index, key and field).
 
+    ``on_error="skip"`` (or a callable ``on_error(error, sample, index)``, called in the
+    worker; see :mod:`fpipe.skipping`) leaves out the samples whose transforms raise (a
+    corrupt image, say): :attr:`skipped` counts them over every DataLoader worker and
+    :attr:`skipped_indices` lists their indices (the first 32 per worker). ``max_errors``
+    raises :class:`~fpipe.skipping.TooManyErrors` once more samples than that were skipped.
+
     >>> from fpipe.storage import ListReader
     >>> base = DatasetBase(ListReader([{"x": 1}, {"x": 2}]), seed=7)
     >>> len(base), base.epoch, base.seed
@@ -183,7 +226,8 @@ class DatasetBase:
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
                  rng: Callable[[Any], Mapping] | None = None, *, seed: Seed = None,
-                 epoch: int = 0) -> None:
+                 epoch: int = 0, on_error: OnError = "raise",
+                 max_errors: int | None = None) -> None:
         if not hasattr(reader, "__len__"):
             raise TypeError(f"reader must be a reader or an ordering (with len); got reader={reader!r:.80}")
         if rng is not None:
@@ -194,6 +238,33 @@ class DatasetBase:
         self.seed = optional_entropy(seed)
         self._transform = self._checked_transform(transforms)
         self._clock = _EpochClock(check_integer("epoch", epoch, 0))
+        self.on_error, self.max_errors = check_on_error(on_error), check_max_errors(max_errors)
+        self._skips = _SkipBoard()
+
+    @property
+    def skipped(self) -> int:
+        """How many samples ``on_error`` skipped so far, in this process and every worker."""
+        return self._skips.count
+
+    @property
+    def skipped_indices(self) -> list[int]:
+        """The indices of the skipped samples (the first 32 of each worker), sorted."""
+        return self._skips.indices
+
+    def _apply_or_skip(self, sample: Any, index: int, epoch: int) -> Any:
+        """:meth:`_apply`, or ``_SKIP`` once ``on_error`` has taken an error."""
+        if self.on_error == "raise":
+            return self._apply(sample, index, epoch)
+        try:
+            return self._apply(sample, index, epoch)
+        except Exception as error:
+            handle(self.on_error, error, sample, index)
+            count = self._skips.add(index)
+            if self.max_errors is not None and count > self.max_errors:
+                raise TooManyErrors(f"{count} samples failed, more than max_errors="
+                                    f"{self.max_errors}; the last: sample {index}: "
+                                    f"{type(error).__name__}: {error}") from error
+            return _SKIP
 
     def _checked_transform(self, transforms: Any) -> Callable | None:
         if transforms is None:
@@ -280,6 +351,10 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
     :class:`DatasetBase`); their draws depend on the epoch too, so call
     :meth:`~DatasetBase.set_epoch` at the start of every epoch for new augmentations.
 
+    With ``on_error="skip"``, a batch that the DataLoader asks for (``__getitems__``) comes
+    without the samples that failed, so it may be smaller; ``dataset[i]`` alone still raises,
+    as it must return sample ``i``.
+
     >>> import random
     >>> from fpipe.storage import ListReader
     >>> def add(v, number):
@@ -300,11 +375,13 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
                  rng: Callable[[Any], Mapping] | None = None, *, seed: Seed = None,
-                 epoch: int = 0) -> None:
+                 epoch: int = 0, on_error: OnError = "raise",
+                 max_errors: int | None = None) -> None:
         if not callable(getattr(reader, "get", None)):
             raise TypeError(f"Dataset needs random access (a reader with get); got reader={reader!r:.80}; "
                             "iterate orderings without it (QuasiShuffler, Cycler) with IterableDataset")
-        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch)
+        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch, on_error=on_error,
+                         max_errors=max_errors)
 
     def __getitem__(self, index: int) -> Any:
         epoch = self._clock.base
@@ -319,7 +396,8 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
         samples = self._read_batch(indices)
         if self._transform is None:
             return samples
-        return [self._apply(s, self._position(i), epoch) for s, i in zip(samples, indices)]
+        outputs = [self._apply_or_skip(s, self._position(i), epoch) for s, i in zip(samples, indices)]
+        return [x for x in outputs if x is not _SKIP] if self.on_error != "raise" else outputs
 
     def _read_batch(self, indices: list[int]) -> list:
         # A sequential sampler's batch is one run: one contiguous read. Shuffled batches are
@@ -435,10 +513,12 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                  rng: Callable[[Any], Mapping] | None = None, batch_size: int | None = None,
                  epoch: int = 0, copy: bool = True, chunk_size: int = 16, group: Any = None, *,
                  even: str | None = None, shuffle: bool = False, buf_size: float = 0.01,
-                 seed: Seed = None, rank: int | None = None, world_size: int | None = None) -> None:
+                 seed: Seed = None, rank: int | None = None, world_size: int | None = None,
+                 on_error: OnError = "raise", max_errors: int | None = None) -> None:
         if not callable(getattr(reader, "iter", None)):
             raise TypeError(f"reader must be a reader or an ordering (with iter); got reader={reader!r:.80}")
-        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch)
+        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch, on_error=on_error,
+                         max_errors=max_errors)
         self.batch_size = None if batch_size is None else check_integer("batch_size", batch_size, 1)
         self.copy = bool(copy)
         self.chunk_size = check_integer("chunk_size", chunk_size, 1)
@@ -538,9 +618,11 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
             for _, sample in pairs:
                 yield sample
             return
-        apply = self._apply
+        apply = self._apply_or_skip
         for index, sample in pairs:
-            yield apply(sample, index, epoch)
+            output = apply(sample, index, epoch)
+            if output is not _SKIP:
+                yield output
 
     def _shuffled(self, window: range, epoch: int, skip: int) -> Iterator[tuple[int, Any]]:
         shard = Range(_Indexed(self.reader), window.start, window.stop)
