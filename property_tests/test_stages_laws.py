@@ -107,3 +107,21 @@ def test_prefetch_holds_at_most_n_items_ahead_of_an_idle_consumer(n):
         taken = len(stream.pull(1))
         time.sleep(0.05)
         assert read[0] - taken <= n
+
+
+@given(st.lists(st.integers(0, 100), min_size=1, max_size=30), st.integers(0, 2**32),
+       st.integers(0, 6), st.sampled_from(["map", "threads"]))
+@settings(max_examples=20, deadline=None)
+def test_a_stage_built_at_epoch_e_draws_what_one_stage_object_draws_in_its_epoch_e(
+        items, seed, epoch, kind):
+    def build(**options):
+        if kind == "map":
+            return fp.map(noisy, seed=seed, **options)
+        return fp.threads(noisy, n_workers=2, chunk_size=2, seed=seed, **options)
+
+    reused = build()
+    outputs = [list(reused(items)) for _ in range(epoch + 1)]
+    assert list(build(epoch=epoch)(items)) == outputs[epoch]
+    # built anew without epoch=, a stage is at epoch 0 again: the same draws, by design
+    assert list(build()(items)) == outputs[0]
+    assert epoch == 0 or outputs[epoch] != outputs[0]

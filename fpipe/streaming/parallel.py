@@ -27,7 +27,7 @@ from ..skipping import OnError, SkipLog, check_max_errors, check_on_error
 from ._core import JOIN_SECONDS, Stage, Stream, as_stream, next_chunk_size
 from ._joblib import ProcessPool
 from ._messages import Message
-from .simple import ItemCall, error_options, stage_repr
+from .simple import ItemCall, at_epoch, error_options, stage_repr
 
 __all__ = ["prefetch", "processes", "threads"]
 
@@ -386,7 +386,7 @@ class _ThreadStage(_ParallelStage):
 
 
 def threads(func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 2,
-            ordered: bool = True, seed: Seed | None = None, chunk_size: int = 64,
+            ordered: bool = True, seed: Seed | None = None, epoch: int = 0, chunk_size: int = 64,
             on_error: OnError = "raise", max_errors: int | None = None, **kwargs: Any) -> Stage:
     """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` threads (-1:
     one per core). Use it for work that releases the GIL (numpy, IO, decoding).
@@ -396,7 +396,8 @@ def threads(func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 2
     the stage at once, so it reads at most that many chunks ahead of its consumer. Results keep
     the input order unless ``ordered=False``. With ``seed``, each item's generator (from
     ``(seed, epoch, index)``) is active while ``func`` runs, so the output does not depend on
-    ``n_workers`` or on the order of completion.
+    ``n_workers`` or on the order of completion; ``epoch`` is the epoch of the first
+    application, as in :func:`fpipe.map`.
 
     An exception in ``func`` reaches the consumer with its type, message and the worker's
     traceback, after the results of the items before it. With ``on_error="skip"`` (or a
@@ -408,8 +409,8 @@ def threads(func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 2
     ...     list(stream)
     [3, 2, 1, 0, 1, 2, 3]
     """
-    return _ThreadStage(func, args, kwargs, n_workers, buffer_size, ordered, seed, chunk_size,
-                        on_error=on_error, max_errors=max_errors)
+    return at_epoch(_ThreadStage(func, args, kwargs, n_workers, buffer_size, ordered, seed,
+                                 chunk_size, on_error=on_error, max_errors=max_errors), epoch)
 
 
 class _ProcessWorkers:
@@ -463,9 +464,9 @@ class _ProcessStage(_ParallelStage):
 
 
 def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "loky",
-              ordered: bool = True, seed: Seed | None = None, buffer_size: int = 2,
-              chunk_size: int = 256, on_error: OnError = "raise", max_errors: int | None = None,
-              **kwargs: Any) -> Stage:
+              ordered: bool = True, seed: Seed | None = None, epoch: int = 0,
+              buffer_size: int = 2, chunk_size: int = 256, on_error: OnError = "raise",
+              max_errors: int | None = None, **kwargs: Any) -> Stage:
     """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` worker
     processes (-1: one per core), on joblib. Use it for pure-Python work that holds the GIL.
 
@@ -484,12 +485,13 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     generator at once (before closing a dask cluster, say); the stage starts a new one if it is
     used again.
 
-    Order, seeds, errors and ``on_error`` behave as in :func:`threads` (a callable
+    Order, seeds, ``epoch``, errors and ``on_error`` behave as in :func:`threads` (a callable
     ``on_error`` runs in the worker process, so it must pickle).
 
     >>> with processes(abs, n_workers=2, backend="threading")(range(-2, 3)) as stream:
     ...     list(stream)
     [2, 1, 0, 1, 2]
     """
-    return _ProcessStage(func, args, kwargs, n_workers, buffer_size, ordered, seed, chunk_size,
-                         backend=backend, on_error=on_error, max_errors=max_errors)
+    return at_epoch(_ProcessStage(func, args, kwargs, n_workers, buffer_size, ordered, seed,
+                                  chunk_size, backend=backend, on_error=on_error,
+                                  max_errors=max_errors), epoch)

@@ -129,6 +129,12 @@ class SkippingInto:
         self.log.keep(outputs, mark)
 
 
+def at_epoch(stage: Stage, epoch: int) -> Stage:
+    """``stage``, its first application set to epoch ``epoch``."""
+    stage.set_epoch(epoch)
+    return stage
+
+
 def error_options(stage: Any) -> dict:
     """``on_error`` and ``max_errors`` of ``stage`` for its repr, where they are not the defaults."""
     return {"on_error": None if stage.on_error == "raise" else stage.on_error,
@@ -149,12 +155,15 @@ class _FilterStage(Stage):
         return call_repr("filter", (self.predicate,), {})
 
 
-def map(func: Callable, *args: Any, seed: Seed | None = None, on_error: OnError = "raise",
-        max_errors: int | None = None, **kwargs: Any) -> Stage:
+def map(func: Callable, *args: Any, seed: Seed | None = None, epoch: int = 0,
+        on_error: OnError = "raise", max_errors: int | None = None, **kwargs: Any) -> Stage:
     """The stage that yields ``func(item, *args, **kwargs)`` for each item, in this thread.
 
     With ``seed``, each item's generator (from ``(seed, epoch, index)``) is active while
     ``func`` runs, for :func:`fpipe.random_apply`, :func:`fpipe.sample_args` and the samplers.
+    ``epoch`` is the epoch of the stage's first application (each later one counts on): a
+    loop that builds its pipeline anew every epoch passes ``epoch=e`` to get epoch ``e``'s
+    draws, the draws one stage object makes in its ``e``-th application.
 
     ``on_error="skip"`` (or a callable) leaves out the items on which ``func`` raises, counts
     them and records them for :func:`fpipe.stats`; ``max_errors`` bounds how many may fail
@@ -171,8 +180,11 @@ def map(func: Callable, *args: Any, seed: Seed | None = None, on_error: OnError 
     >>> flip = map(random_apply(0.5, lambda x: -x), seed=0)
     >>> list(flip.apply(range(1, 9))) == list(flip.apply(range(1, 9)))
     True
+    >>> first, second = list(flip(range(1, 9))), list(flip(range(1, 9)))
+    >>> second == list(map(random_apply(0.5, lambda x: -x), seed=0, epoch=1)(range(1, 9)))
+    True
     """
-    return _MapStage(func, args, kwargs, seed, on_error, max_errors)
+    return at_epoch(_MapStage(func, args, kwargs, seed, on_error, max_errors), epoch)
 
 
 def filter(predicate: Callable) -> Stage:
