@@ -8,17 +8,19 @@ Everything is a function: transforms map items, stages map streams, and a pipeli
 3
 """
 
-from . import errors, functional, infinite, random, sharding, storage, streaming
+from . import errors, functional, infinite, random, sharding, skipping, storage, streaming
 from ._version import __version__
 from .errors import *
 from .functional import *
 from .infinite import *
 from .random import *
 from .sharding import *
+from .skipping import *
 from .storage import *
 from .streaming import *
 
 # Each module that adds public names is imported above and listed here.
-_PUBLIC_MODULES = (errors, functional, infinite, random, sharding, storage, streaming)
+_PUBLIC_MODULES = (errors, functional, infinite, random, sharding, skipping, storage,
+                   streaming)
 
 __all__ = sorted({"__version__", *(name for module in _PUBLIC_MODULES for name in module.__all__)})

@@ -231,6 +231,25 @@ def check_choice(name: str, value: Any, choices: tuple) -> Any:
     return value
 
 
+def check_fraction_or_count(name: str, value: Any) -> float:
+    """``value`` as a size that is a fraction in (0, 1) of something, or a whole count >= 1.
+
+    >>> check_fraction_or_count("buf_size", 0.25), check_fraction_or_count("buf_size", 8)
+    (0.25, 8)
+    >>> check_fraction_or_count("buf_size", 1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: buf_size must be a fraction in (0, 1) or a whole number >= 1; got buf_size=1.5
+    """
+    number = (int, float, np.integer, np.floating)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, number):
+        raise TypeError(f"{name} must be a number; got {name}={value!r}")
+    if not (0 < value < 1 or (value >= 1 and float(value).is_integer())):
+        raise ValueError(f"{name} must be a fraction in (0, 1) or a whole number >= 1; "
+                         f"got {name}={value!r}")
+    return value
+
+
 def check_probability(name: str, value: Any) -> float:
     """``value`` as a float, once it is a real number in [0, 1]; otherwise a ``TypeError`` or
     ``ValueError`` that names the argument.

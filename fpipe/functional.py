@@ -17,11 +17,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .errors import MissingParameterError, check_callable, check_probability
-from .random import current_rng, takes_rng
+from .random import (
+    current_rng,
+    draw_sample,
+    legacy_generator,
+    legacy_state,
+    numpy_global_call,
+    takes_rng,
+)
 
 __all__ = [
     "Compose",
@@ -237,29 +244,44 @@ def zip_apply(*functions: Callable, **kwargs: Any) -> Callable:
 
 
 class _RandomApply(_Bound):
-    __slots__ = ("p",)
+    __slots__ = ("p", "random_state")
     factory = "random_apply"
 
-    def __init__(self, p: float, func: Callable, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, p: float, func: Callable, *args: Any, random_state: Any = None,
+                 **kwargs: Any) -> None:
         super().__init__(func, *args, **kwargs)
         check_probability("p", p)
-        self.p = p
+        self.p, self.random_state = p, legacy_state(random_state)
 
     def __reduce__(self):
-        return _rebuild, (type(self), (self.p, self.func, *self.args), self.kwargs)
+        keywords = self.kwargs if self.random_state is None else {
+            **self.kwargs, "random_state": self.random_state}
+        return _rebuild, (type(self), (self.p, self.func, *self.args), keywords)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if current_rng().random() < self.p:
+        if self._applies():
             return self.func(*args, *self.args, **kwargs, **self.kwargs)
         return args[0] if len(args) == 1 else args
 
+    def _applies(self) -> bool:
+        if self.random_state is not None:
+            return bool(self.random_state.binomial(1, self.p))  # dpipe's draw, from this state
+        return current_rng().random() < self.p
 
-def random_apply(p: float, func: Callable, *args: Any, **kwargs: Any) -> Callable:
+
+def random_apply(p: float, func: Callable, *args: Any, random_state: Any = None,
+                 **kwargs: Any) -> Callable:
     """A transform that applies ``func`` with probability ``p`` and otherwise returns its input.
 
     The coin comes from the active item generator inside a seeded stage (reproducible for
     any number of workers), and from fresh entropy elsewhere. Unlike dpipe's, it never
     touches numpy's global random state, and a bad ``p`` raises at construction.
+
+    ``random_state`` (an int or a ``numpy.random.RandomState``, which it then draws from)
+    gives exactly the coins of dpipe 0.5.0's ``random_apply`` after ``np.random.seed(int)``
+    (or with that ``RandomState``'s state as the global one): for porting an experiment
+    whose results must not change. Each copy of the transform (each worker process) then
+    draws the same coins: in parallel stages, seed the stage instead.
 
     >>> from fpipe.random import using_rng, item_rng
     >>> random_apply(1.0, abs)(-3), random_apply(0.0, abs)(-3)
@@ -269,46 +291,77 @@ def random_apply(p: float, func: Callable, *args: Any, **kwargs: Any) -> Callabl
     >>> with using_rng(item_rng(0, 0, 0)):
     ...     flip == random_apply(0.5, abs)(-3)
     True
+    >>> flip = random_apply(0.5, abs, random_state=1)
+    >>> [flip(-1) for _ in range(6)]
+    [-1, 1, -1, -1, -1, -1]
     """
-    return _RandomApply(p, func, *args, **kwargs)
+    return _RandomApply(p, func, *args, random_state=random_state, **kwargs)
 
 
 class _SampleArgs(_Bound):
-    __slots__ = ()
+    __slots__ = ("random_state",)
     factory = "sample_args"
 
-    def __init__(self, func: Callable, *args: Callable, **kwargs: Callable) -> None:
+    def __init__(self, func: Callable, *args: Callable, random_state: Any = None,
+                 **kwargs: Callable) -> None:
         super().__init__(func, *args, **kwargs)
         for position, sampler in enumerate(args):
             check_callable(f"args[{position}]", sampler)
         for name, sampler in kwargs.items():
             check_callable(name, sampler)
+        self.random_state = legacy_state(random_state)
+
+    def __reduce__(self):
+        keywords = self.kwargs if self.random_state is None else {
+            **self.kwargs, "random_state": self.random_state}
+        return _rebuild, (type(self), (self.func, *self.args), keywords)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        rng = current_rng()
-        drawn = [_draw(s, rng) for s in self.args]
-        named = {k: _draw(s, rng) for k, s in self.kwargs.items()}
+        draw = self._draw_legacy if self.random_state is not None else draw_sample
+        drawn = [draw(s) for s in self.args]
+        named = {k: draw(s) for k, s in self.kwargs.items()}
         return self.func(*args, *drawn, **kwargs, **named)
 
+    def _draw_legacy(self, sampler: Callable) -> Any:
+        """Draw as dpipe did after ``np.random.seed``: numpy's global functions from this
+        ``RandomState``, fpipe's samplers from a Generator over the same bits."""
+        state = self.random_state
+        if takes_rng(sampler):
+            return sampler(legacy_generator(state))
+        call = numpy_global_call(sampler)
+        if call is None:
+            return sampler()
+        name, args, kwargs = call
+        return getattr(state, name)(*args, **kwargs)
 
-def _draw(sampler: Callable, rng: Any) -> Any:
-    return sampler(rng) if takes_rng(sampler) else sampler()
 
-
-def sample_args(func: Callable, *args: Callable, **kwargs: Callable) -> Callable:
+def sample_args(func: Callable, *args: Callable, random_state: Any = None,
+                **kwargs: Callable) -> Callable:
     """A transform that calls ``func`` with extra arguments drawn afresh at every call.
 
     Each of ``args`` and ``kwargs`` is a sampler: either a callable of no argument (dpipe
     style, such as ``np.random.normal``) or one that takes the generator, such as
     :func:`fpipe.uniform` or ``lambda rng: rng.integers(4)``. Samplers of the second kind
     draw from the active item generator inside a seeded stage, so they are reproducible.
+    So do NumPy's global functions (``np.random.normal``, or a ``functools.partial`` of one):
+    inside a seeded stage they draw from the item's generator, through the ``Generator``
+    method of the same meaning. Any other sampler of no argument that changes NumPy's global
+    state inside a seeded stage (``lambda: np.random.normal(0, 2)``) raises ``RuntimeError``
+    rather than be silently unreproducible.
 
-    >>> import fpipe
+    ``random_state`` (an int or a ``numpy.random.RandomState``) gives exactly the draws of
+    dpipe 0.5.0's ``sample_args`` after ``np.random.seed(int)``: NumPy's global functions
+    draw from that state instead (see :func:`random_apply`).
+
+    >>> import fpipe, numpy as np
     >>> shift = sample_args(lambda x, by: x + by, by=fpipe.integers(10, 11))
     >>> shift(1)
     11
+    >>> noisy = sample_args(lambda x, by: x + by, by=np.random.uniform, random_state=0)
+    >>> round(noisy(0), 4)
+    0.5488
     """
-    return _SampleArgs(func, *args, **kwargs)
+    return _SampleArgs(func, *args, random_state=random_state, **kwargs)
 
 
 class _Step:
@@ -447,3 +500,25 @@ def compose(*funcs: Callable | Iterable[Callable], prefix: str = "") -> Compose:
     7
     """
     return Compose(*funcs, prefix=prefix)
+
+
+# datadings.torch's two helpers; fpipe.torch exports them (they need no torch)
+
+
+def no_rng(_: Any) -> dict:
+    """The default ``rng``: no parameters, whatever the sample.
+
+    >>> no_rng({"image": b"..."})
+    {}
+    """
+    return {}
+
+
+def dict2tuple(it: Iterable[Mapping], keys: tuple = ("image", "label")) -> Iterator[tuple]:
+    """Yield ``tuple(sample[k] for k in keys)`` for each sample (or collated batch) of ``it``.
+
+    >>> list(dict2tuple([{"image": 1, "label": 0, "key": "a"}]))
+    [(1, 0)]
+    """
+    for sample in it:
+        yield tuple(sample[k] for k in keys)

@@ -20,6 +20,7 @@ does not import it at all.
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .errors import FpipeError
@@ -143,3 +144,22 @@ class CompressedToPIL:
 
     def __repr__(self) -> str:
         return "CompressedToPIL()"
+
+
+def with_sample_named(error: Exception, index: int, sample: Any, field: Any) -> Exception:
+    """``error`` raised by a transform of sample ``index`` (its ``field``, if not None), with
+    the sample named: in the message of an image error, as a note otherwise.
+
+    >>> str(with_sample_named(ImageDecodeError("not a JPEG"), 3, {"key": "a"}, "image"))
+    "sample 3 (key 'a'), field 'image': not a JPEG"
+    """
+    where = f"sample {index}"
+    if isinstance(sample, Mapping) and "key" in sample:
+        where += f" (key {sample['key']!r})"
+    if field is not None:
+        where += f", field {field!r}"
+    if isinstance(error, ImageDecodeError) and error.sample is None:
+        return ImageDecodeError(error.reason, sample=where).with_traceback(error.__traceback__)
+    if hasattr(error, "add_note"):
+        error.add_note(f"raised while transforming {where}")
+    return error

@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from collections.abc import Iterator as _Iterator
@@ -42,6 +43,7 @@ import numpy as np
 
 from .errors import check_integer
 from .functional import call_repr
+from .skipping import OnError, check_max_errors, check_on_error
 from .streaming import (
     ExpirationPool,
     Stage,
@@ -106,6 +108,12 @@ class _Adapter(Stage):
         return call_repr(type(self).__name__, *self._call)
 
 
+def _error_options(on_error: Any, max_errors: Any) -> dict:
+    """The ``on_error`` options of a stage class for its repr, where they are not the defaults."""
+    return {**({} if on_error == "raise" else {"on_error": on_error}),
+            **({} if max_errors is None else {"max_errors": max_errors})}
+
+
 def _is_count(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -126,7 +134,8 @@ class Threads(_Adapter):
     :func:`fpipe.threads`. Items travel in chunks; besides ``buffer_size`` chunks that wait for
     the consumer, each worker may finish two chunks ahead. Unlike dpipe's, the output keeps the
     input order. As in dpipe, every keyword argument goes to ``func``, also one named like an
-    option of :func:`fpipe.threads` (``seed=``).
+    option of :func:`fpipe.threads` (``seed=``), except ``on_error`` and ``max_errors``, which
+    skip the items on which ``func`` raises (see :mod:`fpipe.skipping`).
 
     >>> from toolz import pipe
     >>> list(pipe(range(5), Threads(pow, 2, n_workers=2)))
@@ -136,10 +145,13 @@ class Threads(_Adapter):
     one_to_one = True
 
     def __init__(self, func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 1,
+                 on_error: OnError = "raise", max_errors: int | None = None,
                  **kwargs: Any) -> None:
-        options = {"n_workers": n_workers, "buffer_size": buffer_size}
+        options = {"n_workers": n_workers, "buffer_size": buffer_size,
+                   **_error_options(on_error, max_errors)}
         stage = _make_stage(threads, func, args, kwargs, n_workers=n_workers,
-                            buffer_size=_thread_buffer(n_workers, buffer_size))
+                            buffer_size=_thread_buffer(n_workers, buffer_size),
+                            on_error=on_error, max_errors=max_errors)
         super().__init__([stage], (func, *args), {**options, **kwargs})
 
 
@@ -156,7 +168,8 @@ class Loky(_Adapter):
     is :func:`fpipe.processes` on joblib's loky backend. Unlike dpipe's, the workers are started
     once and stay warm for the next epoch and the next pipeline, items travel in chunks, the
     output keeps the input order, and a worker's exception reaches the consumer whole.
-    With ``n_workers=1``, joblib runs the work in this process.
+    With ``n_workers=1``, joblib runs the work in this process. ``on_error`` and ``max_errors``
+    skip the items on which ``func`` raises, as in :class:`Threads`.
 
     >>> from toolz import pipe
     >>> list(pipe(range(4), Loky(divmod, 3)))
@@ -166,10 +179,13 @@ class Loky(_Adapter):
     one_to_one = True
 
     def __init__(self, func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 1,
+                 on_error: OnError = "raise", max_errors: int | None = None,
                  **kwargs: Any) -> None:
-        options = {"n_workers": n_workers, "buffer_size": buffer_size}
+        options = {"n_workers": n_workers, "buffer_size": buffer_size,
+                   **_error_options(on_error, max_errors)}
         stage = _make_stage(processes, func, args, kwargs, backend="loky",
-                            n_workers=_loky_workers(n_workers), buffer_size=buffer_size)
+                            n_workers=_loky_workers(n_workers), buffer_size=buffer_size,
+                            on_error=on_error, max_errors=max_errors)
         super().__init__([stage], (func, *args), {**options, **kwargs})
 
 
@@ -219,11 +235,11 @@ class Iterator(_Adapter):
 # --- Infinite -------------------------------------------------------------------------------
 
 
-def _as_stage(position: int, transformer: Any) -> Stage:
+def _as_stage(position: int, transformer: Any, on_error: Any, max_errors: Any) -> Stage:
     if isinstance(transformer, Stage):
         return transformer
     if callable(transformer):
-        return map(transformer)
+        return map(transformer, on_error=on_error, max_errors=max_errors)
     raise TypeError(f"transformers must be callables or fpipe stages; got "
                     f"transformers[{position}]={transformer!r}")
 
@@ -288,6 +304,7 @@ class _Pipeline:
         self.last: Stream | None = None  # the latest stream, for stats()
         self.origin: tuple = (None, [])
         self.delivered = self.skip = 0  # skip: batches a restored state has delivered
+        self.warned_empty = False
 
     def ensure(self) -> Stream:
         """The live stream, built and started if there is none."""
@@ -354,6 +371,8 @@ class _Pipeline:
             item = next(stream)
         except StopIteration:
             again = first and self.delivered > 0
+            if not self.delivered:  # this stream gave nothing at all
+                self._warn_empty()
             self.close()
             if not again:
                 raise
@@ -363,6 +382,14 @@ class _Pipeline:
             raise
         self.delivered += 1
         return item
+
+    def _warn_empty(self) -> None:
+        if not self.warned_empty:
+            self.warned_empty = True
+            warnings.warn(f"the source of this Infinite, {self.source!r:.80}, gave no items: an "
+                          "epoch is empty (an iterator that has run out stays empty; pass a "
+                          "list or a range to start it again each epoch). This is said once.",
+                          RuntimeWarning, stacklevel=4)
 
     def close(self) -> None:
         stream, self.stream = self.stream, None
@@ -397,8 +424,11 @@ class Infinite:
 
     A finite source ends the epoch in which it runs out, after its partial batch; the next
     epoch begins it again if it can be iterated again (a list) and is empty otherwise (a spent
-    generator). An exception in any stage reaches the caller with its type, message and
-    traceback, and closes the pipeline: the next epoch starts over cleanly.
+    generator; a warning says so, once). An exception in any stage reaches the caller with its
+    type, message and traceback, and closes the pipeline: the next epoch starts over cleanly.
+    With ``on_error="skip"`` (or a callable), the transformers given as plain functions leave
+    out the items on which they raise, and count them (:meth:`stats`); ``max_errors`` bounds
+    their number in each (see :mod:`fpipe.skipping`). Stages keep their own ``on_error``.
 
     >>> batch_iter = Infinite(range(7), batch_size=3, batches_per_epoch=2,
     ...                       combiner=list)
@@ -410,10 +440,13 @@ class Infinite:
     def __init__(self, source: Iterable, *transformers: Callable | Stage,
                  batch_size: int | Callable[[list, Any], bool], batches_per_epoch: int,
                  buffer_size: int = 1, combiner: Callable | Stage = combine_to_arrays,
+                 on_error: OnError = "raise", max_errors: int | None = None,
                  **kwargs: Any) -> None:
         if not isinstance(source, (Iterable, collections.abc.Sequence)):
             raise TypeError(f"source must be iterable; got source={source!r}")
-        stages = [_as_stage(i, transformer) for i, transformer in enumerate(transformers)]
+        check_on_error(on_error), check_max_errors(max_errors)
+        stages = [_as_stage(i, transformer, on_error, max_errors)
+                  for i, transformer in enumerate(transformers)]
         stages.append(batch(batch_size))
         self.batches_per_epoch = batches_per_epoch
         self.buffer_size = check_integer("buffer_size", buffer_size, 1)

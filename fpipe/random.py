@@ -27,6 +27,7 @@ None
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import threading
@@ -306,3 +307,117 @@ def takes_rng(sampler: Callable) -> bool:
     required = [p for p in parameters if p.default is p.empty
                 and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(required) == 1
+
+
+# NumPy's global sampling functions whose Generator method has another name
+_GENERATOR_NAMES = {"rand": "random", "random_sample": "random", "ranf": "random",
+                    "sample": "random", "randn": "standard_normal", "randint": "integers"}
+_NOT_SAMPLERS = frozenset({"seed", "get_state", "set_state", "default_rng", "get_bit_generator",
+                           "set_bit_generator"})
+
+
+def numpy_global_call(sampler: Callable) -> tuple[str, tuple, dict] | None:
+    """``(name, args, kwargs)`` when ``sampler`` is one of NumPy's global functions
+    (``np.random.normal``) or a ``functools.partial`` of one, else None. Not in ``__all__``.
+
+    >>> numpy_global_call(functools.partial(np.random.uniform, -1, high=1))
+    ('uniform', (-1,), {'high': 1})
+    >>> numpy_global_call(lambda: 0) is None
+    True
+    """
+    func, args, kwargs = sampler, (), {}
+    if isinstance(sampler, functools.partial):
+        func, args, kwargs = sampler.func, sampler.args, dict(sampler.keywords)
+    name = getattr(func, "__name__", None)
+    if not isinstance(name, str) or getattr(np.random, name, None) is not func:
+        return None
+    return name, args, kwargs
+
+
+def generator_call(rng: np.random.Generator, name: str, args: tuple, kwargs: dict) -> Any:
+    """What ``np.random.<name>(*args, **kwargs)`` means, drawn from ``rng``; a ``TypeError``
+    for a global function that has no ``Generator`` counterpart. Not in ``__all__``.
+
+    >>> generator_call(np.random.default_rng(0), "randint", (3,), {}) in range(3)
+    True
+    """
+    method = _GENERATOR_NAMES.get(name, name)
+    if name in _NOT_SAMPLERS or not callable(getattr(rng, method, None)):
+        raise TypeError(f"np.random.{name} has no numpy.random.Generator counterpart, so inside a "
+                        "seeded stage it cannot draw from the item's generator; use a sampler "
+                        "that takes the generator (lambda rng: ...) or one of fpipe's samplers")
+    if name in ("rand", "randn") and args:  # dimensions given one by one
+        args, kwargs = (), {**kwargs, "size": args}
+    return getattr(rng, method)(*args, **kwargs)
+
+
+def draw_sample(sampler: Callable) -> Any:
+    """One draw of a :func:`fpipe.sample_args` sampler. Inside a seeded stage, every draw
+    comes from the item's generator, or fails: NumPy's global functions are mapped onto it,
+    and any other sampler of no argument that changes NumPy's global state raises
+    ``RuntimeError``. Not in ``__all__``.
+
+    >>> with using_rng(item_rng(0, 0, 0)):
+    ...     a = draw_sample(np.random.normal)
+    >>> with using_rng(item_rng(0, 0, 0)):
+    ...     a == draw_sample(np.random.normal) == float(item_rng(0, 0, 0).normal())
+    True
+    """
+    if takes_rng(sampler):
+        return sampler(current_rng())
+    rng = _active.rng
+    if rng is None:
+        return sampler()  # outside a seeded stage, as in dpipe
+    call = numpy_global_call(sampler)
+    if call is not None:
+        return generator_call(rng, *call)
+    before = _global_mark()
+    value = sampler()
+    if _global_mark() != before:
+        raise RuntimeError(
+            f"the sampler {getattr(sampler, '__name__', sampler)!s} drew from NumPy's global "
+            "random state inside a seeded stage, which makes the stage unreproducible; pass "
+            "np.random.<function> itself (or a functools.partial of it), or a sampler that takes "
+            "the generator: lambda rng: rng.normal(0, 2)")
+    return value
+
+
+def _global_mark() -> tuple:
+    state = np.random.get_state(legacy=False)["state"]
+    return state["pos"], state["key"].tobytes()
+
+
+def legacy_state(random_state: Any) -> np.random.RandomState | None:
+    """dpipe's ``random_state`` argument as a ``RandomState`` (an int seeds a new one; a
+    ``RandomState`` is used, and advanced, as it is); None stays None. Not in ``__all__``.
+
+    >>> legacy_state(1).randint(10) == np.random.RandomState(1).randint(10)
+    True
+    """
+    if random_state is None or isinstance(random_state, np.random.RandomState):
+        return random_state
+    if isinstance(random_state, (bool, np.bool_)) or not isinstance(random_state, (int, np.integer)):
+        raise TypeError("random_state must be an int or a numpy.random.RandomState (as in dpipe); "
+                        f"got random_state={random_state!r}; for a Generator or fpipe's per-item "
+                        "seeds, pass seed= to the stage instead")
+    if not 0 <= random_state < 2 ** 32:
+        raise ValueError(f"random_state must be in [0, 2**32), as NumPy's legacy seeds are; "
+                         f"got random_state={random_state!r}")
+    return np.random.RandomState(int(random_state))
+
+
+def legacy_generator(state: np.random.RandomState) -> np.random.Generator:
+    """A Generator over the bits of ``state``, so that fpipe's samplers and NumPy's legacy
+    functions draw from one stream. Not in ``__all__``."""
+    # RandomState has no public accessor for its bit generator; this one is stable since 1.17
+    return np.random.Generator(state._bit_generator)
+
+
+def shard_seed(seed: int, start: int) -> int:
+    """The seed of the shard that begins at ``start``: a 3-number spawn key, so that no
+    shard's seed is ever an item generator's (2 numbers).
+
+    >>> shard_seed(0, 5) == shard_seed(0, 5) != shard_seed(0, 6)
+    True
+    """
+    return seed_entropy(np.random.SeedSequence(seed, spawn_key=(start, 0, 1)))

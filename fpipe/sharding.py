@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from operator import itemgetter
 from typing import Any
 
-from .errors import check_choice, check_integer
+from .errors import check_bool, check_choice, check_integer
 
 __all__ = ["elastic_batches", "elastic_position", "shard", "shard_range", "worker_range"]
 
@@ -364,3 +364,43 @@ def _elastic(n: int, position: int, batch_size: int, rank: int, world_size: int,
             yield range(start + rank * batch_size, start + (rank + 1) * batch_size)
         else:
             yield _tail(n, start, batch_size, rank, world_size, even)
+
+
+def check_elastic(elastic: Any, batch_size: int | None, shuffle: bool) -> bool:
+    """``elastic`` of the torch adapters, checked against the ``batch_size`` and ``shuffle``
+    it needs."""
+    if not check_bool("elastic", elastic):
+        return False
+    if batch_size is None:
+        raise ValueError("elastic=True needs batch_size (the DataLoader's): the epoch is dealt "
+                         "out in batches; got batch_size=None")
+    if shuffle:
+        raise ValueError("elastic=True needs one order for the whole epoch, and shuffle=True "
+                         "shuffles each worker's shard; shuffle with an ordering instead: "
+                         "IterableDataset(Shuffler(reader, seed=...), elastic=True); got shuffle=True")
+    return True
+
+
+def elastic_state(state: Any, n: int) -> tuple[int, int]:
+    """The epoch and position of an elastic ``state`` for a dataset of ``n`` samples."""
+    if not isinstance(state, Mapping) or set(state) != {"epoch", "position", "length"}:
+        raise TypeError(f"state must be a dict from state_dict(): epoch, position and length; "
+                        f"got state={state!r}")
+    length = check_integer("state['length']", state["length"], 0)
+    if length != n:
+        raise ValueError(f"state is of a dataset of {length} samples; this one has {n}")
+    position = check_integer("state['position']", state["position"], 0)
+    if position > n:
+        raise ValueError(f"state['position'] must be at most the length {n}; got {position}")
+    return check_integer("state['epoch']", state["epoch"], 0), position
+
+
+def wrapped_runs(batch: range, n: int) -> Iterator[range]:
+    """The runs of positions in ``[0, n)`` that ``batch`` stands for, position ``p`` being
+    ``p % n`` (a padded batch runs past the end of the epoch's order)."""
+    start = batch.start
+    while start < batch.stop:
+        offset = start % n
+        stop = min(batch.stop, start + n - offset)
+        yield range(offset, offset + stop - start)
+        start = stop

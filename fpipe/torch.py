@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 try:
@@ -35,11 +35,21 @@ except ImportError as error:  # pragma: no cover - torch is in the test extra
 
 import numpy as np
 
-from .errors import check_bool, check_callable, check_integer
-from .functional import Compose
-from .image import CompressedToPIL, ImageDecodeError
-from .random import Seed, item_rng, optional_entropy, seed_entropy, set_active
-from .sharding import check_even, elastic_batches, elastic_position, resume_plan, worker_range
+from .errors import check_bool, check_callable, check_fraction_or_count, check_integer
+from .functional import Compose, dict2tuple, no_rng
+from .image import CompressedToPIL, with_sample_named
+from .random import Seed, item_rng, optional_entropy, seed_entropy, set_active, shard_seed
+from .sharding import (
+    check_elastic,
+    check_even,
+    elastic_batches,
+    elastic_position,
+    elastic_state,
+    resume_plan,
+    worker_range,
+    wrapped_runs,
+)
+from .skipping import OnError, TooManyErrors, check_max_errors, check_on_error, handle
 from .storage.order import QuasiShuffler, Range
 
 __all__ = [
@@ -61,6 +71,8 @@ _SLOTS = 1024
 # its elastic position)
 _PENDING, _RESUME = _SLOTS + 1, 2 * _SLOTS + 1
 _LATEST = _RESUME + 4
+_KEPT_INDICES = 32  # indices of skipped samples recorded per worker id (the count is exact)
+_SKIP = object()  # what _apply_or_skip returns for a skipped sample
 
 
 class _Resume(NamedTuple):
@@ -68,25 +80,6 @@ class _Resume(NamedTuple):
     batch_size: int
     drop_last: int
     position: int  # where an elastic pass begins in the epoch's order
-
-
-def no_rng(_: Any) -> dict:
-    """The default ``rng``: no parameters, whatever the sample.
-
-    >>> no_rng({"image": b"..."})
-    {}
-    """
-    return {}
-
-
-def dict2tuple(it: Iterable[Mapping], keys: tuple = ("image", "label")) -> Iterator[tuple]:
-    """Yield ``tuple(sample[k] for k in keys)`` for each sample (or collated batch) of ``it``.
-
-    >>> list(dict2tuple([{"image": 1, "label": 0, "key": "a"}]))
-    [(1, 0)]
-    """
-    for sample in it:
-        yield tuple(sample[k] for k in keys)
 
 
 def _worker() -> tuple[int, int]:
@@ -161,21 +154,38 @@ class _EpochClock:
         return epoch, 0 if resume is None else resume.position
 
 
-def _describe(index: int, sample: Any, field: Any) -> str:
-    where = f"sample {index}"
-    if isinstance(sample, Mapping) and "key" in sample:
-        where += f" (key {sample['key']!r})"
-    return where if field is None else f"{where}, field {field!r}"
+class _SkipBoard:
+    """The samples a dataset skipped (``on_error``), counted in shared memory like the epoch:
+    per worker id, a count and the first indices, so that the main process sees what every
+    DataLoader worker skipped and ``max_errors`` holds across them."""
 
+    __slots__ = ("_rows", "_tensor")
 
-def _naming_sample(error: Exception, index: int, sample: Any, field: Any) -> Exception:
-    """``error`` with the sample named: in the message of an image error, as a note otherwise."""
-    where = _describe(index, sample, field)
-    if isinstance(error, ImageDecodeError) and error.sample is None:
-        return ImageDecodeError(error.reason, sample=where).with_traceback(error.__traceback__)
-    if hasattr(error, "add_note"):
-        error.add_note(f"raised while transforming {where}")
-    return error
+    def __init__(self, tensor: torch.Tensor | None = None) -> None:
+        if tensor is None:
+            tensor = torch.zeros((_SLOTS, 1 + _KEPT_INDICES), dtype=torch.int64).share_memory_()
+        self._tensor, self._rows = tensor, tensor.numpy()
+
+    def __reduce__(self):
+        return _SkipBoard, (self._tensor,)
+
+    def add(self, index: int) -> int:
+        """Record sample ``index`` as skipped by this worker; the count over every worker."""
+        row = self._rows[_worker()[0]]
+        if row[0] < _KEPT_INDICES:
+            row[1 + row[0]] = index
+        row[0] += 1
+        return self.count
+
+    @property
+    def count(self) -> int:
+        return int(self._rows[:, 0].sum())
+
+    @property
+    def indices(self) -> list[int]:
+        rows = self._rows
+        kept = np.minimum(rows[:, 0], _KEPT_INDICES)
+        return sorted(int(i) for row, n in zip(rows, kept) for i in row[1:1 + n])
 
 
 class DatasetBase:
@@ -190,6 +200,12 @@ class DatasetBase:
     reproducible per sample, whichever worker or rank reads it. An exception in a transform
     names the sample (its index, key and field).
 
+    ``on_error="skip"`` (or a callable ``on_error(error, sample, index)``, called in the
+    worker; see :mod:`fpipe.skipping`) leaves out the samples whose transforms raise (a
+    corrupt image, say): :attr:`skipped` counts them over every DataLoader worker and
+    :attr:`skipped_indices` lists their indices (the first 32 per worker). ``max_errors``
+    raises :class:`~fpipe.skipping.TooManyErrors` once more samples than that were skipped.
+
     >>> from fpipe.storage import ListReader
     >>> base = DatasetBase(ListReader([{"x": 1}, {"x": 2}]), seed=7)
     >>> len(base), base.epoch, base.seed
@@ -201,7 +217,8 @@ class DatasetBase:
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
                  rng: Callable[[Any], Mapping] | None = None, *, seed: Seed = None,
-                 epoch: int = 0) -> None:
+                 epoch: int = 0, on_error: OnError = "raise",
+                 max_errors: int | None = None) -> None:
         if not hasattr(reader, "__len__"):
             raise TypeError(f"reader must be a reader or an ordering (with len); got reader={reader!r:.80}")
         if rng is not None:
@@ -212,6 +229,33 @@ class DatasetBase:
         self.seed = optional_entropy(seed)
         self._transform = self._checked_transform(transforms)
         self._clock = _EpochClock(check_integer("epoch", epoch, 0))
+        self.on_error, self.max_errors = check_on_error(on_error), check_max_errors(max_errors)
+        self._skips = _SkipBoard()
+
+    @property
+    def skipped(self) -> int:
+        """How many samples ``on_error`` skipped so far, in this process and every worker."""
+        return self._skips.count
+
+    @property
+    def skipped_indices(self) -> list[int]:
+        """The indices of the skipped samples (the first 32 of each worker), sorted."""
+        return self._skips.indices
+
+    def _apply_or_skip(self, sample: Any, index: int, epoch: int) -> Any:
+        """:meth:`_apply`, or ``_SKIP`` once ``on_error`` has taken an error."""
+        if self.on_error == "raise":
+            return self._apply(sample, index, epoch)
+        try:
+            return self._apply(sample, index, epoch)
+        except Exception as error:
+            handle(self.on_error, error, sample, index)
+            count = self._skips.add(index)
+            if self.max_errors is not None and count > self.max_errors:
+                raise TooManyErrors(f"{count} samples failed, more than max_errors="
+                                    f"{self.max_errors}; the last: sample {index}: "
+                                    f"{type(error).__name__}: {error}") from error
+            return _SKIP
 
     def _checked_transform(self, transforms: Any) -> Callable | None:
         if transforms is None:
@@ -262,7 +306,7 @@ class DatasetBase:
                 sample[field] = transform(sample[field], params)
             return sample
         except Exception as error:
-            located = _naming_sample(error, index, sample, field)
+            located = with_sample_named(error, index, sample, field)
             if located is error:
                 raise
             raise located from error.__cause__
@@ -272,7 +316,7 @@ class DatasetBase:
         try:
             return self.transforms(sample)
         except Exception as error:
-            located = _naming_sample(error, index, None if key is None else {"key": key}, None)
+            located = with_sample_named(error, index, None if key is None else {"key": key}, None)
             if located is error:
                 raise
             raise located from error.__cause__
@@ -298,6 +342,10 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
     :class:`DatasetBase`); their draws depend on the epoch too, so call
     :meth:`~DatasetBase.set_epoch` at the start of every epoch for new augmentations.
 
+    With ``on_error="skip"``, a batch that the DataLoader asks for (``__getitems__``) comes
+    without the samples that failed, so it may be smaller; ``dataset[i]`` alone still raises,
+    as it must return sample ``i``.
+
     >>> import random
     >>> from fpipe.storage import ListReader
     >>> def add(v, number):
@@ -318,11 +366,13 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
                  rng: Callable[[Any], Mapping] | None = None, *, seed: Seed = None,
-                 epoch: int = 0) -> None:
+                 epoch: int = 0, on_error: OnError = "raise",
+                 max_errors: int | None = None) -> None:
         if not callable(getattr(reader, "get", None)):
             raise TypeError(f"Dataset needs random access (a reader with get); got reader={reader!r:.80}; "
                             "iterate orderings without it (QuasiShuffler, Cycler) with IterableDataset")
-        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch)
+        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch, on_error=on_error,
+                         max_errors=max_errors)
 
     def __getitem__(self, index: int) -> Any:
         epoch = self._clock.base
@@ -337,7 +387,8 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
         samples = self._read_batch(indices)
         if self._transform is None:
             return samples
-        return [self._apply(s, self._position(i), epoch) for s, i in zip(samples, indices)]
+        outputs = [self._apply_or_skip(s, self._position(i), epoch) for s, i in zip(samples, indices)]
+        return [x for x in outputs if x is not _SKIP] if self.on_error != "raise" else outputs
 
     def _read_batch(self, indices: list[int]) -> list:
         # A sequential sampler's batch is one run: one contiguous read. Shuffled batches are
@@ -429,7 +480,7 @@ class ElasticBatchSampler(torch.utils.data.Sampler):
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Deal out epoch ``state["epoch"]`` next, from ``state["position"]`` on (a state of
         :meth:`state_dict` on any grid); the passes after it are whole."""
-        self.epoch, self._position = _checked_state(state, self.length)
+        self.epoch, self._position = elastic_state(state, self.length)
         self._latest = None
 
     def __repr__(self) -> str:
@@ -478,59 +529,6 @@ def _distributed(group: Any, rank: int | None, world_size: int | None) -> tuple[
     if not 0 <= check_integer("rank", rank) < world_size:
         raise ValueError(f"rank must be in [0, world_size); got rank={rank}, world_size={world_size}")
     return int(rank), world_size
-
-
-def _check_buffer(buf_size: Any) -> float:
-    number = (int, float, np.integer, np.floating)
-    if isinstance(buf_size, (bool, np.bool_)) or not isinstance(buf_size, number):
-        raise TypeError(f"buf_size must be a number; got buf_size={buf_size!r}")
-    if not (0 < buf_size < 1 or (buf_size >= 1 and float(buf_size).is_integer())):
-        raise ValueError("buf_size must be a fraction in (0, 1) or a whole number of samples >= 1; "
-                         f"got buf_size={buf_size!r}")
-    return buf_size
-
-
-def _check_elastic(elastic: Any, batch_size: int | None, shuffle: bool) -> bool:
-    if not check_bool("elastic", elastic):
-        return False
-    if batch_size is None:
-        raise ValueError("elastic=True needs batch_size (the DataLoader's): the epoch is dealt "
-                         "out in batches; got batch_size=None")
-    if shuffle:
-        raise ValueError("elastic=True needs one order for the whole epoch, and shuffle=True "
-                         "shuffles each worker's shard; shuffle with an ordering instead: "
-                         "IterableDataset(Shuffler(reader, seed=...), elastic=True); got shuffle=True")
-    return True
-
-
-def _checked_state(state: Any, n: int) -> tuple[int, int]:
-    """The epoch and position of an elastic ``state`` for a dataset of ``n`` samples."""
-    if not isinstance(state, Mapping) or set(state) != {"epoch", "position", "length"}:
-        raise TypeError(f"state must be a dict from state_dict(): epoch, position and length; "
-                        f"got state={state!r}")
-    length = check_integer("state['length']", state["length"], 0)
-    if length != n:
-        raise ValueError(f"state is of a dataset of {length} samples; this one has {n}")
-    position = check_integer("state['position']", state["position"], 0)
-    if position > n:
-        raise ValueError(f"state['position'] must be at most the length {n}; got {position}")
-    return check_integer("state['epoch']", state["epoch"], 0), position
-
-
-def _wrapped_runs(batch: range, n: int) -> Iterator[range]:
-    """The runs of positions in ``[0, n)`` that ``batch`` stands for, position ``p`` being
-    ``p % n`` (a padded batch runs past the end of the epoch's order)."""
-    start = batch.start
-    while start < batch.stop:
-        offset = start % n
-        stop = min(batch.stop, start + n - offset)
-        yield range(offset, offset + stop - start)
-        start = stop
-
-
-def _shard_seed(seed: int, start: int) -> int:
-    # a 3-number spawn key, so no shard's seed is ever an item generator's (2 numbers)
-    return seed_entropy(np.random.SeedSequence(seed, spawn_key=(start, 0, 1)))
 
 
 class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
@@ -587,18 +585,21 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                  epoch: int = 0, copy: bool = True, chunk_size: int = 16, group: Any = None, *,
                  even: str | None = None, shuffle: bool = False, buf_size: float = 0.01,
                  seed: Seed = None, rank: int | None = None, world_size: int | None = None,
-                 elastic: bool = False) -> None:
+                 elastic: bool = False, on_error: OnError = "raise",
+                 max_errors: int | None = None) -> None:
         if not callable(getattr(reader, "iter", None)):
             raise TypeError(f"reader must be a reader or an ordering (with iter); got reader={reader!r:.80}")
-        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch)
+        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch, on_error=on_error,
+                         max_errors=max_errors)
         self.batch_size = None if batch_size is None else check_integer("batch_size", batch_size, 1)
         self.copy = bool(copy)
         self.chunk_size = check_integer("chunk_size", chunk_size, 1)
-        self.even, self.shuffle, self.buf_size = check_even(even), bool(shuffle), _check_buffer(buf_size)
+        self.even, self.shuffle = check_even(even), bool(shuffle)
+        self.buf_size = check_fraction_or_count("buf_size", buf_size)
         # the shuffle needs a seed even when the transforms draw fresh entropy
         self._shuffle_seed = seed_entropy(seed) if self.seed is None else self.seed
         self.rank, self.world_size = _distributed(group, rank, world_size)
-        self.elastic = _check_elastic(elastic, self.batch_size, self.shuffle)
+        self.elastic = check_elastic(elastic, self.batch_size, self.shuffle)
 
     def __len__(self) -> int:
         worker, workers = _worker()
@@ -689,7 +690,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         this process and in every DataLoader worker; the passes after it are whole. ``state``
         comes from :meth:`state_dict`, of this grid of ranks and workers or any other."""
         self._need_elastic("load_state_dict")
-        epoch, position = _checked_state(state, len(self.reader))
+        epoch, position = elastic_state(state, len(self.reader))
         self.set_epoch(epoch)
         self._clock.resume(0, self.batch_size, False, position)
 
@@ -706,12 +707,14 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
 
     def _elastic_stream(self, batches: Iterator[range], epoch: int) -> Iterator[Any]:
         self._follow(epoch)
-        n, reader, apply = len(self.reader), self.reader, self._apply
+        n, reader, apply = len(self.reader), self.reader, self._apply_or_skip
         for batch in batches:
-            for run in _wrapped_runs(batch, n):
+            for run in wrapped_runs(batch, n):
                 samples = reader.iter(run.start, run.stop, copy=self.copy, chunk_size=self.chunk_size)
                 for index, sample in zip(run, samples):
-                    yield apply(sample, index, epoch)
+                    output = apply(sample, index, epoch)
+                    if output is not _SKIP:
+                        yield output
 
     def _shard(self, epoch: int, resume: _Resume | None, worker: int, workers: int,
                guard: bool) -> tuple[range, int]:
@@ -759,14 +762,16 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
             for _, sample in pairs:
                 yield sample
             return
-        apply = self._apply
+        apply = self._apply_or_skip
         for index, sample in pairs:
-            yield apply(sample, index, epoch)
+            output = apply(sample, index, epoch)
+            if output is not _SKIP:
+                yield output
 
     def _shuffled(self, window: range, epoch: int, skip: int) -> Iterator[tuple[int, Any]]:
         shard = Range(_Indexed(self.reader), window.start, window.stop)
         shuffler = QuasiShuffler(shard, buf_size=self.buf_size, chunk_size=self.chunk_size,
-                                 seed=_shard_seed(self._shuffle_seed, window.start))
+                                 seed=shard_seed(self._shuffle_seed, window.start))
         shuffler.set_epoch(epoch)
         if skip and not callable(getattr(self.reader, "get", None)):
             # refilling the buffer at `skip` takes random reads: without them, read up to it

@@ -259,6 +259,13 @@ def with_noise(x: int, noise: float) -> tuple[int, float]:
 # draws from the item's own generator inside a seeded stage
 noisy = sample_args(with_noise, noise=uniform(0.0, 1.0))
 
+
+def fails_on_multiples_of_seven(x: int) -> int:
+    """``add_three``, except that it raises on multiples of 7 (the bad samples of on_error laws)."""
+    if x % 7 == 0:
+        raise ValueError(f"bad item {x}")
+    return x + 3
+
 # one in-thread stage of a random chain: ("map", f) or ("filter", p)
 item_stages = st.sampled_from([("map", add_three), ("map", abs), ("filter", is_even)])
 

@@ -14,6 +14,7 @@ from property_tests.strategies import (
     add_three,
     background_stages,
     chunk_sizes,
+    fails_on_multiples_of_seven,
     item_stages,
     noisy,
     pull_sizes,
@@ -107,3 +108,40 @@ def test_prefetch_holds_at_most_n_items_ahead_of_an_idle_consumer(n):
         taken = len(stream.pull(1))
         time.sleep(0.05)
         assert read[0] - taken <= n
+
+
+@given(st.lists(st.integers(0, 100), min_size=1, max_size=30), st.integers(0, 2**32),
+       st.integers(0, 6), st.sampled_from(["map", "threads"]))
+@settings(max_examples=20, deadline=None)
+def test_a_stage_built_at_epoch_e_draws_what_one_stage_object_draws_in_its_epoch_e(
+        items, seed, epoch, kind):
+    def build(**options):
+        if kind == "map":
+            return fp.map(noisy, seed=seed, **options)
+        return fp.threads(noisy, n_workers=2, chunk_size=2, seed=seed, **options)
+
+    reused = build()
+    outputs = [list(reused(items)) for _ in range(epoch + 1)]
+    assert list(build(epoch=epoch)(items)) == outputs[epoch]
+    # built anew without epoch=, a stage is at epoch 0 again: the same draws, by design
+    assert list(build()(items)) == outputs[0]
+    assert epoch == 0 or outputs[epoch] != outputs[0]
+
+
+@given(stream_items, st.sampled_from(["map", "threads", "processes"]), st.integers(1, 3),
+       chunk_sizes)
+@settings(max_examples=15, deadline=None)
+def test_skipping_keeps_exactly_the_good_items_in_order_and_counts_the_rest(
+        items, kind, n_workers, chunk_size):
+    if kind == "map":
+        stage = fp.map(fails_on_multiples_of_seven, on_error="skip")
+    else:
+        factory = fp.threads if kind == "threads" else fp.processes
+        options = {} if kind == "threads" else {"backend": "threading"}
+        stage = factory(fails_on_multiples_of_seven, n_workers=n_workers, chunk_size=chunk_size,
+                        on_error="skip", **options)
+    with stage(items) as stream:
+        assert list(stream) == [x + 3 for x in items if x % 7]
+        row = fp.stats(stream)[-1]
+    bad = [i for i, x in enumerate(items) if x % 7 == 0]
+    assert row.skipped == len(bad) and [r.index for r in row.skipped_items] == bad

@@ -111,7 +111,7 @@ def test_command_without_subcommand_is_a_usage_error():
 
 # --- layers (DESIGN.md): imports point down, and the two halves of layer 2 stay apart ---------
 
-CORE = {"errors", "functional", "random", "sharding", "_version"}
+CORE = {"errors", "functional", "random", "sharding", "skipping", "_version"}
 ADAPTERS = {"infinite", "torch", "image"}
 
 

@@ -87,6 +87,7 @@ class Stream(abc.ABC):
     """
 
     waits = False  # whether a pull may wait for other threads (or on its upstream's)
+    skips = None  # the SkipLog of a stage with on_error: the items it left out
 
     def __init__(self, upstream: Stream | None, name: str) -> None:
         self.upstream, self.name = upstream, name

@@ -175,8 +175,16 @@ def combine_batches(inputs: Sequence[Sequence]) -> tuple:
 
     >>> combine_batches([("a", 1), ("b", 2)])
     (('a', 'b'), (1, 2))
+    >>> combine_batches([3, 4])
+    Traceback (most recent call last):
+    ...
+    TypeError: combine_batches expects items that are sequences of fields, ... item 0 is 3 (int). ...
     """
-    items = [tuple(item) for item in inputs]
+    return _transposed(inputs, "combine_batches")
+
+
+def _transposed(inputs: Sequence[Sequence], combiner: str) -> tuple:
+    items = [_fields(item, position, combiner) for position, item in enumerate(inputs)]
     lengths = {len(item) for item in items}
     if len(lengths) > 1:
         first = len(items[0])
@@ -184,6 +192,16 @@ def combine_batches(inputs: Sequence[Sequence]) -> tuple:
         raise ValueError(f"items have different numbers of fields: item 0 has {first}, "
                          f"item {odd} has {len(items[odd])}")
     return tuple(zip(*items))
+
+
+def _fields(item: Any, position: int, combiner: str) -> tuple:
+    try:
+        return tuple(item)
+    except TypeError:
+        raise TypeError(f"{combiner} expects items that are sequences of fields, such as "
+                        f"(image, label) pairs; item {position} is {item!r:.60} "
+                        f"({type(item).__name__}). Wrap single values in a tuple, or pass "
+                        "another combiner (combiner=numpy.array, say)") from None
 
 
 def _stack(field: int | str, values: Sequence) -> np.ndarray:
@@ -224,7 +242,7 @@ def combine_to_arrays(inputs: Sequence[Sequence]) -> tuple:
     """
     if _are_dicts(inputs):
         return combine_dicts(inputs)
-    return tuple(_stack(i, field) for i, field in enumerate(combine_batches(inputs)))
+    return tuple(_stack(i, field) for i, field in enumerate(_transposed(inputs, "combine_to_arrays")))
 
 
 def _are_dicts(inputs: Sequence) -> bool:
@@ -257,7 +275,7 @@ def combine_pad(inputs: Sequence[Sequence], padding_values: Any = 0, ratio: Any 
     """
     if _are_dicts(inputs):
         return combine_dicts(inputs, padding_values, ratio)
-    fields = combine_batches(inputs)
+    fields = _transposed(inputs, "combine_pad")
     values = _per_field("padding_values", padding_values, len(fields))
     return tuple(pad_batch_equal(field, value, ratio) for field, value in zip(fields, values))
 

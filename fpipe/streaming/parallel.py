@@ -23,10 +23,11 @@ from typing import Any
 
 from ..errors import capture, check_bool, check_callable, check_integer, check_workers
 from ..random import Seed, optional_entropy
+from ..skipping import OnError, SkipLog, check_max_errors, check_on_error
 from ._core import JOIN_SECONDS, Stage, Stream, as_stream, next_chunk_size
 from ._joblib import ProcessPool
 from ._messages import Message
-from .simple import ItemCall, stage_repr
+from .simple import ItemCall, at_epoch, error_options, stage_repr
 
 __all__ = ["prefetch", "processes", "threads"]
 
@@ -202,17 +203,22 @@ class _Background(Stream):
 
     def _next_chunk(self) -> bool:
         """Make the next chunk of results ready; False at the end."""
-        message = self._next_message()
-        if message is None:
-            return False
-        outputs, error, seconds, slots = message.outputs, message.error, message.seconds, message.slots
-        self._work += seconds
-        self._run.sizer.worked(len(outputs), seconds)
-        if error is not None and not outputs:
+        while True:
+            message = self._next_message()
+            if message is None:
+                return False
+            outputs, error, seconds, slots = message.outputs, message.error, message.seconds, message.slots
+            self._work += seconds
+            self._run.sizer.worked(len(outputs), seconds)
+            if self.skips is not None:
+                self.skips.keep(outputs, 0)  # on_error: the workers' Skipped records
+            if outputs:
+                self._ready, self._ready_slots, self._ready_error = outputs, slots, error
+                return True
             self._run.slots.release(slots)
-            error.reraise()
-        self._ready, self._ready_slots, self._ready_error = outputs, slots, error
-        return True
+            if error is not None:
+                error.reraise()
+            # else every item of the chunk was skipped
 
     def _next_message(self) -> Message | None:
         """The next message with results, in order if asked; None at the end."""
@@ -336,7 +342,8 @@ class _ParallelStage(Stage):
     one_to_one = True
 
     def __init__(self, func: Callable, args: tuple, kwargs: dict, n_workers: int,
-                 buffer_size: int, ordered: bool, seed: Seed | None, chunk_size: int) -> None:
+                 buffer_size: int, ordered: bool, seed: Seed | None, chunk_size: int, *,
+                 on_error: OnError = "raise", max_errors: int | None = None) -> None:
         self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
         self.ordered = check_bool("ordered", ordered)
         self.n_workers = check_workers(n_workers)
@@ -344,15 +351,19 @@ class _ParallelStage(Stage):
         self.buffer_size = check_integer("buffer_size", buffer_size, 1)
         self.chunk_size = check_integer("chunk_size", chunk_size, 1)
         self.seed = optional_entropy(seed)
+        self.on_error, self.max_errors = check_on_error(on_error), check_max_errors(max_errors)
         self._sizer = _Sizer(self.chunk_seconds, self.chunk_size)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
-        call = ItemCall(self.func, self.args, self.kwargs, self.seed, epoch)
+        call = ItemCall(self.func, self.args, self.kwargs, self.seed, epoch, self.on_error)
         slots = self.per_worker * self.workers + self.buffer_size
 
         def make_run(upstream: Stream) -> _Run:
             return _Run(upstream, self._executor(call), slots, False, self._sizer, start)
-        return _Background(as_stream(iterable), repr(self), make_run, self.ordered, self.workers)
+        stream = _Background(as_stream(iterable), repr(self), make_run, self.ordered, self.workers)
+        if self.on_error != "raise":
+            stream.skips = SkipLog(self.max_errors)
+        return stream
 
     @abc.abstractmethod
     def _executor(self, call: ItemCall) -> Any:
@@ -361,7 +372,7 @@ class _ParallelStage(Stage):
 
     def _options(self) -> dict:
         return {"n_workers": self.n_workers, "ordered": None if self.ordered else False,
-                "seed": self.seed}
+                "seed": self.seed, **error_options(self)}
 
     def __repr__(self) -> str:
         return stage_repr(self.kind, self.func, self.args, {**self._options(), **self.kwargs})
@@ -375,8 +386,8 @@ class _ThreadStage(_ParallelStage):
 
 
 def threads(func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 2,
-            ordered: bool = True, seed: Seed | None = None, chunk_size: int = 64,
-            **kwargs: Any) -> Stage:
+            ordered: bool = True, seed: Seed | None = None, epoch: int = 0, chunk_size: int = 64,
+            on_error: OnError = "raise", max_errors: int | None = None, **kwargs: Any) -> Stage:
     """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` threads (-1:
     one per core). Use it for work that releases the GIL (numpy, IO, decoding).
 
@@ -385,17 +396,21 @@ def threads(func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 2
     the stage at once, so it reads at most that many chunks ahead of its consumer. Results keep
     the input order unless ``ordered=False``. With ``seed``, each item's generator (from
     ``(seed, epoch, index)``) is active while ``func`` runs, so the output does not depend on
-    ``n_workers`` or on the order of completion.
+    ``n_workers`` or on the order of completion; ``epoch`` is the epoch of the first
+    application, as in :func:`fpipe.map`.
 
     An exception in ``func`` reaches the consumer with its type, message and the worker's
-    traceback, after the results of the items before it. Closing the stream stops and joins
-    the threads.
+    traceback, after the results of the items before it. With ``on_error="skip"`` (or a
+    callable, which runs in the worker), the items on which ``func`` raises are left out,
+    counted and recorded for :func:`fpipe.stats`; ``max_errors`` bounds how many may fail
+    (see :mod:`fpipe.skipping`). Closing the stream stops and joins the threads.
 
     >>> with threads(abs, n_workers=2)(range(-3, 4)) as stream:
     ...     list(stream)
     [3, 2, 1, 0, 1, 2, 3]
     """
-    return _ThreadStage(func, args, kwargs, n_workers, buffer_size, ordered, seed, chunk_size)
+    return at_epoch(_ThreadStage(func, args, kwargs, n_workers, buffer_size, ordered, seed,
+                                 chunk_size, on_error=on_error, max_errors=max_errors), epoch)
 
 
 class _ProcessWorkers:
@@ -423,8 +438,8 @@ class _ProcessStage(_ParallelStage):
     # the next chunk must already be waiting then
     kind, chunk_seconds, per_worker = "processes", _PROCESS_CHUNK_SECONDS, 2
 
-    def __init__(self, *args: Any, backend: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: Any, backend: Any, **on_error: Any) -> None:
+        super().__init__(*args, **on_error)
         if not isinstance(backend, str) and not hasattr(backend, "apply_async"):
             raise TypeError(f"backend must be a joblib backend name or instance; "
                             f"got backend={backend!r}")
@@ -449,8 +464,9 @@ class _ProcessStage(_ParallelStage):
 
 
 def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "loky",
-              ordered: bool = True, seed: Seed | None = None, buffer_size: int = 2,
-              chunk_size: int = 256, **kwargs: Any) -> Stage:
+              ordered: bool = True, seed: Seed | None = None, epoch: int = 0,
+              buffer_size: int = 2, chunk_size: int = 256, on_error: OnError = "raise",
+              max_errors: int | None = None, **kwargs: Any) -> Stage:
     """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` worker
     processes (-1: one per core), on joblib. Use it for pure-Python work that holds the GIL.
 
@@ -469,11 +485,13 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     generator at once (before closing a dask cluster, say); the stage starts a new one if it is
     used again.
 
-    Order, seeds and errors behave as in :func:`threads`.
+    Order, seeds, ``epoch``, errors and ``on_error`` behave as in :func:`threads` (a callable
+    ``on_error`` runs in the worker process, so it must pickle).
 
     >>> with processes(abs, n_workers=2, backend="threading")(range(-2, 3)) as stream:
     ...     list(stream)
     [2, 1, 0, 1, 2]
     """
-    return _ProcessStage(func, args, kwargs, n_workers, buffer_size, ordered, seed, chunk_size,
-                         backend=backend)
+    return at_epoch(_ProcessStage(func, args, kwargs, n_workers, buffer_size, ordered, seed,
+                                  chunk_size, backend=backend, on_error=on_error,
+                                  max_errors=max_errors), epoch)

@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import CapturedError, capture, check_callable, check_integer
 from ..functional import call_repr
 from ..random import Seed, item_rng, optional_entropy, set_active
+from ..skipping import OnError, SkipLog, check_max_errors, check_on_error, handle
 from ._core import Stage, Stream, as_stream, generator_stream, mapped_stream
 
 __all__ = ["filter", "map", "take", "transform_stream"]
@@ -25,17 +26,23 @@ class ItemCall:
     """``func(item, *args, **kwargs)`` over a chunk, each item's generator active when seeded.
     A class, not a closure, so that it pickles to worker processes."""
 
-    __slots__ = ("func", "args", "kwargs", "seed", "epoch")
+    __slots__ = ("func", "args", "kwargs", "seed", "epoch", "on_error")
 
     def __init__(self, func: Callable, args: tuple, kwargs: dict, seed: int | None,
-                 epoch: int) -> None:
+                 epoch: int, on_error: OnError = "raise") -> None:
         self.func, self.args, self.kwargs, self.seed, self.epoch = func, args, kwargs, seed, epoch
+        self.on_error = on_error
 
     def __reduce__(self):
-        return ItemCall, (self.func, self.args, self.kwargs, self.seed, self.epoch)
+        return ItemCall, (self.func, self.args, self.kwargs, self.seed, self.epoch, self.on_error)
 
     def into(self, outputs: list, chunk: list, start: int) -> None:
-        """Append the results to ``outputs``; on an error, the results before it stay there."""
+        """Append the results to ``outputs``; on an error, the results before it stay there.
+        With ``on_error`` other than ``"raise"``, a failed item appends its :class:`Skipped`
+        record instead (the consumer's :class:`SkipLog` takes it out)."""
+        if self.on_error != "raise":
+            self._into_skipping(outputs, chunk, start)
+            return
         func, args, kwargs = self.func, self.args, self.kwargs
         if self.seed is None:
             calls = (builtins.map(func, chunk) if not (args or kwargs)
@@ -48,6 +55,22 @@ class ItemCall:
                 outputs.append(func(item, *args, **kwargs))
             finally:
                 set_active(previous)
+
+    def _into_skipping(self, outputs: list, chunk: list, start: int) -> None:
+        for index, item in enumerate(chunk, start):
+            try:
+                outputs.append(self._call_one(item, index))
+            except Exception as error:
+                outputs.append(handle(self.on_error, error, item, index))
+
+    def _call_one(self, item: Any, index: int) -> Any:
+        if self.seed is None:
+            return self.func(item, *self.args, **self.kwargs)
+        previous = set_active(item_rng(self.seed, self.epoch, index))
+        try:
+            return self.func(item, *self.args, **self.kwargs)
+        finally:
+            set_active(previous)
 
     def run(self, chunk: list, start: int) -> tuple[list, CapturedError | None, float]:
         """``(results, captured error or None, seconds)``: what a worker sends back."""
@@ -67,16 +90,55 @@ def stage_repr(name: str, func: Callable, args: tuple, options: dict) -> str:
 class _MapStage(Stage):
     one_to_one = True
 
-    def __init__(self, func: Callable, args: tuple, kwargs: dict, seed: Seed | None) -> None:
+    def __init__(self, func: Callable, args: tuple, kwargs: dict, seed: Seed | None,
+                 on_error: OnError = "raise", max_errors: int | None = None) -> None:
         self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
         self.seed = optional_entropy(seed)
+        self.on_error, self.max_errors = check_on_error(on_error), check_max_errors(max_errors)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
-        call = ItemCall(self.func, self.args, self.kwargs, self.seed, epoch)
-        return mapped_stream(iterable, repr(self), call.into, start)
+        call = ItemCall(self.func, self.args, self.kwargs, self.seed, epoch, self.on_error)
+        if self.on_error == "raise":
+            return mapped_stream(iterable, repr(self), call.into, start)
+        log = SkipLog(self.max_errors)
+        stream = mapped_stream(iterable, repr(self), SkippingInto(call.into, log), start)
+        stream.skips = log
+        return stream
 
     def __repr__(self) -> str:
-        return stage_repr("map", self.func, self.args, {"seed": self.seed, **self.kwargs})
+        return stage_repr("map", self.func, self.args, {"seed": self.seed, **error_options(self),
+                                                        **self.kwargs})
+
+
+class SkippingInto:
+    """``into(outputs, chunk, start)`` whose :class:`Skipped` records go to ``log``, not to
+    the outputs (also when ``into`` raises, so no record reaches the consumer)."""
+
+    __slots__ = ("into", "log")
+
+    def __init__(self, into: Callable[[list, list, int], None], log: SkipLog) -> None:
+        self.into, self.log = into, log
+
+    def __call__(self, outputs: list, chunk: list, start: int) -> None:
+        mark = len(outputs)
+        try:
+            self.into(outputs, chunk, start)
+        except BaseException:
+            self.log.keep(outputs, mark)
+            raise
+        self.log.keep(outputs, mark)
+
+
+def at_epoch(stage: Stage, epoch: int) -> Stage:
+    """``stage``, its first application set to epoch ``epoch``."""
+    stage.set_epoch(epoch)
+    return stage
+
+
+def error_options(stage: Any) -> dict:
+    """``on_error`` and ``max_errors`` of ``stage`` for its repr, where they are not the defaults."""
+    return {"on_error": None if stage.on_error == "raise" else stage.on_error,
+            "max_errors": stage.max_errors}
 
 
 class _FilterStage(Stage):
@@ -93,11 +155,24 @@ class _FilterStage(Stage):
         return call_repr("filter", (self.predicate,), {})
 
 
-def map(func: Callable, *args: Any, seed: Seed | None = None, **kwargs: Any) -> Stage:
+def map(func: Callable, *args: Any, seed: Seed | None = None, epoch: int = 0,
+        on_error: OnError = "raise", max_errors: int | None = None, **kwargs: Any) -> Stage:
     """The stage that yields ``func(item, *args, **kwargs)`` for each item, in this thread.
 
     With ``seed``, each item's generator (from ``(seed, epoch, index)``) is active while
     ``func`` runs, for :func:`fpipe.random_apply`, :func:`fpipe.sample_args` and the samplers.
+    ``epoch`` is the epoch of the stage's first application (each later one counts on): a
+    loop that builds its pipeline anew every epoch passes ``epoch=e`` to get epoch ``e``'s
+    draws, the draws one stage object makes in its ``e``-th application.
+
+    ``on_error="skip"`` (or a callable) leaves out the items on which ``func`` raises, counts
+    them and records them for :func:`fpipe.stats`; ``max_errors`` bounds how many may fail
+    (see :mod:`fpipe.skipping`).
+
+    >>> from fpipe import stats
+    >>> stream = map(lambda x: 10 // x, on_error="skip")([5, 0, 2])
+    >>> list(stream), stats(stream)[-1].skipped
+    ([2, 5], 1)
 
     >>> list(map(pow, 3)([1, 2, 3]))
     [1, 8, 27]
@@ -105,8 +180,11 @@ def map(func: Callable, *args: Any, seed: Seed | None = None, **kwargs: Any) -> 
     >>> flip = map(random_apply(0.5, lambda x: -x), seed=0)
     >>> list(flip.apply(range(1, 9))) == list(flip.apply(range(1, 9)))
     True
+    >>> first, second = list(flip(range(1, 9))), list(flip(range(1, 9)))
+    >>> second == list(map(random_apply(0.5, lambda x: -x), seed=0, epoch=1)(range(1, 9)))
+    True
     """
-    return _MapStage(func, args, kwargs, seed)
+    return at_epoch(_MapStage(func, args, kwargs, seed, on_error, max_errors), epoch)
 
 
 def filter(predicate: Callable) -> Stage:

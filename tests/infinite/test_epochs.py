@@ -73,11 +73,20 @@ def test_a_finite_source_that_ends_at_an_epoch_boundary_gives_no_empty_epoch():
     batch_iter.close()
 
 
-def test_a_spent_iterator_gives_empty_epochs_not_errors():
+def test_a_spent_iterator_gives_empty_epochs_not_errors_and_a_warning_once():
     batch_iter = Infinite(iter(range(5)), batch_size=2, batches_per_epoch=5, combiner=list)
     assert list(batch_iter()) == [[0, 1], [2, 3], [4]]
-    assert list(batch_iter()) == [] and list(batch_iter()) == []
+    with pytest.warns(RuntimeWarning, match="gave no items: an epoch is empty") as warned:
+        assert list(batch_iter()) == [] and list(batch_iter()) == []
+    assert len(warned) == 1
     batch_iter.close()
+
+
+def test_a_source_that_ends_mid_epoch_and_restarts_gives_no_warning(recwarn):
+    batch_iter = Infinite(range(5), batch_size=2, batches_per_epoch=5, combiner=list)
+    assert [len(list(batch_iter())) for _ in range(3)] == [3, 3, 3]
+    batch_iter.close()
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
 def test_the_default_combiner_stacks_fields_into_arrays():

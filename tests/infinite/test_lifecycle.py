@@ -250,7 +250,11 @@ def test_the_original_exception_reaches_the_caller_and_the_next_epoch_starts_cle
     text = "".join(traceback.format_exception(info.value))
     assert "fail_at" in text or "raising_source" in text or "bad_predicate" in text
     assert fpipe_threads() == []  # the failed pipeline is closed
-    after = list(batch_iter())  # starts cleanly: the iterator source goes on past the bad item
+    if kind == "source":  # a generator that raised has ended: an empty epoch, said once
+        with pytest.warns(RuntimeWarning, match="gave no items"):
+            after = list(batch_iter())
+    else:
+        after = list(batch_iter())  # starts cleanly: the iterator source goes on past the bad item
     assert len(after) == 9 or kind == "source"
     assert all(5 not in b for b in after)
     batch_iter.close()

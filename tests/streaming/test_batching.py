@@ -133,3 +133,11 @@ def test_uncombine_undoes_the_combiners():
 def test_a_combiner_error_reaches_the_consumer():
     with pytest.raises(ValueError, match="different shapes"):
         list(pipe([(np.zeros(1),), (np.zeros(2),)], fp.batch(2), fp.map(fp.combine_to_arrays)))
+
+
+@pytest.mark.parametrize("combiner", [fp.combine_batches, fp.combine_to_arrays,
+                                      fp.combine_pad])
+def test_combiners_on_scalar_items_name_themselves_and_what_they_expect(combiner):
+    with pytest.raises(TypeError, match=rf"{combiner.__name__} expects items that are sequences "
+                                        r"of fields.*item 1 is 4 \(int\)"):
+        combiner([(1,), 4])

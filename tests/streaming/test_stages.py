@@ -232,3 +232,20 @@ def test_queue_messages_say_what_they_are():
     assert (wake.is_end, wake.is_failure, wake.is_wake) == (False, False, True)
     assert (failure.is_end, failure.is_failure, failure.is_wake) == (False, True, False)
     assert not (result.is_end or result.is_failure or result.is_wake)
+
+
+@pytest.mark.parametrize("factory", [fp.map, fp.threads, fp.processes])
+def test_epoch_sets_the_first_application_and_is_checked(factory):
+    stage = factory(abs, epoch=3)
+    assert stage.epoch == 3
+    with pytest.raises(ValueError, match="epoch must be >= 0; got epoch=-1"):
+        factory(abs, epoch=-1)
+    with pytest.raises(TypeError, match="epoch must be an integer"):
+        factory(abs, epoch=1.0)
+
+
+def test_the_dpipe_classes_still_pass_epoch_to_the_function():
+    def tagged(x, epoch):
+        return (x, epoch)
+
+    assert list(fp.Threads(tagged, epoch=5)([1, 2])) == [(1, 5), (2, 5)]

@@ -2,6 +2,7 @@
 
 import time
 
+import pytest
 from toolz import pipe
 
 import fpipe as fp
@@ -51,3 +52,16 @@ def test_a_slow_consumer_is_the_bottleneck():
 def test_stats_of_a_stream_that_has_not_started():
     rows = fp.stats(pipe([1], fp.map(abs)))
     assert [row.items for row in rows] == [0, 0] and rows.bottleneck in ("map(abs)", "source(list)")
+
+
+def test_stats_of_a_stage_object_says_to_pass_its_stream():
+    import fpipe
+
+    stage = fpipe.processes(abs, backend="threading")
+    with pytest.raises(TypeError, match=r"not the stage processes\(abs.*keep the stream"):
+        fpipe.stats(stage)
+    batch_iter = fpipe.Infinite(range(3), batch_size=1, batches_per_epoch=1)
+    with pytest.raises(TypeError, match="call its stats\\(\\) method"):
+        fpipe.stats(batch_iter)
+    with pytest.raises(TypeError, match="takes a stream .*got 3"):
+        fpipe.stats(3)
