@@ -154,7 +154,13 @@ class Sample(Stream):
 
     def _pull(self, n: int) -> list:
         sequence, step = self._sequence, self._drawn
-        indices, _ = self._schedule.choose(step, self._draws.take(step, n))
+        uniforms = self._draws.take(step, n)
+        try:
+            indices, _ = self._schedule.choose(step, uniforms)
+        except Exception:
+            if self._draws.sequential:  # a schedule's bad weights use no draw
+                self._draws.give_back(n, 0)
+            raise
         ids = [sequence[i] for i in indices.tolist()]
         if not self._loaders:
             self._drawn += n

@@ -125,3 +125,14 @@ def test_the_two_schemes_are_chosen_by_the_argument():
     with pytest.raises(ValueError, match="cannot go back"):
         fp.sample(range(3)).load_state_dict({**fp.sample(range(3), random_state=1).state_dict(),
                                              "position": 0, "at": 3})
+
+
+def test_a_schedules_bad_weights_use_no_draw_of_the_callers_random_state():
+    mine = np.random.RandomState(8)
+    stream = fp.sample("ab", weights=lambda step: [1, 1] if step < 4 else [0, 0], random_state=mine)
+    assert len(stream.pull(4)) == 4
+    with pytest.raises(ValueError, match=r"weights\(4\)"):
+        stream.pull(10)
+    expected = np.random.RandomState(8)
+    expected.random_sample(4)
+    assert mine.random_sample() == expected.random_sample()
