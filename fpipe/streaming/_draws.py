@@ -2,13 +2,14 @@
 stream), and weights that may follow a schedule. Private: :mod:`fpipe.streaming.sources` uses it.
 
 >>> schedule = Schedule([(0, [1, 0]), (2, [0, 1])], 2, "weights")
->>> schedule.choose(0, np.array([0.5, 0.5, 0.5, 0.5]))[0].tolist()
+>>> schedule.choose(0, 4, lambda n: np.full(n, 0.5))[0].tolist()
 [0, 0, 1, 1]
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ class Counted:
             piece = self._values[offset:offset + n]
             pieces.append(piece)
             position, n = position + len(piece), n - len(piece)
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return pieces[0] if len(pieces) == 1 else np.concatenate([np.empty(0), *pieces])
 
     def state(self) -> dict:
         return {"seed": self.entropy, "epoch": self.epoch}
@@ -64,18 +65,10 @@ class Sequential:
 
     def __init__(self, random_state: np.random.RandomState) -> None:
         self.random_state = random_state
-        self._before: Any = None
 
     def take(self, position: int, n: int) -> np.ndarray:
         # random_sample(n) makes the same numbers as n calls of random_sample()
-        self._before = self.random_state.get_state(legacy=False)
         return self.random_state.random_sample(n)
-
-    def give_back(self, taken: int, used: int) -> None:
-        """Undo the last :meth:`take` of ``taken`` draws but its first ``used``."""
-        if used < taken:
-            self.random_state.set_state(self._before)
-            self.random_state.random_sample(used)
 
     def advance(self, n: int) -> None:
         for start in range(0, n, BLOCK * 64):
@@ -106,7 +99,14 @@ class Chooser:
             self.count, self.cumulative, self.last = count, None, count - 1
         else:
             self.count, self.cumulative = count, np.add.accumulate(weights / weights.sum())
+            self._listed = self.cumulative.tolist()
             self.last = int(np.flatnonzero(weights > 0)[-1])
+
+    def index(self, uniform: float) -> int:
+        """:meth:`indices` of one draw, with Python numbers (the same arithmetic)."""
+        if self.cumulative is None:
+            return min(int(uniform * self.count), self.last)
+        return min(bisect.bisect_right(self._listed, uniform), self.last)
 
     def indices(self, uniforms: np.ndarray) -> np.ndarray:
         if self.cumulative is None:
@@ -178,21 +178,30 @@ class Schedule:
         following = self._steps[k + 1] if k + 1 < len(self._steps) else None
         return self._weights[k], following
 
-    def choose(self, step: int, uniforms: np.ndarray,
+    def choose(self, step: int, n: int, draw: Callable[[int], np.ndarray],
                alive: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
-        """The indices chosen by ``uniforms``, the draws of steps ``step, step + 1, ...``, among
-        the elements ``alive`` (all without it); and whether all of them were chosen: at the
-        first step whose weights give no live element a positive weight, the choice stops."""
-        out, done = np.empty(len(uniforms), np.int64), 0
-        while done < len(uniforms):
+        """The indices chosen at steps ``step, ..., step + n - 1`` among the elements ``alive``
+        (all without it), from the uniforms ``draw(k)`` gives; and whether all ``n`` were
+        chosen: at the first step whose weights give no live element a positive weight, the
+        choice stops. The weights are known (and checked) before anything is drawn, so a bad
+        weight uses no draw."""
+        plan, done = [], 0
+        while done < n:
             weights, following = self.at(step + done)
-            stop = len(uniforms) if following is None else min(len(uniforms), following - step)
             chooser = self._chooser_for(weights, alive)
             if chooser is None:
-                return out[:done], False
-            out[done:stop] = chooser.indices(uniforms[done:stop])
+                break
+            stop = n if following is None else min(n, following - step)
+            plan.append((done, stop, chooser))
             done = stop
-        return out, True
+        uniforms, out = draw(done), np.empty(done, np.int64)
+        for start, stop, chooser in plan:
+            out[start:stop] = chooser.indices(uniforms[start:stop])
+        return out, done == n
+
+    def chooser_at(self, step: int) -> Chooser:
+        """The chooser of ``step`` (all elements live)."""
+        return self._chooser_for(self.at(step)[0], None)
 
     def _chooser_for(self, weights: np.ndarray | None, alive: np.ndarray | None) -> Chooser | None:
         if alive is not None:

@@ -28,6 +28,7 @@ or a function of the step (the position of the item in the stream) that returns 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Union
 
@@ -58,6 +59,9 @@ def _draws(random_state: Seed | None, seed: Seed | None, epoch: Any, stream: int
     legacy = isinstance(random_state, np.random.RandomState) or (
         isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool))
     if not legacy:
+        if not isinstance(random_state, (np.random.Generator, np.random.SeedSequence, type(None))):
+            raise TypeError(f"random_state must be an int, RandomState, Generator or "
+                            f"SeedSequence; got random_state={random_state!r}")
         return Counted(seed_entropy(random_state if seed is None else seed), stream, epoch)
     if epoch:
         raise ValueError(f"epoch numbers the counter-based draws of seed=; dpipe's stream of "
@@ -153,14 +157,10 @@ class Sample(Stream):
         self._drawn = position
 
     def _pull(self, n: int) -> list:
+        if self._draws.sequential and (self._loaders or n == 1):
+            return self._in_turn(n)
         sequence, step = self._sequence, self._drawn
-        uniforms = self._draws.take(step, n)
-        try:
-            indices, _ = self._schedule.choose(step, uniforms)
-        except Exception:
-            if self._draws.sequential:  # a schedule's bad weights use no draw
-                self._draws.give_back(n, 0)
-            raise
+        indices, _ = self._schedule.choose(step, n, functools.partial(self._draws.take, step))
         ids = [sequence[i] for i in indices.tolist()]
         if not self._loaders:
             self._drawn += n
@@ -169,14 +169,28 @@ class Sample(Stream):
         try:
             items.extend(map(self._load, ids))
         except Exception as error:
-            used = len(items) + 1  # the id that failed is used up
-            self._drawn += used
-            if self._draws.sequential:
-                self._draws.give_back(n, used)
+            self._drawn += len(items) + 1  # the id that failed is used up
             if not self.defer_error(error, items):
                 raise
             return items
         self._drawn += n
+        return items
+
+    def _in_turn(self, n: int) -> list:
+        """Draw an id and load it, one at a time, as dpipe does: after a failed load, the
+        caller's ``RandomState`` has made one draw per id used, the failed one included.
+        (Also the quick way to draw one item.)"""
+        items: list = []
+        random_state, sequence = self._draws.random_state, self._sequence
+        try:
+            for _ in range(n):
+                chooser = self._schedule.chooser_at(self._drawn)
+                key = sequence[chooser.index(random_state.random_sample())]
+                self._drawn += 1
+                items.append(self._load(key) if self._loaders else key)
+        except Exception as error:
+            if not self.defer_error(error, items):
+                raise
         return items
 
     def _load(self, key: Any) -> Any:
@@ -302,7 +316,7 @@ class Mix(Stream):
         while taken < n and not self._ended:
             step = self._position
             chosen, complete = self._schedule.choose(
-                step, self._draws.take(step, n - taken), self._alive)
+                step, n - taken, functools.partial(self._draws.take, step), self._alive)
             for k in chosen.tolist():
                 item = self._take(k, items is not None)
                 if item is _END:

@@ -120,6 +120,10 @@ def test_the_two_schemes_are_chosen_by_the_argument():
         fp.sample(range(3), random_state=1, seed=1)
     with pytest.raises(ValueError, match="epoch numbers the counter-based draws"):
         fp.sample(range(3), random_state=1, epoch=2)
+    with pytest.raises(TypeError, match="random_state must be an int, RandomState"):
+        fp.sample(range(3), random_state=True)
+    with pytest.raises(TypeError, match="random_state must be an int, RandomState"):
+        fp.sample(range(3), random_state="1")
     with pytest.raises(ValueError, match=r"random_state must be in \[0, 2\*\*32\)"):
         fp.sample(range(3), random_state=-1)
     with pytest.raises(ValueError, match="cannot go back"):
