@@ -13,8 +13,8 @@ run in the background, handed out in epochs of ``batches_per_epoch`` batches:
 ...               batches_per_epoch=2) as batch_iter:
 ...     for xs, ys in batch_iter():
 ...         print(xs, ys)
-[10 20 10 30] [0 1 0 0]
-[30 20 20 10] [0 1 1 0]
+[20 30 10 10] [1 0 0 0]
+[10 10 10 20] [0 0 0 1]
 
 The epochs are windows on one stream: no batch is lost or repeated between them, even when a
 loop breaks out of an epoch early. Unlike dpipe's, ``close()`` stops and joins everything

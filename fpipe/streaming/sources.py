@@ -1,96 +1,86 @@
 """Sources: infinite, seeded streams to start a pipeline with.
 
 :func:`sample` draws elements of a sequence at random (by weight), :func:`load_by_random_id`
-loads what the drawn ids name, and :func:`mix` interleaves several streams at random, in
+loads what the drawn ids name, and :func:`mix` interleaves several sources at random, in
 proportion to their weights. They are :class:`fpipe.Stream` objects, so they pass whole chunks
-to the next stage, and a sample's position can be saved and restored:
+to the next stage, and their place can be saved and restored (``state_dict()``).
+
+Two kinds of draws, chosen by the argument that seeds them:
+
+- ``random_state=`` an ``int`` or a ``numpy.random.RandomState`` (dpipe's argument): dpipe's
+  stream, item for item. One ``random_sample()`` of that ``RandomState`` is drawn per item, in
+  order, so a restored position carries the generator's state (624 numbers).
+- ``seed=`` (any seed: ``int``, ``Generator``, ``SeedSequence``, ``RandomState``), or a
+  ``Generator`` or ``SeedSequence`` given as ``random_state``, or nothing (fresh entropy):
+  fpipe's counter-based draws. Draw ``i`` of epoch ``e`` is a function of ``(seed, e, i)``, so
+  the state is a few counters and any position is reached in O(1), without replay.
 
 >>> from toolz import pipe
 >>> from fpipe import batch, take
 >>> list(pipe(sample("abc", weights=[1, 0, 1], random_state=0), batch(4), take(2)))
-[['c', 'c', 'c', 'c'], ['a', 'a', 'a', 'a']]
+[['c', 'c', 'c', 'c'], ['a', 'c', 'a', 'c']]
+>>> list(pipe(sample("abc", weights=[1, 0, 1], seed=0), batch(4), take(2)))
+[['c', 'c', 'a', 'c'], ['a', 'a', 'a', 'c']]
 
-The draws of a seeded source depend on the seed alone: draw ``i`` comes from block
-``i // 1024`` of uniform numbers, each block made by its own generator, so a restored position
-is reached in O(1).
+Weights may follow a schedule: a list of ``(step, weights)``, each in force from its step on,
+or a function of the step (the position of the item in the stream) that returns the weights.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
-from ..errors import check_callable, check_choice
+from ..errors import check_callable, check_choice, check_integer
 from ..random import Seed, seed_entropy
 from ._core import Stream, as_stream
+from ._draws import Counted, Schedule, Sequential
 
 __all__ = ["Mix", "Sample", "load_by_random_id", "mix", "sample"]
 
-_BLOCK = 1024
+# fixed weights, a list of (step, weights), or a function of the step
+Weights = Union[Sequence[float], Sequence[tuple], Callable[[int], Sequence[float]], None]
+
 _SAMPLE_STREAM, _MIX_STREAM = 0x73616D70, 0x6D697820  # keep draws apart from stages' item RNGs
 _END = object()
 
 
-class _Uniforms:
-    """Uniform draws in [0, 1) by position: block ``b`` comes from ``(entropy, stream, b)``."""
-
-    def __init__(self, entropy: int, stream: int) -> None:
-        self.entropy, self._stream = entropy, stream
-        self._block, self._values = -1, np.empty(0)
-
-    def take(self, position: int, n: int) -> np.ndarray:
-        pieces = []
-        while n > 0:
-            block, offset = divmod(position, _BLOCK)
-            if block != self._block:
-                sequence = np.random.SeedSequence(self.entropy, spawn_key=(self._stream, block))
-                self._block = block
-                self._values = np.random.Generator(np.random.PCG64(sequence)).random(_BLOCK)
-            piece = self._values[offset:offset + n]
-            pieces.append(piece)
-            position, n = position + len(piece), n - len(piece)
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-
-
-class _Chooser:
-    """Indices drawn in proportion to weights (uniformly without them); zero weights never."""
-
-    def __init__(self, count: int, weights: Any, name: str) -> None:
-        self.count = count
-        self.cumulative = None if weights is None else np.cumsum(_check_weights(weights, count, name))
-        self.last = count - 1 if weights is None else int(np.flatnonzero(np.asarray(weights) > 0)[-1])
-
-    def indices(self, uniforms: np.ndarray) -> list:
-        if self.cumulative is None:
-            chosen = (uniforms * self.count).astype(np.int64)
-        else:
-            chosen = np.searchsorted(self.cumulative, uniforms * self.cumulative[-1], side="right")
-        # rounding can reach one past the last element with a positive weight
-        return np.minimum(chosen, self.last).tolist()
-
-
-def _check_weights(weights: Any, count: int, name: str) -> np.ndarray:
-    try:
-        values = np.asarray(weights, dtype=float)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"{name} must be a sequence of numbers; got {name}={weights!r}") from error
-    if values.ndim != 1 or len(values) != count:
-        raise ValueError(f"{name} must hold one weight per element: {count}; "
-                         f"got {values.size} ({name}={weights!r})")
-    if not np.isfinite(values).all() or (values < 0).any() or not values.sum() > 0:
-        raise ValueError(f"{name} must be finite, non-negative and not all zero; "
-                         f"got {name}={weights!r}")
-    return values
+def _draws(random_state: Seed | None, seed: Seed | None, epoch: Any, stream: int,
+           ) -> Counted | Sequential:
+    """dpipe's sequential stream for an int or ``RandomState`` given as ``random_state``,
+    counter-based draws otherwise."""
+    epoch = check_integer("epoch", epoch, 0)
+    if random_state is not None and seed is not None:
+        raise TypeError(f"give random_state (dpipe's stream) or seed (counter-based draws), not "
+                        f"both; got random_state={random_state!r}, seed={seed!r}")
+    legacy = isinstance(random_state, np.random.RandomState) or (
+        isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool))
+    if not legacy:
+        if not isinstance(random_state, (np.random.Generator, np.random.SeedSequence, type(None))):
+            raise TypeError(f"random_state must be an int, RandomState, Generator or "
+                            f"SeedSequence; got random_state={random_state!r}")
+        return Counted(seed_entropy(random_state if seed is None else seed), stream, epoch)
+    if epoch:
+        raise ValueError(f"epoch numbers the counter-based draws of seed=; dpipe's stream of "
+                         f"random_state={random_state!r} has none; got epoch={epoch}")
+    if isinstance(random_state, np.random.RandomState):
+        return Sequential(random_state)
+    if not 0 <= random_state < 2 ** 32:
+        raise ValueError(f"random_state must be in [0, 2**32) (a RandomState seed); "
+                         f"got random_state={random_state!r}")
+    return Sequential(np.random.RandomState(int(random_state)))
 
 
 class Sample(Stream):
     """The stream that :func:`sample` and :func:`load_by_random_id` return.
 
     ``position`` counts the items delivered; :meth:`state_dict` and :meth:`load_state_dict`
-    save and restore it, with the seed. Closing a sample releases nothing, and it can be read
-    on afterwards (as a dpipe generator can).
+    save and restore it, with the seed (or dpipe's ``RandomState`` state). Closing a sample
+    releases nothing, and it can be read on afterwards (as a dpipe generator can). With
+    dpipe's stream, ``next()`` draws exactly one number per item, as dpipe does.
 
     >>> s = sample([10, 20], random_state=0)
     >>> _ = s.pull(3)
@@ -98,8 +88,9 @@ class Sample(Stream):
     3
     """
 
-    def __init__(self, sequence: Sequence, weights: Any, random_state: Seed | None,
-                 loaders: tuple = (), name: str = "sample") -> None:
+    def __init__(self, sequence: Sequence, weights: Weights, random_state: Seed | None,
+                 loaders: tuple = (), name: str = "sample", seed: Seed | None = None,
+                 epoch: int = 0) -> None:
         try:
             count = len(sequence)
         except TypeError as error:
@@ -108,9 +99,9 @@ class Sample(Stream):
             raise ValueError("sequence must not be empty")
         super().__init__(None, f"{name}({count} elements)")
         self._sequence, self._loaders = sequence, loaders
-        self._chooser = _Chooser(count, weights, "weights")
+        self._schedule = Schedule(weights, count, "weights")
         # None gives fresh entropy, which state_dict() records
-        self._uniforms = _Uniforms(seed_entropy(random_state), _SAMPLE_STREAM)
+        self._draws = _draws(random_state, seed, epoch, _SAMPLE_STREAM)
         self._drawn = 0
 
     @property
@@ -118,8 +109,17 @@ class Sample(Stream):
         """How many items this stream has delivered."""
         return self._drawn - self.read_ahead
 
+    def __next__(self) -> Any:
+        if not self._draws.sequential:
+            return super().__next__()
+        items = self.pull(1)  # no read-ahead: dpipe's RandomState moves one draw per item
+        if not items:
+            raise StopIteration
+        return items[0]
+
     def state_dict(self) -> dict:
-        """The seed and the position, to continue this stream elsewhere.
+        """Where this stream stands: the seed, the epoch and the position (or the state of
+        dpipe's ``RandomState``), to continue it elsewhere. A plain dict of constant size.
 
         >>> a = sample(range(100), random_state=3)
         >>> _ = [next(a) for _ in range(5)]
@@ -128,17 +128,40 @@ class Sample(Stream):
         >>> [next(a) for _ in range(3)] == [next(b) for _ in range(3)]
         True
         """
-        return {"seed": self._uniforms.entropy, "position": self.position}
+        if self._draws.sequential:
+            return {"random_state": self._draws.state(), "at": self._drawn,
+                    "position": self._drawn}
+        return {**self._draws.state(), "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a :meth:`state_dict`."""
-        self._uniforms = _Uniforms(int(state["seed"]), _SAMPLE_STREAM)
-        self._drawn = int(state["position"])
+        """Continue from a :meth:`state_dict`. A ``position`` past the saved one moves on
+        that many items (in O(1) for counter-based draws; dpipe's stream draws and drops the
+        numbers, without loading). dpipe's state is loaded into this sample's ``RandomState``,
+        which is the caller's if one was given."""
+        if not isinstance(state, dict) or "position" not in state:
+            raise TypeError(f"state must be a dict from Sample.state_dict(); got state={state!r}")
+        position = check_integer("state['position']", state["position"], 0)
         self.discard_read_ahead()
+        if "random_state" not in state:
+            self._draws = Counted(int(state["seed"]), _SAMPLE_STREAM, int(state.get("epoch", 0)))
+            self._drawn = position
+            return
+        at = check_integer("state['at']", state["at"], 0)
+        if position < at:
+            raise ValueError(f"dpipe's stream cannot go back: state['position']={position} is "
+                             f"before state['at']={at}")
+        if not self._draws.sequential:
+            self._draws = Sequential(np.random.RandomState())
+        self._draws.load(state["random_state"])
+        self._draws.advance(position - at)
+        self._drawn = position
 
     def _pull(self, n: int) -> list:
-        sequence = self._sequence
-        ids = [sequence[i] for i in self._chooser.indices(self._uniforms.take(self._drawn, n))]
+        if self._draws.sequential and (self._loaders or n == 1):
+            return self._in_turn(n)
+        sequence, step = self._sequence, self._drawn
+        indices, _ = self._schedule.choose(step, n, functools.partial(self._draws.take, step))
+        ids = [sequence[i] for i in indices.tolist()]
         if not self._loaders:
             self._drawn += n
             return ids
@@ -153,6 +176,23 @@ class Sample(Stream):
         self._drawn += n
         return items
 
+    def _in_turn(self, n: int) -> list:
+        """Draw an id and load it, one at a time, as dpipe does: after a failed load, the
+        caller's ``RandomState`` has made one draw per id used, the failed one included.
+        (Also the quick way to draw one item.)"""
+        items: list = []
+        random_state, sequence = self._draws.random_state, self._sequence
+        try:
+            for _ in range(n):
+                chooser = self._schedule.chooser_at(self._drawn)
+                key = sequence[chooser.index(random_state.random_sample())]
+                self._drawn += 1
+                items.append(self._load(key) if self._loaders else key)
+        except Exception as error:
+            if not self.defer_error(error, items):
+                raise
+        return items
+
     def _load(self, key: Any) -> Any:
         loaders = self._loaders
         return loaders[0](key) if len(loaders) == 1 else tuple(load(key) for load in loaders)
@@ -161,30 +201,44 @@ class Sample(Stream):
         """Nothing to release: a sample goes on where it was."""
 
 
-def sample(sequence: Sequence, weights: Sequence[float] | None = None,
-           random_state: Seed | None = None) -> Sample:
+def sample(sequence: Sequence, weights: Weights = None, random_state: Seed | None = None, *,
+           seed: Seed | None = None, epoch: int = 0) -> Sample:
     """An infinite stream of elements of ``sequence``, drawn at random with probabilities
     proportional to ``weights`` (uniform without them). Elements of weight zero are never drawn.
 
-    ``random_state`` is an ``int``, a ``numpy.random.Generator``, a ``SeedSequence``, a
-    ``RandomState`` (one number is drawn from it) or None (fresh entropy). Bad weights (wrong
-    length, negative, NaN, all zero) raise ``ValueError`` here, not at the first ``next()``.
+    ``random_state``, an ``int`` or a ``numpy.random.RandomState``, gives dpipe 0.5.0's stream
+    item for item; a ``RandomState`` is the caller's: it advances by one draw per item, as with
+    dpipe. ``seed`` (or a ``Generator``/``SeedSequence`` as ``random_state``, or neither: fresh
+    entropy) gives counter-based draws: item ``i`` depends on ``(seed, epoch, i)`` alone, so
+    another ``epoch`` gives other draws, and a restored position costs O(1). Give one of the two.
+
+    ``weights`` may be fixed, a list of ``(step, weights)`` (each in force from its step on;
+    the first step is 0), or a function of the step; a step is the position of the item in
+    the stream. Bad weights (wrong length, negative, NaN, all zero) raise ``ValueError`` here
+    (a function's, when it is called).
 
     >>> s = sample(["a", "b"], weights=[0, 1])
     >>> next(s), next(s)
     ('b', 'b')
+    >>> sample(range(10), random_state=1).pull(6)
+    [4, 7, 0, 3, 1, 0]
+    >>> sample("ab", weights=[(0, [1, 0]), (3, [0, 1])], seed=0).pull(5)
+    ['a', 'a', 'a', 'b', 'b']
     >>> sample("ab", weights=[1, -1])
     Traceback (most recent call last):
     ...
     ValueError: weights must be finite, non-negative and not all zero; got weights=[1, -1]
     """
-    return Sample(sequence, weights, random_state)
+    return Sample(sequence, weights, random_state, seed=seed, epoch=epoch)
 
 
-def load_by_random_id(*loaders: Callable, ids: Sequence, weights: Sequence[float] | None = None,
-                      random_state: Seed | None = None) -> Sample:
-    """An infinite stream of what ``loaders`` make of ids drawn by :func:`sample`: the bare
-    value for one loader, a tuple for several. The id itself is not included.
+def load_by_random_id(*loaders: Callable, ids: Sequence, weights: Weights = None,
+                      random_state: Seed | None = None, seed: Seed | None = None,
+                      epoch: int = 0) -> Sample:
+    """An infinite stream of what ``loaders`` make of ids drawn by :func:`sample` (with the same
+    ``weights``, ``random_state``, ``seed`` and ``epoch``): the bare value for one loader, a
+    tuple for several. The id itself is not included. With ``random_state`` the ids are
+    dpipe's.
 
     >>> s = load_by_random_id(str.upper, len, ids=["ab"], random_state=0)
     >>> next(s)
@@ -194,74 +248,191 @@ def load_by_random_id(*loaders: Callable, ids: Sequence, weights: Sequence[float
         raise TypeError("load_by_random_id needs at least one loader")
     for position, load in enumerate(loaders):
         check_callable(f"loaders[{position}]", load)
-    return Sample(ids, weights, random_state, loaders, name="load_by_random_id")
+    return Sample(ids, weights, random_state, loaders, name="load_by_random_id", seed=seed,
+                  epoch=epoch)
+
+
+def _indexed(source: Any) -> bool:
+    """Whether the mix reads ``source`` by index (so its place is a count) rather than as a
+    stream."""
+    return not isinstance(source, Stream) and isinstance(source, (Sequence, np.ndarray))
 
 
 class Mix(Stream):
     """The stream that :func:`mix` returns.
 
-    >>> isinstance(mix([1], [2]), Mix)
-    True
+    ``position`` counts the items delivered. :meth:`state_dict` holds the seed, the epoch,
+    the position, how many items each source gave, and the state of each source that is a
+    stream (sequences need none: the mix reads them by index). A mix does not read ahead of its
+    consumer, so its sources' states are those of the items delivered.
+
+    >>> m = mix([1, 2, 3], [4, 5], seed=0)
+    >>> isinstance(m, Mix), m.pull(2), m.position
+    (True, [4, 1], 2)
     """
 
-    def __init__(self, sources: tuple, weights: Any, seed: Seed | None, until: str) -> None:
+    def __init__(self, sources: tuple, weights: Weights, seed: Seed | None, until: str,
+                 epoch: int = 0) -> None:
         if not sources:
             raise TypeError("mix needs at least one source")
-        check_choice("until", until, ("first", "all"))
+        check_choice("until", until, ("first", "all", "never"))
         super().__init__(None, f"mix({len(sources)} sources)")
-        self._sources = [as_stream(source) for source in sources]
-        for source in self._sources:
-            self.reads(source)
-        self._weights = np.array(_check_weights(
-            [1] * len(sources) if weights is None else weights, len(sources), "weights"))
-        self._chooser = _Chooser(len(sources), self._weights, "weights")
-        self._uniforms = _Uniforms(seed_entropy(seed), _MIX_STREAM)
-        self._drawn, self._until = 0, until
+        self._sources = [source if _indexed(source) else as_stream(source) for source in sources]
+        for k, source in enumerate(self._sources):
+            if isinstance(source, Stream):
+                self.reads(source)
+                if until == "never":
+                    raise ValueError(f"until='never' starts each source again, so each must be a "
+                                     f"sequence; got sources[{k}]={sources[k]!r}")
+            elif until == "never" and len(source) == 0:
+                raise ValueError(f"until='never' needs sources that are not empty; "
+                                 f"sources[{k}] is")
+        count = len(sources)
+        self._schedule = Schedule([1] * count if weights is None else weights, count, "weights")
+        self._draws = Counted(seed_entropy(seed), _MIX_STREAM, check_integer("epoch", epoch, 0))
+        self._until, self._position, self._taken = until, 0, [0] * count
+        self._alive, self._ended = np.ones(count, bool), False
+
+    @property
+    def position(self) -> int:
+        """How many items this mix has delivered."""
+        return self._position
+
+    def __next__(self) -> Any:
+        items = self.pull(1)  # no read-ahead: the sources' states stay those of the items delivered
+        if not items:
+            raise StopIteration
+        return items[0]
 
     def _pull(self, n: int) -> list:
         items: list = []
-        while len(items) < n and self._chooser is not None:
-            uniforms = self._uniforms.take(self._drawn, n - len(items))
-            self._drawn += len(uniforms)
-            for k in self._chooser.indices(uniforms):
-                item = next(self._sources[k], _END)
-                if item is _END:
-                    self._exhausted(k)
-                    break
-                items.append(item)
+        self._run(n, items)
         return items
 
-    def _exhausted(self, k: int) -> None:
-        self._weights[k] = 0
-        if self._until == "first" or not self._weights.any():
-            self._chooser = None
+    def _run(self, n: int, items: list | None) -> int:
+        """Take ``n`` items (fewer at the end), appended to ``items``; None skips them: a
+        sequence is not read then. Returns how many were taken."""
+        taken = 0
+        while taken < n and not self._ended:
+            step = self._position
+            chosen, complete = self._schedule.choose(
+                step, n - taken, functools.partial(self._draws.take, step), self._alive)
+            for k in chosen.tolist():
+                item = self._take(k, items is not None)
+                if item is _END:
+                    self._source_ended(k)
+                    break  # the same draw chooses again among the sources left
+                if items is not None:
+                    items.append(item)
+                self._position, taken = self._position + 1, taken + 1
+            else:
+                self._ended = not complete
+        return taken
+
+    def _take(self, k: int, keep: bool) -> Any:
+        source = self._sources[k]
+        if isinstance(source, Stream):
+            item = next(source, _END)
         else:
-            self._chooser = _Chooser(len(self._weights), self._weights, "weights")
+            index, length = self._taken[k], len(source)
+            if index >= length and self._until != "never":
+                return _END
+            item = source[index % length] if keep else None
+        self._taken[k] += 1
+        return item
+
+    def _source_ended(self, k: int) -> None:
+        self._alive[k] = False
+        if self._until == "first":
+            self._ended = True
+
+    def state_dict(self) -> dict:
+        """Where this mix stands: a plain dict of a few counters, and the states of the
+        sources that are streams (they need ``state_dict()``; a sequence needs nothing).
+
+        >>> a = mix(range(100), range(100, 200), weights=[3, 1], seed=5)
+        >>> _ = a.pull(10)
+        >>> b = mix(range(100), range(100, 200), weights=[3, 1])
+        >>> b.load_state_dict(a.state_dict())
+        >>> a.pull(5) == b.pull(5)
+        True
+        """
+        sources = []
+        for k, source in enumerate(self._sources):
+            if not isinstance(source, Stream):
+                sources.append(None)
+            elif callable(getattr(source, "state_dict", None)):
+                sources.append(source.state_dict())
+            else:
+                raise TypeError(f"a mix's state needs sources that are sequences or have "
+                                f"state_dict(); got sources[{k}]={source!r}")
+        return {**self._draws.state(), "position": self._position, "at": self._position,
+                "taken": list(self._taken), "alive": self._alive.tolist(), "ended": self._ended,
+                "sources": sources}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a :meth:`state_dict` of a mix over the same sources. A ``position``
+        past ``at`` (the saved place) moves on that many items: sequences are not read for it,
+        streams are."""
+        if not isinstance(state, dict) or len(state.get("taken", ())) != len(self._sources):
+            raise TypeError(f"state must be a dict from the state_dict() of a mix of "
+                            f"{len(self._sources)} sources; got state={state!r}")
+        for source, saved in zip(self._sources, state["sources"]):
+            if saved is not None:
+                source.load_state_dict(saved)
+        self._draws = Counted(int(state["seed"]), _MIX_STREAM, int(state["epoch"]))
+        self._position = check_integer("state['at']", state["at"], 0)
+        self._taken = [int(t) for t in state["taken"]]
+        self._alive, self._ended = np.array(state["alive"], bool), bool(state["ended"])
+        skip = check_integer("state['position']", state["position"], 0) - self._position
+        if skip < 0:
+            raise ValueError(f"state['position'] must not be before state['at']; got {state!r}")
+        self._run(skip, None)
 
     def start(self) -> Mix:
         """Start the background work of the sources now (see :meth:`fpipe.Stream.start`)."""
         for source in self._sources:
-            source.start()
+            if isinstance(source, Stream):
+                source.start()
         return self
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Close the sources that are streams. A mix whose sources go on after closing
+        (sequences, samples, mixes) goes on too, as a sample does: so
+        :class:`fpipe.Infinite` can start it again where it was."""
         for source in self._sources:
-            source.close()
+            if isinstance(source, Stream):
+                source.close()
 
 
-def mix(*sources: Iterable, weights: Sequence[float] | None = None, seed: Seed | None = None,
-        until: str = "first") -> Mix:
-    """Interleave ``sources`` at random, each next item taken from source ``k`` with
-    probability proportional to ``weights[k]`` (equal without weights), reproducibly for a seed.
+def mix(*sources: Iterable, weights: Weights = None, seed: Seed | None = None,
+        until: str = "first", epoch: int = 0) -> Mix:
+    """Interleave ``sources`` at random: item ``i`` comes from source ``k`` with probability
+    proportional to the weight of ``k`` at step ``i`` (equal without weights). The choice is a
+    function of ``(seed, epoch, i)`` (and of which sources have ended), so a mix resumes in O(1)
+    from its :meth:`Mix.state_dict`, and each ``epoch`` draws anew. Each source keeps its order.
 
-    When a finite source runs out: with ``until="first"`` (the default) the mix ends, so the
+    ``weights`` may be fixed, a list of ``(step, weights)`` or a function of the step, as for
+    :func:`sample`. A sequence (list, range, array) is read by index; any other iterable as a
+    stream. When a source runs out: with ``until="first"`` (the default) the mix ends, so the
     proportions hold to the end; with ``until="all"`` that source drops out, the others go on
-    in proportion to their weights, and the mix ends with the last of them. Closing the mix
-    closes its sources.
+    in proportion to their weights, and the mix ends with the last of them (or when the weights
+    in force leave none); with ``until="never"`` (sequences only) it starts again, and the mix
+    never ends.
 
-    >>> list(mix("aaaa", "bb", seed=1))
-    ['a', 'a', 'b', 'a', 'b']
+    **Datasets of different lengths.** Source ``k`` gives a share ``w_k / sum(w)`` of the
+    items, so over ``N`` items it goes through ``N * w_k / (sum(w) * len_k)`` of its epochs.
+    To go through each dataset at the same pace (a shuffled concatenation), make the weights
+    the lengths; to see a small dataset twice per pass over a large one, give it twice its
+    length as weight.
+
+    >>> list(mix("aaaa", "bb", seed=2))
+    ['b', 'a', 'a', 'a', 'b', 'a']
+    >>> list(mix("aaaa", "bb", seed=1))  # "bb" has run out
+    ['b', 'a', 'b']
     >>> sorted(mix("aaaa", "bb", seed=1, until="all"))
     ['a', 'a', 'a', 'a', 'b', 'b']
+    >>> mix("ab", "xyz", weights=[2, 3], until="never", seed=0).pull(10)
+    ['x', 'a', 'b', 'y', 'z', 'x', 'y', 'z', 'x', 'y']
     """
-    return Mix(sources, weights, seed, until)
+    return Mix(sources, weights, seed, until, epoch)

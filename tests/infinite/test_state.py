@@ -112,7 +112,7 @@ def test_states_before_the_start_after_close_and_after_a_load():
 
     fresh = make()
     state = fresh.state_dict()
-    assert state["delivered"] == 0 and state["source"]["seed"] == 0
+    assert state["delivered"] == 0 and state["source"]["position"] == 0
     assert _take(restored(make, state), 3) == _take(fresh, 3)
     fresh.close()
     after_close = fresh.state_dict()  # where the next start will begin

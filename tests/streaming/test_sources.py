@@ -130,7 +130,54 @@ def test_mix_closes_its_sources_and_checks_its_arguments():
     with fp.mix(source(), [1, 2], weights=[1, 0], seed=0) as stream:
         next(stream)
     assert closed == [True]
-    with pytest.raises(ValueError, match="until must be 'first' or 'all'"):
-        fp.mix([1], until="never")
+    with pytest.raises(ValueError, match="until must be 'first', 'all' or 'never'"):
+        fp.mix([1], until="forever")
+    with pytest.raises(ValueError, match=r"until='never' .* got sources\[1\]"):
+        fp.mix([1], iter([2]), until="never")
+    with pytest.raises(ValueError, match="not empty"):
+        fp.mix([1], [], until="never")
+    with pytest.raises(TypeError, match="epoch must be an integer"):
+        fp.mix([1], epoch="1")
     with pytest.raises(ValueError, match="one weight per element"):
         fp.mix([1], [2], weights=[1])
+
+
+def test_weights_follow_a_list_of_steps_or_a_function_of_the_step():
+    listed = fp.sample("abc", weights=[(0, [1, 0, 0]), (10, [0, 1, 0]), (25, [0, 0, 1])], seed=3)
+    assert "".join(listed.pull(40)) == "a" * 10 + "b" * 15 + "c" * 15
+    by_parity = fp.sample("ab", weights=lambda step: [step % 2, 1 - step % 2], seed=1)
+    assert "".join(by_parity.pull(8)) == "ba" * 4
+    mixed = fp.mix("a" * 50, "b" * 50, weights=[(0, [1, 0]), (5, [0, 1])], seed=0)
+    assert "".join(mixed.pull(10)) == "aaaaabbbbb"
+
+
+def test_a_schedule_that_leaves_no_live_source_ends_the_mix():
+    mixed = fp.mix("aaa", "b" * 50, weights=[(0, [1, 0]), (10, [0, 1])], seed=0, until="all")
+    assert "".join(mixed) == "aaa"
+
+
+@pytest.mark.parametrize("weights, error, message", [
+    ([(1, [1, 1])], ValueError, "must start at 0 and increase"),
+    ([(0, [1, 1]), (0, [1, 2])], ValueError, "must start at 0 and increase"),
+    ([(0.5, [1, 1])], TypeError, r"weights\[0\]\[0\] must be an integer"),
+    ([(0, [1, 1]), (4, [1])], ValueError, r"weights\[1\]\[1\] must hold one weight"),
+])
+def test_bad_schedules_are_rejected_when_sample_is_called(weights, error, message):
+    with pytest.raises(error, match=message):
+        fp.sample("ab", weights=weights)
+
+
+def test_a_functions_bad_weights_are_named_by_their_step():
+    stream = fp.sample("ab", weights=lambda step: [1, 1] if step < 3 else [1, -1], seed=0)
+    with pytest.raises(ValueError, match=r"weights\(3\) must be finite, non-negative"):
+        stream.pull(10)
+
+
+def test_a_seeded_sample_draws_anew_in_each_epoch_and_resumes_in_it():
+    zero, one = fp.sample(range(10**6), seed=2), fp.sample(range(10**6), seed=2, epoch=1)
+    assert zero.pull(30) != one.pull(30)
+    again = fp.sample(range(10**6))
+    again.load_state_dict(one.state_dict())
+    assert again.pull(30) == one.pull(30)
+    with pytest.raises(ValueError, match="epoch must be >= 0"):
+        fp.sample("ab", seed=0, epoch=-1)
