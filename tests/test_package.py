@@ -184,6 +184,13 @@ def test_only_the_joblib_module_imports_joblib():
     assert offenders == []
 
 
+def test_only_the_remote_module_imports_fsspec():
+    offenders = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                 if path != PACKAGE / "storage" / "remote.py" and "fsspec" in _imported_roots(path)]
+    assert offenders == []
+    assert "fsspec" in _imported_roots(PACKAGE / "storage" / "remote.py")  # imports inside functions count
+
+
 def _imported_roots(path: Path) -> set[str]:
     roots = set()
     for node in ast.walk(ast.parse(path.read_text())):

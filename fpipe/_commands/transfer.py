@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 
 from ..storage._staging import staged_datasets
-from ..storage.remote import SIBLINGS, Upload, download_dataset, is_url
+from ..storage.remote import is_url
+from ..storage.transfer import SIBLINGS, Upload, download_dataset
 from ._common import add_command, add_output_options, say, shows_progress
 
 __all__ = ["add_parsers", "copy_dataset"]

@@ -9,12 +9,14 @@
 {'key': 'a', 'label': 0}
 """
 
-from . import format, order, reader, unpacked, writer
+from . import base, format, order, reader, sharded, unpacked, writer
+from .base import *
 from .format import *
 from .order import *
 from .reader import *
+from .sharded import *
 from .unpacked import *
 from .writer import *
 
-__all__ = sorted({*format.__all__, *order.__all__, *reader.__all__, *unpacked.__all__,  # noqa: PLE0605
-                  *writer.__all__})
+__all__ = sorted({*base.__all__, *format.__all__, *order.__all__, *reader.__all__,  # noqa: PLE0605
+                  *sharded.__all__, *unpacked.__all__, *writer.__all__})

@@ -1,5 +1,6 @@
-"""Read packed datasets through the reader API (:class:`Reader`), which
-:mod:`fpipe.storage.unpacked` also offers over lists, directories and zip files.
+"""Read packed datasets: :class:`MsgpackReader`, with the reader API
+(:class:`~fpipe.storage.base.Reader`) that :mod:`fpipe.storage.sharded` and
+:mod:`fpipe.storage.unpacked` also offer (several datasets as one; lists, directories, zip files).
 
 Every reader has ``len(r)``, ``key in r``, :meth:`~Reader.find_key`, :meth:`~Reader.find_index`,
 :meth:`~Reader.get`, :meth:`~Reader.get_many`, :meth:`~Reader.get_slice`,
@@ -27,22 +28,20 @@ instead of killing the process with ``SIGBUS``.
 
 from __future__ import annotations
 
-import abc
 import errno
-import glob
-import operator
 import os
 import struct
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import msgpack
 import numpy as np
 
-from ..errors import FormatError, check_integer
+from ..errors import FormatError
+from .base import Reader
 from .format import (
     DECODE_ERRORS,
     BloomFilter,
@@ -59,11 +58,7 @@ from .format import (
 from .format import decode_numpy as _decode_numpy
 from .format import decode_numpy_copy as _decode_numpy_copy
 
-__all__ = [
-    "MsgpackReader",
-    "Reader",
-    "ShardedReader",
-]
+__all__ = ["MsgpackReader"]
 
 _PAIR = struct.Struct(">QQ").unpack_from
 _unpackb = msgpack.unpackb
@@ -78,247 +73,6 @@ _RESIDENT_OFFSETS = 1 << 26
 # Sequential reads fetch offsets this many at a time, and data in blocks of about this size.
 _OFFSETS_WINDOW = 4096
 _READ_BYTES = 1 << 18
-
-
-class Reader(abc.ABC):
-    """The reader API; subclasses provide ``len``, ``in``, ``find_key``, ``find_index``, ``get``.
-
-    Everything else is built on those (a subclass may override for speed). ``get_slice``
-    returns a list, ``slice`` and ``iter`` return lazy iterators, and ``r[a:b:c]`` returns a
-    list. ``seek``, ``next`` and ``rawnext`` keep datadings's cursor for old code: ``seek(k)``
-    makes the next ``iter()`` without ``start`` begin at ``k`` (once; later passes start at 0).
-    Iterators never move the cursor, so two iterators never interfere.
-
-    >>> from fpipe.storage import ListReader
-    >>> reader = ListReader([{"key": "a"}, {"key": "b"}, {"key": "c"}])
-    >>> reader.seek(1)
-    >>> [s["key"] for s in reader], [s["key"] for s in reader]
-    (['b', 'c'], ['a', 'b', 'c'])
-    """
-
-    _position = 0
-
-    @abc.abstractmethod
-    def __len__(self) -> int:
-        """The number of samples."""
-
-    @abc.abstractmethod
-    def __contains__(self, key: object) -> bool:
-        """Whether a sample has ``key``."""
-
-    @abc.abstractmethod
-    def find_key(self, index: int) -> Any:
-        """The key of sample ``index``."""
-
-    @abc.abstractmethod
-    def find_index(self, key: Any) -> int:
-        """The index of the sample with ``key``; :class:`KeyError` if there is none."""
-
-    @abc.abstractmethod
-    def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
-        """Sample ``index`` (negative counts from the end); ``(key, sample)`` with ``yield_key``.
-
-        ``raw=True`` gives the packed msgpack bytes; ``copy=False`` lets a reader return raw
-        bytes as a ``memoryview`` into its buffers instead of a copy, and decoded arrays as
-        read-only views (with ``copy=True`` they are writable copies).
-
-        >>> import tempfile
-        >>> from fpipe.storage import FileWriter
-        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
-        >>> with FileWriter(path) as writer:
-        ...     for key in "abc":
-        ...         writer.write({"key": key, "n": ord(key)})
-        >>> reader = MsgpackReader(path)
-        >>> reader.get(0), reader.get(-1, yield_key=True)
-        ({'key': 'a', 'n': 97}, ('c', {'key': 'c', 'n': 99}))
-        >>> reader.get(1, raw=True)
-        b'\\x82\\xa3key\\xa1b\\xa1nb'
-        """
-
-    def close(self) -> None:  # noqa: B027 (not abstract: a reader without files has none to release)
-        """Release open files; the reader stays usable and reopens them when needed."""
-
-    def prefetch(self, indices: Sequence[int]) -> None:  # noqa: B027 (a hint most readers ignore)
-        """A hint: samples ``indices`` will be read next, in this order. Readers of datasets
-        at URLs fetch their blocks in the background; the others have nothing to do.
-
-        >>> from fpipe.storage import ListReader
-        >>> ListReader([{"key": "a"}]).prefetch([0])
-        """
-
-    def __enter__(self) -> Reader:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _index(self, index: Any) -> int:
-        try:
-            position = operator.index(index)
-        except TypeError:
-            raise TypeError(f"indices must be integers; got {type(index).__name__} {index!r:.40}") from None
-        n = len(self)
-        if position < 0:
-            position += n
-        if not 0 <= position < n:
-            raise IndexError(f"index {index} out of range for {n} samples")
-        return position
-
-    def get_slice(self, start: int | None, stop: int | None, yield_key: bool = False,
-                  raw: bool = False, copy: bool = True) -> list:
-        """Samples ``start`` to ``stop`` (clamped like a Python slice), read at once, as a list."""
-        start, stop, _ = slice(start, stop).indices(len(self))
-        return [self.get(i, yield_key, raw, copy) for i in range(start, stop)]
-
-    def get_many(self, indices: Iterable[int], yield_key: bool = False, raw: bool = False,
-                 copy: bool = True) -> list:
-        """Samples at ``indices`` (any order, repeats allowed), reading each run of
-        consecutive indices with one :meth:`get_slice`.
-
-        >>> from fpipe.storage import ListReader
-        >>> ListReader([{"key": k} for k in "abcd"]).get_many([3, 0, 1, 3])
-        [{'key': 'd'}, {'key': 'a'}, {'key': 'b'}, {'key': 'd'}]
-        """
-        positions = np.array([self._index(i) for i in indices], dtype=np.int64)
-        if not positions.size:
-            return []
-        order = np.argsort(positions, kind="stable")
-        ranked = positions[order]
-        # A run breaks wherever the next index is not the successor (repeats too: each
-        # repeat is decoded again, so no two results are the same object).
-        breaks = (np.flatnonzero(np.diff(ranked) != 1) + 1).tolist()
-        result: list = [None] * len(positions)
-        for begin, end in zip([0, *breaks], [*breaks, len(positions)]):
-            first = int(ranked[begin])
-            samples = (self.get_slice(first, first + end - begin, yield_key, raw, copy)
-                       if end - begin > 1 else [self.get(first, yield_key, raw, copy)])
-            for slot, sample in zip(order[begin:end].tolist(), samples):
-                result[slot] = sample
-        return result
-
-    def slice(self, start: int | None, stop: int | None = None, yield_key: bool = False,
-              raw: bool = False, copy: bool = True) -> Iterator:
-        """An iterator over samples ``start`` to ``stop`` (datadings's ``slice``), read at once.
-
-        >>> import tempfile
-        >>> from fpipe.storage import FileWriter
-        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
-        >>> with FileWriter(path) as writer:
-        ...     for key in "abc":
-        ...         writer.write({"key": key, "n": ord(key)})
-        >>> reader = MsgpackReader(path)
-        >>> [sample["key"] for sample in reader.slice(1)], list(reader.slice(0, 2, yield_key=True))[1]
-        (['b', 'c'], ('b', {'key': 'b', 'n': 98}))
-        """
-        start, stop, _ = slice(start, stop).indices(len(self))
-        return self._chunks(start, stop, yield_key, raw, copy, max(1, stop - start))
-
-    def iter(self, start: int | None = None, stop: int | None = None, yield_key: bool = False,
-             raw: bool = False, copy: bool = True, chunk_size: int = 16) -> Iterator:
-        """An independent iterator over samples ``start`` to ``stop`` (clamped like ``range``
-        over a slice), reading ``chunk_size`` samples at a time.
-
-        Without ``start`` it begins at the cursor set by :meth:`seek` (then resets the cursor).
-        The output is the same for every ``chunk_size``.
-
-        >>> import tempfile
-        >>> from fpipe.storage import FileWriter
-        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
-        >>> with FileWriter(path) as writer:
-        ...     for key in "abc":
-        ...         writer.write({"key": key, "n": ord(key)})
-        >>> reader = MsgpackReader(path)
-        >>> [s["key"] for s in reader.iter(-2)], [s["key"] for s in reader.iter(0, 2, chunk_size=1)]
-        (['b', 'c'], ['a', 'b'])
-        >>> first, second = reader.iter(), reader.iter()
-        >>> next(first)["key"], next(first)["key"], next(second)["key"]
-        ('a', 'b', 'a')
-        """
-        chunk_size = check_integer("chunk_size", chunk_size, 1)
-        if start is None:
-            start = self._position if self._position < len(self) else 0
-            self._position = 0
-        start, stop, _ = slice(start, stop).indices(len(self))
-        return self._chunks(start, stop, yield_key, raw, copy, chunk_size)
-
-    def _chunks(self, start: int, stop: int, yield_key: bool, raw: bool, copy: bool,
-                chunk_size: int) -> Iterator:
-        for first in range(start, stop, chunk_size):
-            yield from self.get_slice(first, min(stop, first + chunk_size), yield_key, raw, copy)
-
-    def __iter__(self) -> Iterator:
-        return self.iter()
-
-    def rawiter(self, yield_key: bool = False) -> Iterator:
-        """``iter(yield_key=yield_key, raw=True)``: the packed bytes of every sample."""
-        return self.iter(yield_key=yield_key, raw=True)
-
-    def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if step == 1:
-                return self.get_slice(start, stop)
-            return self.get_many(range(start, stop, step))
-        return self.get(index)
-
-    def seek_index(self, index: int) -> None:
-        """Set the cursor used by :meth:`next` and by the next ``iter()`` without ``start``."""
-        self._position = self._index(index)
-
-    def seek(self, index: int) -> None:
-        """Alias of :meth:`seek_index`: :meth:`next` and the next ``iter()`` without ``start``
-        begin at ``index``.
-
-        >>> import tempfile
-        >>> from fpipe.storage import FileWriter
-        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
-        >>> with FileWriter(path) as writer:
-        ...     for key in "abc":
-        ...         writer.write({"key": key, "n": ord(key)})
-        >>> reader = MsgpackReader(path)
-        >>> reader.seek(1)
-        >>> [s["key"] for s in reader], [s["key"] for s in reader]
-        (['b', 'c'], ['a', 'b', 'c'])
-        """
-        self.seek_index(index)
-
-    def seek_key(self, key: Any) -> None:
-        """Set the cursor to the sample with ``key``."""
-        self.seek_index(self.find_index(key))
-
-    def next(self) -> Any:
-        """The sample at the cursor, advancing it (:class:`StopIteration` at the end).
-
-        >>> import tempfile
-        >>> from fpipe.storage import FileWriter
-        >>> path = os.path.join(tempfile.mkdtemp(), "abc.msgpack")
-        >>> with FileWriter(path) as writer:
-        ...     for key in "abc":
-        ...         writer.write({"key": key, "n": ord(key)})
-        >>> reader = MsgpackReader(path)
-        >>> reader.seek_key("b")
-        >>> reader.next()["key"], reader.next()["key"]
-        ('b', 'c')
-        >>> reader.next()
-        Traceback (most recent call last):
-        ...
-        StopIteration
-        """
-        return self._advance(raw=False)
-
-    def __next__(self) -> Any:
-        return self._advance(raw=False)
-
-    def rawnext(self) -> bytes:
-        """Like :meth:`next`, as packed bytes."""
-        return self._advance(raw=True)
-
-    def _advance(self, raw: bool) -> Any:
-        if self._position >= len(self):
-            raise StopIteration
-        sample = self.get(self._position, raw=raw)
-        self._position += 1
-        return sample
 
 
 class _Handle:
@@ -1009,109 +763,3 @@ def _sample_error(path: Path, index: int, start: int, stop: int, buffer: Any, ba
         except DECODE_ERRORS as alone:
             error = alone
     return FormatError(corrupt_reason(error, piece), path=path, index=index, offset=start)
-
-
-class ShardedReader(Reader):
-    """Several datasets read as one, in order: a glob pattern (sorted matches) or a list of
-    paths and readers.
-
-    >>> from fpipe.storage import ListReader
-    >>> first, second = ListReader([{"key": "a"}]), ListReader([{"key": "b"}, {"key": "c"}])
-    >>> sharded = ShardedReader([first, second])
-    >>> len(sharded), sharded.find_index("c"), [s["key"] for s in sharded.iter(0, 2)]
-    (3, 2, ['a', 'b'])
-
-    Shards may be URLs, and a pattern may be a URL with wildcards (``s3://b/train-*.msgpack``);
-    the keywords go to each :class:`MsgpackReader` made from a path or URL.
-    """
-
-    def __init__(self, shards: Union[PathLike, Iterable[Union[PathLike, Reader]]], *,
-                 storage_options: dict | None = None, cache_dir: PathLike | None = None,
-                 cache_limit: int | None = None, block_size: int | None = None,
-                 read_ahead: int | None = None, retries: int | None = None,
-                 timeout: float | None = None) -> None:
-        options = {"storage_options": storage_options, "cache_dir": cache_dir,
-                   "cache_limit": cache_limit, "block_size": block_size, "read_ahead": read_ahead,
-                   "retries": retries, "timeout": timeout}
-        if isinstance(shards, (str, os.PathLike)):
-            pattern = os.fspath(shards)
-            shards = _matches(pattern, storage_options)
-            if not shards:
-                raise FileNotFoundError(errno.ENOENT, "no dataset matches the pattern", pattern)
-        self.readers = [_as_reader(shard, options) for shard in shards]
-        self._starts = [0]
-        for reader in self.readers:
-            self._starts.append(self._starts[-1] + len(reader))
-
-    def __repr__(self) -> str:
-        return f"ShardedReader({self.readers!r})"
-
-    def __len__(self) -> int:
-        return self._starts[-1]
-
-    def close(self) -> None:
-        for reader in self.readers:
-            reader.close()
-
-    def __contains__(self, key: object) -> bool:
-        return any(key in reader for reader in self.readers)
-
-    def _locate(self, index: int) -> tuple[Reader, int]:
-        shard = bisect_right(self._starts, index) - 1
-        return self.readers[shard], index - self._starts[shard]
-
-    def find_key(self, index: int) -> Any:
-        reader, local = self._locate(self._index(index))
-        return reader.find_key(local)
-
-    def find_index(self, key: Any) -> int:
-        for start, reader in zip(self._starts, self.readers):
-            if key in reader:
-                return start + reader.find_index(key)
-        raise KeyError(key)
-
-    def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
-        reader, local = self._locate(self._index(index))
-        return reader.get(local, yield_key, raw, copy)
-
-    def _pieces(self, start: int, stop: int) -> Iterator[tuple[Reader, int, int]]:
-        for first, end, reader in zip(self._starts, self._starts[1:], self.readers):
-            if first < stop and start < end:
-                yield reader, max(start, first) - first, min(stop, end) - first
-
-    def get_slice(self, start: int | None, stop: int | None, yield_key: bool = False,
-                  raw: bool = False, copy: bool = True) -> list:
-        start, stop, _ = slice(start, stop).indices(len(self))
-        return [sample for reader, a, b in self._pieces(start, stop)
-                for sample in reader.get_slice(a, b, yield_key, raw, copy)]
-
-    def _chunks(self, start: int, stop: int, yield_key: bool, raw: bool, copy: bool,
-                chunk_size: int) -> Iterator:
-        for reader, a, b in self._pieces(start, stop):
-            yield from reader.iter(a, b, yield_key, raw, copy, chunk_size)
-
-    def prefetch(self, indices: Sequence[int]) -> None:
-        """Pass each shard the indices of ``indices`` that fall in it (see
-        :meth:`MsgpackReader.prefetch`)."""
-        positions = np.asarray(indices, dtype=np.int64)
-        shard_of = np.searchsorted(self._starts, positions, side="right") - 1
-        for shard, reader in enumerate(self.readers):
-            mine = positions[shard_of == shard]
-            if mine.size:
-                reader.prefetch(mine - self._starts[shard])
-
-
-def _matches(pattern: str, storage_options: dict | None) -> list[str]:
-    if isinstance(pattern, str) and "://" in pattern:
-        from .remote import glob_urls
-
-        return glob_urls(pattern, storage_options)
-    return sorted(glob.glob(pattern))
-
-
-def _as_reader(shard: Union[PathLike, Reader], options: dict) -> Reader:
-    if isinstance(shard, Reader):
-        return shard
-    if isinstance(shard, (str, os.PathLike)):
-        return MsgpackReader(shard, **options)
-    raise TypeError(f"shards must be paths or readers; got {type(shard).__name__} {shard!r:.80}")

@@ -1,6 +1,6 @@
 """Readers over samples that are not packed: a list of dicts in memory (:class:`ListReader`),
 files on disk (:class:`DirectoryReader`) and the members of a zip file
-(:class:`ZipFileReader`), with the reader API of :mod:`fpipe.storage.reader`.
+(:class:`ZipFileReader`), with the reader API of :mod:`fpipe.storage.base`.
 
 >>> reader = ListReader([{"key": "a", "label": "x10"}, {"key": "b", "label": "x2"}])
 >>> reader.labels, reader.get(0)["label"]
@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from fnmatch import fnmatch
 from typing import Any, Union
 
+from .base import Reader
 from .format import PathLike, pack_sample
-from .reader import Reader
 
 __all__ = ["DirectoryReader", "ListReader", "ZipFileReader"]
 

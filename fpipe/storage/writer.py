@@ -80,7 +80,7 @@ class Writer:
     (``disable=True`` hides it). ``outfile`` may be a URL of object storage (``s3://``,
     ``gs://``; ``storage_options`` go to fsspec): the dataset is written to a local staging
     folder and uploaded at :meth:`close`, ``.offsets`` last, so that it appears only when whole
-    (see :class:`fpipe.storage.remote.Upload`). Hashing and writing run in a background thread when
+    (see :class:`fpipe.storage.transfer.Upload`). Hashing and writing run in a background thread when
     ``buffering`` is at least 64 KiB; the thread ends at :meth:`close`. A write that fails (a
     full disk) raises an :class:`OSError` that names the file and the number of samples it
     keeps whole; no index is written after it (``fpipe index`` makes one from the data).
@@ -326,9 +326,10 @@ def _open_end(files: DatasetFiles) -> int:
 
 
 def _upload(outfile: Any, storage_options: dict | None, overwrite: bool) -> Any:
-    """An :class:`~fpipe.storage.remote.Upload` for a URL; None for a local path."""
+    """An :class:`~fpipe.storage.transfer.Upload` for a URL; None for a local path."""
     if isinstance(outfile, str) and "://" in outfile:
-        from .remote import Upload, is_url  # not at import: most writers are local
+        from .remote import is_url  # not at import: most writers are local
+        from .transfer import Upload
 
         if is_url(outfile):
             return Upload(outfile, storage_options, overwrite)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fpipe.storage import MsgpackReader
-from fpipe.storage.remote import SIBLINGS
+from fpipe.storage.transfer import SIBLINGS
 
 from ..cli.conftest import fpipe
 from .conftest import N, sample

@@ -7,7 +7,8 @@ import pytest
 import s3fs
 
 from fpipe.storage import FileWriter, MsgpackReader
-from fpipe.storage.remote import SIBLINGS, RemoteError, Upload
+from fpipe.storage.remote import RemoteError
+from fpipe.storage.transfer import SIBLINGS, Upload
 
 from .conftest import sample
 
