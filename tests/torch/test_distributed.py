@@ -6,11 +6,6 @@ timeout, so a hang fails the test instead of stalling the suite.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,36 +13,16 @@ import pytest
 from fpipe.torch import worker_range
 
 from .conftest import write_numbers
+from .gloo import run_ranks
 
-ROOT = Path(__file__).resolve().parents[2]
 N = 43  # with batch size 2: 12 batches on rank 0 and 11 on rank 1 unless even= is set
-TIMEOUT = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _run_ranks(path: str, folder: Path, world_size: int = 2) -> list[dict]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "WORLD_SIZE": str(world_size), "GLOO_SOCKET_IFNAME": "lo",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     reports = [folder / f"rank{rank}.json" for rank in range(world_size)]
-    ranks = [subprocess.Popen([sys.executable, "-m", "tests.torch._ddp_rank", str(rank), path,
-                               str(report)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for rank, report in enumerate(reports)]
-    try:
-        outputs = [rank.communicate(timeout=TIMEOUT)[0] for rank in ranks]
-    except subprocess.TimeoutExpired:
-        for rank in ranks:
-            rank.kill()
-        pytest.fail(f"the distributed run did not finish in {TIMEOUT} s: a rank hangs")
-    for rank, output in zip(ranks, outputs):
-        assert rank.returncode == 0, output
-    return [json.loads(report.read_text()) for report in reports]
+    return run_ranks("tests.torch._ddp_rank", [[str(rank), path, str(report)]
+                                               for rank, report in enumerate(reports)],
+                     reports, "the distributed run")
 
 
 def _rank_positions(rank: int, epoch: int, even=None) -> list[int]:

@@ -9,9 +9,6 @@ grid is a new set of processes that loads the state the previous one saved to a 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from ._elastic_rank import make
 from .conftest import write_numbers
-from .test_distributed import ROOT, TIMEOUT, _free_port
+from .gloo import run_ranks
 
 N = 44
 GRIDS = [(2, 2, 2, 3), (1, 3, 3, 4), (2, 1, 2, -1)]  # ranks, workers, batch size, steps
@@ -27,24 +24,10 @@ GRIDS = [(2, 2, 2, 3), (1, 3, 3, 4), (2, 1, 2, -1)]  # ranks, workers, batch siz
 
 def _run_grid(grid: tuple, path: str, state: str, folder: Path) -> list[dict]:
     world_size, workers, batch_size, steps = grid
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "WORLD_SIZE": str(world_size), "GLOO_SOCKET_IFNAME": "lo",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     reports = [folder / f"{world_size}x{workers}-rank{rank}.json" for rank in range(world_size)]
-    ranks = [subprocess.Popen([sys.executable, "-m", "tests.torch._elastic_rank", str(rank),
-                               str(workers), str(batch_size), str(steps), path, state, str(report)],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-             for rank, report in enumerate(reports)]
-    try:
-        outputs = [rank.communicate(timeout=TIMEOUT)[0] for rank in ranks]
-    except subprocess.TimeoutExpired:
-        for rank in ranks:
-            rank.kill()
-        pytest.fail(f"the grid {grid} did not finish in {TIMEOUT} s: a rank hangs")
-    for rank, output in zip(ranks, outputs):
-        assert rank.returncode == 0, output
-    return [json.loads(report.read_text()) for report in reports]
+    return run_ranks("tests.torch._elastic_rank",
+                     [[str(rank), str(workers), str(batch_size), str(steps), path, state, str(report)]
+                      for rank, report in enumerate(reports)], reports, f"the grid {grid}")
 
 
 def _never_stopped(position: int, world_size: int, batch_size: int, params: dict) -> list[list]:
