@@ -116,6 +116,6 @@ def test_a_restored_infinite_continues_with_the_original_batches(case):
 
 @settings(max_examples=4)
 @given(resume_cases(st.tuples(st.just("processes"), st.integers(0, 9), st.integers(1, 2)),
-                    st.tuples(st.just("sample"), st.integers(0, 2**32))))
+                    st.tuples(st.just("sample"), st.integers(0, 2**32 - 1))))
 def test_the_resume_law_holds_with_worker_processes(case):
     check_resume(case)
