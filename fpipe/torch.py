@@ -41,6 +41,7 @@ from .image import CompressedToPIL, ImageDecodeError
 from .random import Seed, item_rng, seed_entropy, set_active
 from .sharding import shard_range
 from .storage.order import QuasiShuffler, Range
+from .streaming import _shm
 
 __all__ = [
     "Compose",
@@ -64,6 +65,30 @@ class _Resume(NamedTuple):
     batches: int
     batch_size: int
     drop_last: int
+
+
+class _TensorCodec:
+    """How tensors cross a process stage in shared memory: a CPU tensor that needs no
+    gradient travels as the numpy array it shares its memory with, and arrives as a tensor
+    made from the consumer's view (other tensors are pickled as usual)."""
+
+    @staticmethod
+    def to_array(tensor: torch.Tensor) -> np.ndarray | None:
+        if (tensor.device.type != "cpu" or tensor.requires_grad or tensor.layout != torch.strided
+                or tensor.is_conj() or tensor.is_neg()):
+            return None
+        try:
+            return tensor.numpy()
+        except TypeError:  # a dtype numpy lacks (bfloat16, ...)
+            return None
+
+    @staticmethod
+    def from_array(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array)
+
+
+_TENSORS = _TensorCodec()
+_shm.register("torch.Tensor", "fpipe.torch:_TENSORS")
 
 
 def no_rng(_: Any) -> dict:
