@@ -41,7 +41,7 @@ from .image import CompressedToPIL, ImageDecodeError
 from .random import Seed, item_rng, seed_entropy, set_active
 from .sharding import shard_range
 from .storage.order import QuasiShuffler, Range
-from .streaming import _shm
+from .streaming._shm import register as share_type
 
 __all__ = [
     "Compose",
@@ -88,7 +88,7 @@ class _TensorCodec:
 
 
 _TENSORS = _TensorCodec()
-_shm.register("torch.Tensor", "fpipe.torch:_TENSORS")
+share_type("torch.Tensor", "fpipe.torch:_TENSORS")
 
 
 def no_rng(_: Any) -> dict:
