@@ -32,6 +32,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ import numpy as np
 
 from .errors import CapturedError, capture, check_integer
 from .random import Seed, item_rng, seed_entropy, set_active
+from .streaming._shm import Transport, encode, sweep, watch_owner
+from .streaming._shm import available as shared_memory_available
 
 __all__ = [
     "Stage",
@@ -980,6 +983,10 @@ _POOLS: weakref.WeakSet = weakref.WeakSet()
 _exit_hook = threading.Lock()
 
 
+_FALLBACKS = {"budget": "the budget of shared_memory_budget bytes per worker is used",
+              "full": "/dev/shm is full"}
+_SHARED_BACKENDS = ("loky", "multiprocessing")  # whose workers run on this machine
+
 _loky = {"size": 0, "users": 0}
 _loky_lock = threading.Lock()
 
@@ -1000,9 +1007,14 @@ def _leave_loky() -> None:
         _loky["users"] -= 1
 
 
-def _run_task(call: _ItemCall, token: int, seq: int, index: int, chunk: list,
-              slots: int) -> tuple:
-    return (token, seq, *call.run(chunk, index), slots)
+def _run_task(call: _ItemCall, token: int, seq: int, index: int, chunk: list, slots: int,
+              owner: int, transport: Transport | None) -> tuple:
+    watch_owner(owner)  # a worker whose consumer is killed exits, not idles for minutes
+    outputs, error, seconds = call.run(chunk, index)
+    fallback = None
+    if transport is not None:
+        outputs, fallback = encode(transport, outputs)
+    return token, seq, outputs, error, seconds, slots, fallback
 
 
 def _idle(seconds: float) -> None:
@@ -1028,7 +1040,7 @@ class _ProcessPool:
         self._pump: threading.Thread | None = None
         self._parallel: Any = None  # the joblib call of the newest generator
         self._generation = 0  # of the joblib generator now fed; older ones only finish
-        self._feeding = self._closed = False
+        self._feeding = self._closed = self._warned = False
         self._last_task = time.monotonic()
         _POOLS.add(self)
 
@@ -1106,7 +1118,12 @@ class _ProcessPool:
             return None
 
     def _route(self, result: tuple) -> None:
-        token, *entry = result
+        token, *entry, fallback = result
+        if fallback is not None and not self._warned:
+            self._warned = True
+            warnings.warn(f"processes(): no room in shared memory ({_FALLBACKS[fallback]}): "
+                          "results go through the pipe until there is", RuntimeWarning,
+                          stacklevel=1)
         with self._lock:
             results = self._routes.get(token)
         if results is not None:
@@ -1117,6 +1134,7 @@ class _ProcessPool:
             if generation == self._generation:
                 self._feeding = False
             routes = list(self._routes.values())
+        sweep(os.getpid())  # the names that a worker killed on its way made
         for results in routes:
             results.put((None, [], error, 0.0, 0))
 
@@ -1170,14 +1188,17 @@ def _set_exit_hook() -> None:
 class _ProcessWorkers:
     """The executor of one run of :func:`processes`: its tasks go to the stage's pool."""
 
-    def __init__(self, pool: _ProcessPool, call: _ItemCall) -> None:
+    def __init__(self, pool: _ProcessPool, call: _ItemCall,
+                 transport: Transport | None) -> None:
         self._pool, self._call, self._token = pool, call, None
+        self._transport = transport
 
     def begin(self, results: queue.SimpleQueue) -> None:
         self._token = self._pool.open(results)
 
     def submit(self, seq: int, index: int, chunk: list, slots: int) -> None:
-        self._pool.submit(self._token, (self._call, self._token, seq, index, chunk, slots))
+        self._pool.submit(self._token, (self._call, self._token, seq, index, chunk, slots,
+                                        os.getpid(), self._transport))
 
     def stop(self) -> None:
         if self._token is not None:
@@ -1192,12 +1213,19 @@ class _ProcessStage(_ParallelStage):
     # the next chunk must already be waiting then
     kind, chunk_seconds, per_worker = "processes", _PROCESS_CHUNK_SECONDS, 2
 
-    def __init__(self, *args: Any, backend: Any) -> None:
+    def __init__(self, *args: Any, backend: Any, shared_memory: bool,
+                 shared_memory_budget: int | None) -> None:
         super().__init__(*args)
         if not isinstance(backend, str) and not hasattr(backend, "apply_async"):
             raise TypeError(f"backend must be a joblib backend name or instance; "
                             f"got backend={backend!r}")
-        self.backend = backend
+        if not isinstance(shared_memory, bool):
+            raise TypeError(f"shared_memory must be True or False; "
+                            f"got shared_memory={shared_memory!r}")
+        if shared_memory_budget is not None:
+            check_integer("shared_memory_budget", shared_memory_budget, 0)
+        self.backend, self.shared_memory = backend, shared_memory
+        self.shared_memory_budget = shared_memory_budget
         self._pool = _ProcessPool(self.n_workers, backend)
         # a stage that nobody can use again ends its joblib generator now, not a second after
         # its last task: forgotten stages' generators would keep feeding idle tasks to the
@@ -1205,7 +1233,13 @@ class _ProcessStage(_ParallelStage):
         weakref.finalize(self, self._pool.shutdown)
 
     def _executor(self, call: _ItemCall) -> _ProcessWorkers:
-        return _ProcessWorkers(self._pool, call)
+        return _ProcessWorkers(self._pool, call, self._transport())
+
+    def _transport(self) -> Transport | None:
+        if (not self.shared_memory or self.backend not in _SHARED_BACKENDS
+                or not shared_memory_available()):
+            return None
+        return Transport.for_consumer(self.workers, budget=self.shared_memory_budget)
 
     def close(self) -> None:
         """End the joblib generator now, not a second after the last task (say, before a
@@ -1214,12 +1248,15 @@ class _ProcessStage(_ParallelStage):
 
     def _options(self) -> dict:
         backend = None if self.backend == "loky" else self.backend
-        return {**super()._options(), "backend": backend}
+        return {**super()._options(), "backend": backend,
+                "shared_memory": None if self.shared_memory else False,
+                "shared_memory_budget": self.shared_memory_budget}
 
 
 def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "loky",
               ordered: bool = True, seed: Seed | None = None, buffer_size: int = 2,
-              chunk_size: int = 256, **kwargs: Any) -> Stage:
+              chunk_size: int = 256, shared_memory: bool = True,
+              shared_memory_budget: int | None = None, **kwargs: Any) -> Stage:
     """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` worker
     processes (-1: one per core), on joblib. Use it for pure-Python work that holds the GIL.
 
@@ -1238,6 +1275,17 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     generator at once (before closing a dask cluster, say); the stage starts a new one if it is
     used again.
 
+    Results come back in shared memory where that pays: on the ``loky`` and
+    ``multiprocessing`` backends (whose workers run on this machine, on Linux), the numpy arrays
+    of at least 16 KiB in a result (also inside tuples, lists, dicts and named tuples, and torch
+    tensors once :mod:`fpipe.torch` is imported) are written once into a reused segment of
+    ``/dev/shm``, and the consumer gets arrays that view it, without a copy. A segment is reused
+    once every array of its chunk of results is garbage-collected. Each worker holds at most
+    ``shared_memory_budget`` bytes of segments (default: a quarter of ``/dev/shm`` shared
+    between the workers); past it, or when ``/dev/shm`` is full, results go through the pipe
+    with one ``RuntimeWarning``. ``shared_memory=False`` sends everything through the pipe, as
+    do the other backends (``dask``'s workers may be on other machines).
+
     Order, seeds and errors behave as in :func:`threads`.
 
     >>> with processes(abs, n_workers=2, backend="threading")(range(-2, 3)) as stream:
@@ -1245,7 +1293,8 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     [2, 1, 0, 1, 2]
     """
     return _ProcessStage(func, args, kwargs, n_workers, buffer_size, ordered, seed, chunk_size,
-                         backend=backend)
+                         backend=backend, shared_memory=shared_memory,
+                         shared_memory_budget=shared_memory_budget)
 
 
 # --- stats ------------------------------------------------------------------------------

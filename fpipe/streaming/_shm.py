@@ -203,18 +203,20 @@ class _Writer:
         self.retired: list[tuple] = []  # slabs the consumer may unmap, told with the next result
 
     def slab_for(self, nbytes: int, budget: int) -> _Slab | str:
-        """A free slab of at least ``nbytes``, or why there is none (``"budget"``, ``"full"``)."""
-        free = [slab for slab in self.slabs if slab.state[0] == 0]
+        """A free slab of at least ``nbytes``, or why there is none (``"budget"``, ``"full"``).
+        Free slabs are given up while the worker holds more than ``budget`` (stages of one
+        consumer share a worker's slabs and may have different budgets), or to make room."""
+        free = sorted((slab for slab in self.slabs if slab.state[0] == 0),
+                      key=lambda slab: slab.capacity)
+        held = sum(len(slab.mm) for slab in self.slabs)
+        while free and held > budget:
+            held -= self._retire(free.pop())
         fitting = [slab for slab in free if slab.capacity >= nbytes]
         if fitting:
-            return min(fitting, key=lambda slab: slab.capacity)
+            return fitting[0]
         size = _HEADER + max(_MIN_SLAB, -(-nbytes * 5 // 4 // mmap.PAGESIZE) * mmap.PAGESIZE)
-        held = sum(len(slab.mm) for slab in self.slabs)
-        for slab in sorted(free, key=lambda slab: slab.capacity):
-            if held + size <= budget:
-                break
-            self._retire(slab)  # too small for this result: make room for a larger one
-            held -= len(slab.mm)
+        while free and held + size > budget:
+            held -= self._retire(free.pop(0))  # too small for this result: make room
         if held + size > budget:
             return "budget"
         return self._create(size)
@@ -237,10 +239,12 @@ class _Writer:
         self.slabs.append(slab)
         return slab
 
-    def _retire(self, slab: _Slab) -> None:
+    def _retire(self, slab: _Slab) -> int:
+        """Give ``slab`` up (the consumer hears of it with the next result); its size."""
         self.slabs.remove(slab)
         _unlink(slab.name)
         self.retired.append(slab.key)
+        return len(slab.mm)
 
     def unlink_all(self) -> None:
         for slab in self.slabs:
