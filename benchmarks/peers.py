@@ -1,7 +1,9 @@
 """T5f and T5u: the image workload run by fpipe and by the loaders users would pick instead, in
 one run, alternating, with the two-core limit measured in the same run.
 
-``python -m benchmarks.peers [--images N] [--repetitions N] [--json FILE]``
+``python -m benchmarks.peers [T5f] [T5u] [--images N] [--repetitions N] [--json FILE]`` measures;
+``python -m benchmarks.peers --report RUN.json... [--data FILE] [-o FIG.png] [--page PAGE.md]``
+gathers runs into one file, draws the chart and puts the table in the page.
 
 Every system decodes the packed JPEGs of ``images``, draws a random resized crop of 224 and a
 flip, and ends in float32 CHW in [0, 1] (T5f) or uint8 HWC (T5u); the consumer gets batches of
@@ -192,13 +194,91 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(runs: list[dict]) -> str:
+    """Each run's images per second, ratio to the DataLoader and share of the two-core limit,
+    one row per workload and system, one column per run."""
+    header = " | ".join(f"run {i + 1}" for i in range(len(runs)))
+    rows = [f"| workload | system | {header} |", "| --- | --- |" + " ---: |" * len(runs)]
+    for k, first in enumerate(runs[0]["results"]):
+        for name in first["images_per_second"]:
+            cells = []
+            for run in runs:
+                result = run["results"][k]
+                rate = result["images_per_second"][name]
+                versus = rate / result["images_per_second"]["DataLoader"]
+                cells.append(f"{rate:.0f} img/s, {versus:.2f}×, {rate / result['limit']:.0%}")
+            rows.append(f"| {first['kind']} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def plot(runs: list[dict], output: str) -> None:
+    """Each system's share of the two-core limit, per workload: the median over the runs as a
+    bar, every run as a dot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [result["kind"] for result in runs[0]["results"]]
+    names = [name for name in runs[0]["results"][0]["images_per_second"] if name != "serial"]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.2), sharey=True)
+    for ax, (k, kind) in zip(np.atleast_1d(axes), enumerate(kinds)):
+        shares = [[run["results"][k]["images_per_second"][name] / run["results"][k]["limit"]
+                   for run in runs] for name in names]
+        colours = ["#1c7ed6" if name.startswith("fpipe") else "#868e96" for name in names]
+        ax.bar(names, [statistics.median(s) for s in shares], color=colours)
+        for x, share in enumerate(shares):
+            ax.scatter([x] * len(share), share, color="black", s=8, zorder=3)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_title(f"{kind}: {OUTPUT_NAMES[kind]}", fontsize=9)
+        ax.tick_params(axis="x", labelrotation=35, labelsize=8)
+    np.atleast_1d(axes)[0].set_ylabel("share of the two-core limit\n(2 × one process, same run)")
+    fig.tight_layout()
+    fig.savefig(output, dpi=120)
+    plt.close(fig)
+
+
+OUTPUT_NAMES = {"T5f": "float32 CHW", "T5u": "uint8 HWC"}
+_BEGIN, _END = "<!-- peers:", "<!-- /peers -->"
+
+
+def with_table(page: str, table: str) -> str:
+    """``page`` with ``table`` between its peers markers, replacing what was there."""
+    begin, end = page.find(_BEGIN), page.find(_END)
+    if begin < 0 or end < begin:
+        raise ValueError(f"the page has no {_BEGIN} ... {_END} markers")
+    head = page.index("\n", begin) + 1
+    return page[:head] + table + "\n" + page[end:]
+
+
+def report(args: argparse.Namespace) -> None:
+    runs = [json.loads(open(path).read()) for path in args.report]
+    if args.data:
+        with open(args.data, "w") as file:
+            json.dump({"runs": runs}, file, indent=1)
+    if args.output:
+        plot(runs, args.output)
+    if args.page:
+        with open(args.page) as file:
+            page = file.read()
+        with open(args.page, "w") as file:
+            file.write(with_table(page, markdown_table(runs)))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__)
     parser.add_argument("kinds", nargs="*", default=list(OUTPUTS), help="T5f, T5u (default both)")
     parser.add_argument("--images", type=int, default=1000, help="images per epoch (default 1000)")
     parser.add_argument("--repetitions", type=int, default=5, help="timed epochs (default 5)")
     parser.add_argument("--json", default="benchmarks/results/peers.json", help="where to write JSON")
+    parser.add_argument("--report", nargs="+", help="runs' JSON files to report instead")
+    parser.add_argument("--data", help="with --report: write the runs into this one file")
+    parser.add_argument("-o", "--output", help="with --report: the chart (PNG)")
+    parser.add_argument("--page", help="with --report: the page whose peers markers get the table")
     args = parser.parse_args(argv)
+    if args.report:
+        report(args)
+        return
     results = []
     for kind in args.kinds:
         results.append(measure(kind, args.images, args.repetitions))

@@ -28,10 +28,15 @@ DEADLINE = 20.0  # generous: nothing waits on a sleep, this only catches a hang
 Pair = collections.namedtuple("Pair", "image label")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def executor():
-    from joblib.externals.loky import get_reusable_executor
-    return get_reusable_executor(max_workers=2)
+    # loky's workers, but not joblib's shared pool: a plain loky pool there would break
+    # joblib's next call (it expects its own kind of executor)
+    from joblib.externals.loky import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(max_workers=2)
+    yield pool
+    pool.shutdown(wait=True)
 
 
 def image(value: int, shape=(128, 128, 3), dtype=np.float32) -> np.ndarray:
@@ -126,18 +131,19 @@ def test_past_the_budget_results_go_through_the_pipe(executor):
 
 
 def kill_self_after_encoding(transport):
-    # larger than any slab the worker has: a new one, named, that nobody maps
+    # a new slab, named, that nobody maps
     _shm.encode(transport, [image(1, (2048, 1024))])
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_a_killed_workers_segment_is_removed_by_the_sweep(executor):
+def test_a_killed_workers_segment_is_removed_by_the_sweep():
+    from joblib.externals.loky import ProcessPoolExecutor
     from joblib.externals.loky.process_executor import TerminatedWorkerError
 
     transport = _shm.Transport.for_consumer(2)
     assert own_names() == []
-    with pytest.raises(TerminatedWorkerError):
-        executor.submit(kill_self_after_encoding, transport).result()
+    with ProcessPoolExecutor(max_workers=1) as broken, pytest.raises(TerminatedWorkerError):
+        broken.submit(kill_self_after_encoding, transport).result()
     assert len(own_names()) == 1  # the name nobody mapped
     assert len(_shm.sweep(os.getpid())) == 1
     assert own_names() == []
