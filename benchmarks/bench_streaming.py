@@ -16,7 +16,6 @@ import numpy as np
 from toolz import partition_all, pipe
 
 import fpipe as fp
-from fpipe import stages as _stages
 
 from .harness import Pair, Value, workload
 
@@ -104,11 +103,11 @@ def p1_stats_cost() -> Pair:
     with_stats = fp.Stream.pull
 
     def without() -> None:
-        _stages.Stream.pull = _pull_without_stats
+        fp.Stream.pull = _pull_without_stats
         try:
             _p1_times(10)
         finally:
-            _stages.Stream.pull = with_stats
+            fp.Stream.pull = with_stats
     return Pair(fpipe=lambda: _p1_times(10), reference=without, items=10 * P1_BATCHES * P1_SIZE)
 
 

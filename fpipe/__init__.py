@@ -8,22 +8,17 @@ Everything is a function: transforms map items, stages map streams, and a pipeli
 3
 """
 
-from . import batching, errors, functional, infinite, random, sharding, sources, stages, storage
-from . import pool as _pool  # the stage fpipe.pool takes the module's name
+from . import errors, functional, infinite, random, sharding, storage, streaming
 from ._version import __version__
-from .batching import *
 from .errors import *
 from .functional import *
 from .infinite import *
-from .pool import *
 from .random import *
 from .sharding import *
-from .sources import *
-from .stages import *
 from .storage import *
+from .streaming import *
 
 # Each module that adds public names is imported above and listed here.
-_PUBLIC_MODULES = (batching, errors, functional, infinite, _pool, random, sharding, sources, stages,
-                   storage)
+_PUBLIC_MODULES = (errors, functional, infinite, random, sharding, storage, streaming)
 
 __all__ = sorted({"__version__", *(name for module in _PUBLIC_MODULES for name in module.__all__)})

@@ -22,8 +22,10 @@ RemoteTraceback True
 
 from __future__ import annotations
 
+import numbers
 import pickle
 import traceback
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import numpy as np
@@ -59,7 +61,7 @@ class FormatError(FpipeError, ValueError):
     def __init__(self, message: str, *, path=None, offset: int | None = None,
                  index: int | None = None) -> None:
         self.reason, self.path, self.offset, self.index = message, path, offset, index
-        super().__init__(_located(message, path, offset, index))
+        super().__init__(_with_location(message, path, offset, index))
 
     def __reduce__(self):
         return _rebuild_format_error, (self.reason, self.path, self.offset, self.index)
@@ -69,7 +71,7 @@ def _rebuild_format_error(message, path, offset, index) -> FormatError:
     return FormatError(message, path=path, offset=offset, index=index)
 
 
-def _located(message: str, path, offset, index) -> str:
+def _with_location(message: str, path, offset, index) -> str:
     sample = f"sample {index}" if index is not None else ""
     byte = f"byte {offset}" if offset is not None else ""
     where = " at ".join(filter(None, [sample, byte]))
@@ -168,3 +170,78 @@ def check_integer(name: str, value: Any, low: int | None = None) -> int:
     if low is not None and value < low:
         raise ValueError(f"{name} must be >= {low}; got {name}={value!r}")
     return int(value)
+
+
+def check_workers(n_workers: Any) -> int:
+    """``n_workers`` as an int, once it is an integer >= 1 or -1 (one per core); otherwise a
+    ``TypeError`` or ``ValueError`` that names the argument.
+
+    >>> check_workers(-1), check_workers(np.int8(2))
+    (-1, 2)
+    """
+    if n_workers == -1 and not isinstance(n_workers, (bool, np.bool_)):
+        return -1
+    check_integer("n_workers", n_workers)
+    if n_workers < 1:
+        raise ValueError(f"n_workers must be >= 1 or -1; got n_workers={n_workers!r}")
+    return int(n_workers)
+
+
+def check_callable(name: str, value: Any) -> Callable:
+    """``value``, once it is callable; otherwise a ``TypeError`` that names the argument. Not
+    in ``__all__``, like :func:`check_integer`.
+
+    >>> check_callable("func", 3)
+    Traceback (most recent call last):
+    ...
+    TypeError: func must be callable; got func=3
+    """
+    if not callable(value):
+        raise TypeError(f"{name} must be callable; got {name}={value!r}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value``, once it is True or False; otherwise a ``TypeError`` that names the argument.
+
+    >>> check_bool("ordered", 1)
+    Traceback (most recent call last):
+    ...
+    TypeError: ordered must be True or False; got ordered=1
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False; got {name}={value!r}")
+    return bool(value)
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> Any:
+    """``value``, once it is one of ``choices``; otherwise a ``ValueError`` that names the
+    argument and the choices.
+
+    >>> check_choice("until", "last", ("first", "all"))
+    Traceback (most recent call last):
+    ...
+    ValueError: until must be 'first' or 'all'; got until='last'
+    """
+    if not any(value is choice or (type(value) is type(choice) and value == choice)
+               for choice in choices):
+        *rest, last = map(repr, choices)
+        allowed = f"{', '.join(rest)} or {last}" if rest else last
+        raise ValueError(f"{name} must be {allowed}; got {name}={value!r}")
+    return value
+
+
+def check_probability(name: str, value: Any) -> float:
+    """``value`` as a float, once it is a real number in [0, 1]; otherwise a ``TypeError`` or
+    ``ValueError`` that names the argument.
+
+    >>> check_probability("p", "0.5")
+    Traceback (most recent call last):
+    ...
+    TypeError: p must be a real number; got p='0.5'
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating)):
+        raise TypeError(f"{name} must be a real number; got {name}={value!r}")
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a probability in [0, 1]; got {name}={value!r}")
+    return float(value)

@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .errors import MissingParameterError
+from .errors import MissingParameterError, check_callable, check_probability
 from .random import current_rng, takes_rng
 
 __all__ = [
@@ -45,8 +45,24 @@ def identity(x: Any) -> Any:
     return x
 
 
-def _name(func: Callable) -> str:
-    return getattr(func, "__qualname__", None) or repr(func)
+def func_name(func: Callable) -> str:
+    """What reprs and messages call ``func``: its ``__name__``, else its repr. Not in
+    ``__all__``, like :func:`call_repr`: fpipe's stages and adapters write their reprs with them.
+
+    >>> func_name(abs), func_name(lambda x: x)
+    ('abs', '<lambda>')
+    """
+    return getattr(func, "__name__", None) or repr(func)
+
+
+def call_repr(factory: str, positional: Iterable, keywords: Mapping) -> str:
+    """The repr of the call ``factory(*positional, **keywords)``, functions by name.
+
+    >>> call_repr("map", (pow, 3), {"seed": 0})
+    'map(pow, 3, seed=0)'
+    """
+    parts = [*map(_arg_repr, positional), *(f"{k}={v!r}" for k, v in keywords.items())]
+    return f"{factory}({', '.join(parts)})"
 
 
 class _Bound:
@@ -56,9 +72,7 @@ class _Bound:
     factory = ""  # the public function that builds this class, for the repr
 
     def __init__(self, func: Callable, *args: Any, **kwargs: Any) -> None:
-        if not callable(func):
-            raise TypeError(f"func must be callable; got func={func!r}")
-        self.func, self.args, self.kwargs = func, args, kwargs
+        self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
 
     def __reduce__(self):
         return _rebuild, (type(self), (self.func, *self.args), self.kwargs)
@@ -71,8 +85,7 @@ class _Bound:
 
     def __repr__(self) -> str:
         _, (_, positional, keywords) = self.__reduce__()
-        parts = [*map(_arg_repr, positional), *(f"{k}={v!r}" for k, v in keywords.items())]
-        return f"{self.factory}({', '.join(parts)})"
+        return call_repr(self.factory, positional, keywords)
 
 
 def _rebuild(cls: type, args: tuple, kwargs: dict) -> Any:
@@ -80,7 +93,7 @@ def _rebuild(cls: type, args: tuple, kwargs: dict) -> Any:
 
 
 def _arg_repr(value: Any) -> str:
-    return _name(value) if callable(value) and hasattr(value, "__qualname__") else repr(value)
+    return func_name(value) if callable(value) and hasattr(value, "__name__") else repr(value)
 
 
 class _UnpackArgs(_Bound):
@@ -195,8 +208,7 @@ class _ZipApply:
 
     def __init__(self, *functions: Callable, **kwargs: Any) -> None:
         for position, func in enumerate(functions):
-            if not callable(func):
-                raise TypeError(f"functions[{position}] must be callable; got {func!r}")
+            check_callable(f"functions[{position}]", func)
         self.functions, self.kwargs = functions, kwargs
 
     def __call__(self, xs: Iterable, **kwargs: Any) -> tuple:
@@ -230,8 +242,7 @@ class _RandomApply(_Bound):
 
     def __init__(self, p: float, func: Callable, *args: Any, **kwargs: Any) -> None:
         super().__init__(func, *args, **kwargs)
-        if not 0 <= p <= 1:
-            raise ValueError(f"p must be a probability in [0, 1]; got p={p!r}")
+        check_probability("p", p)
         self.p = p
 
     def __reduce__(self):
@@ -268,9 +279,10 @@ class _SampleArgs(_Bound):
 
     def __init__(self, func: Callable, *args: Callable, **kwargs: Callable) -> None:
         super().__init__(func, *args, **kwargs)
-        for name, sampler in [*enumerate(args), *kwargs.items()]:
-            if not callable(sampler):
-                raise TypeError(f"sampler {name!r} must be callable; got {sampler!r}")
+        for position, sampler in enumerate(args):
+            check_callable(f"args[{position}]", sampler)
+        for name, sampler in kwargs.items():
+            check_callable(name, sampler)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         rng = current_rng()
@@ -315,15 +327,14 @@ class _Step:
             if key in params:
                 kwargs[name] = params[key]
             elif required:
-                raise MissingParameterError(name, key, _name(self.func))
+                raise MissingParameterError(name, key, func_name(self.func))
         return self.func(value, **kwargs)
 
 
 def _named_parameters(func: Callable) -> list[tuple[str, bool]]:
     """The parameters after the value, as ``(name, required)``; rejects functions that
     cannot take the value."""
-    if not callable(func):
-        raise TypeError(f"compose takes callables; got {func!r}")
+    check_callable("transform", func)
     try:
         parameters = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):
@@ -331,7 +342,7 @@ def _named_parameters(func: Callable) -> list[tuple[str, bool]]:
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                   inspect.Parameter.VAR_POSITIONAL)
     if not parameters or parameters[0].kind not in positional:
-        raise ValueError(f"{_name(func)} takes no positional parameter, so it cannot receive "
+        raise ValueError(f"{func_name(func)} takes no positional parameter, so it cannot receive "
                          "the value; a composed function takes the value first")
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return [(p.name, p.default is p.empty) for p in parameters[1:] if p.kind in named]

@@ -38,19 +38,22 @@ from typing import Any
 
 import numpy as np
 
-from .batching import batch, combine_to_arrays, unbatch
 from .errors import check_integer
-from .stages import (
+from .functional import call_repr
+from .streaming import (
     Stage,
     Stats,
     Stream,
     as_stream,
+    batch,
+    combine_to_arrays,
     map,
     prefetch,
     processes,
     stats,
     threads,
     transform_stream,
+    unbatch,
 )
 
 __all__ = ["Infinite", "Iterator", "Loky", "Threads"]
@@ -76,17 +79,13 @@ def _make_stage(factory: Callable, func: Callable, args: tuple, kwargs: dict,
     return factory(func, *args, **options, **kwargs)
 
 
-def _arguments(func: Callable, args: tuple, kwargs: dict, options: dict) -> str:
-    parts = [getattr(func, "__name__", None) or repr(func), *(repr(arg) for arg in args)]
-    parts += [f"{key}={value!r}" for key, value in {**options, **kwargs}.items()]
-    return ", ".join(parts)
 
 
 class _Adapter(Stage):
     """A dpipe stage class: applying it applies the fpipe stages it stands for."""
 
-    def __init__(self, stages: list[Stage], arguments: str) -> None:
-        self.stages, self._arguments = stages, arguments
+    def __init__(self, stages: list[Stage], positional: tuple, keywords: dict) -> None:
+        self.stages, self._call = stages, (positional, keywords)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
         stream = as_stream(iterable)
@@ -98,12 +97,10 @@ class _Adapter(Stage):
         """Release what the stages keep between runs (the joblib generator of a process
         stage); the next run starts it again."""
         for stage in self.stages:
-            close = getattr(stage, "close", None)
-            if close is not None:
-                close()
+            stage.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._arguments})"
+        return call_repr(type(self).__name__, *self._call)
 
 
 def _is_count(value: Any) -> bool:
@@ -140,7 +137,7 @@ class Threads(_Adapter):
         options = {"n_workers": n_workers, "buffer_size": buffer_size}
         stage = _make_stage(threads, func, args, kwargs, n_workers=n_workers,
                             buffer_size=_thread_buffer(n_workers, buffer_size))
-        super().__init__([stage], _arguments(func, args, kwargs, options))
+        super().__init__([stage], (func, *args), {**options, **kwargs})
 
 
 def _loky_workers(n_workers: Any) -> Any:
@@ -170,7 +167,7 @@ class Loky(_Adapter):
         options = {"n_workers": n_workers, "buffer_size": buffer_size}
         stage = _make_stage(processes, func, args, kwargs, backend="loky",
                             n_workers=_loky_workers(n_workers), buffer_size=buffer_size)
-        super().__init__([stage], _arguments(func, args, kwargs, options))
+        super().__init__([stage], (func, *args), {**options, **kwargs})
 
 
 class _ChunkCall:
@@ -213,7 +210,7 @@ class Iterator(_Adapter):
                       threads(_ChunkCall(transform, args, kwargs), n_workers=n_workers,
                               buffer_size=_thread_buffer(n_workers, buffer_size)),
                       unbatch()]
-        super().__init__(stages, _arguments(transform, args, kwargs, options))
+        super().__init__(stages, (transform, *args), {**options, **kwargs})
 
 
 # --- Infinite -------------------------------------------------------------------------------
@@ -360,9 +357,7 @@ class _Pipeline:
                 stream.close()
         finally:
             for stage in self.stages:
-                close = getattr(stage, "close", None)
-                if close is not None:
-                    close()
+                stage.close()
 
 
 class Infinite:

@@ -36,6 +36,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from .errors import check_callable
+
 __all__ = [
     "Sampler",
     "Seed",
@@ -89,6 +91,16 @@ def seed_entropy(seed: Seed) -> int:
         return int(low) | int(high) << 32
     raise TypeError(
         f"seed must be an int, Generator, SeedSequence or RandomState; got seed={seed!r}")
+
+
+def optional_entropy(seed: Seed | None) -> int | None:
+    """:func:`seed_entropy` of ``seed``, but None stays None (an unseeded stage). Not in
+    ``__all__``: fpipe's stages call it.
+
+    >>> optional_entropy(None) is None, optional_entropy(7)
+    (True, 7)
+    """
+    return None if seed is None else seed_entropy(seed)
 
 
 def as_generator(seed: Seed) -> np.random.Generator:
@@ -196,9 +208,7 @@ class Sampler:
     __slots__ = ("draw", "args", "kwargs")
 
     def __init__(self, draw: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        if not callable(draw):
-            raise TypeError(f"draw must be callable; got draw={draw!r}")
-        self.draw, self.args, self.kwargs = draw, args, kwargs
+        self.draw, self.args, self.kwargs = check_callable("draw", draw), args, kwargs
 
     def __call__(self, rng: np.random.Generator | None = None) -> Any:
         return self.draw(rng if rng is not None else current_rng(), *self.args, **self.kwargs)

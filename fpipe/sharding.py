@@ -5,7 +5,8 @@ Two forms cover the two kinds of input:
 * :func:`shard` is a stage over any iterable: shard ``index`` of ``count`` takes every
   ``count``-th element, starting at element ``index``. It is lazy and needs no length.
 * :func:`shard_range` splits ``range(n)`` into ``count`` contiguous pieces, for sized readers
-  that read contiguous runs fastest.
+  that read contiguous runs fastest; :func:`worker_range` splits it over ranks and their
+  DataLoader workers (what :class:`fpipe.torch.IterableDataset` reads), without torch.
 
 Across all indices the shards partition their input: every element lands in exactly one shard,
 order is kept within a shard, and shard sizes differ by at most one:
@@ -33,31 +34,28 @@ from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from typing import Any
 
-from .errors import check_integer
+from .errors import check_choice, check_integer
 
-__all__ = ["shard", "shard_range"]
+__all__ = ["shard", "shard_range", "worker_range"]
 
 _EVEN = (None, "drop", "pad")
 _ROUNDING = ("balanced", "datadings")
 
 
-def _check_integer(name: str, value: Any) -> int:
-    try:
-        return check_integer(name, value)
-    except TypeError as error:
-        # ValueError like every other bad shard argument, so one except clause catches them all
-        raise ValueError(str(error)) from None
+def check_even(even: Any) -> str | None:
+    """``even``, once it is one of the choices of ``even=``: None, ``"drop"`` or ``"pad"``.
+    Not in ``__all__``: the torch adapters check their ``even=`` with it."""
+    return check_choice("even", even, _EVEN)
 
 
 def _check_shard(index: Any, count: Any, even: Any) -> tuple[int, int]:
-    count = _check_integer("count", count)
-    index = _check_integer("index", index)
+    count = check_integer("count", count)
+    index = check_integer("index", index)
     if count < 1:
         raise ValueError(f"count must be >= 1; got count={count}")
     if not 0 <= index < count:
         raise ValueError(f"index must be in [0, count); got index={index} with count={count}")
-    if even not in _EVEN:
-        raise ValueError(f"even must be None, 'drop' or 'pad'; got even={even!r}")
+    check_even(even)
     return index, count
 
 
@@ -182,12 +180,9 @@ def shard_range(n: int, index: int, count: int, *, even: str | None = None,
     ...
     ValueError: count must be >= 1; got count=0
     """
-    n = _check_integer("n", n)
-    if n < 0:
-        raise ValueError(f"n must be >= 0; got n={n}")
+    n = check_integer("n", n, 0)
     index, count = _check_shard(index, count, even)
-    if rounding not in _ROUNDING:
-        raise ValueError(f"rounding must be 'balanced' or 'datadings'; got rounding={rounding!r}")
+    check_choice("rounding", rounding, _ROUNDING)
     start, stop = _bounds(n, index, count, rounding)
     if even == "drop":
         return range(start, start + n // count)
@@ -195,3 +190,80 @@ def shard_range(n: int, index: int, count: int, *, even: str | None = None,
         low = max(0, stop - math.ceil(n / count))
         return range(low, low + math.ceil(n / count))
     return range(start, stop)
+
+
+# --- DataLoader workers: their ranges, and where a resumed loader stands -----------------
+
+
+def _round_half_even(numerator: int, denominator: int) -> int:
+    quotient, remainder = divmod(numerator, denominator)
+    twice = 2 * remainder
+    return quotient + (twice > denominator or (twice == denominator and quotient & 1))
+
+
+def worker_range(n: int, rank: int = 0, world_size: int = 1, worker: int = 0,
+                 num_workers: int = 1, epoch: int = 0, even: str | None = None) -> range:
+    """The positions that DataLoader worker ``worker`` of rank ``rank`` reads in ``epoch``.
+
+    ``range(n)`` is cut into ``S = world_size * num_workers`` contiguous shards as datadings
+    cuts it, shard ``j`` being ``[n·j/S, n·(j+1)/S)`` rounded half to even (in exact integer
+    arithmetic, so a rank's shards join up to the same range for any ``num_workers``). Ranks
+    rotate with the epoch: rank ``r`` reads the shards of rank ``(r + epoch) % world_size``.
+
+    ``even="drop"`` or ``"pad"`` first cuts or pads each rank's range to ``n // world_size``
+    or ``ceil(n / world_size)`` positions (see :func:`fpipe.shard_range`), then splits it among
+    the workers, so that every rank reads the same number of samples in the same pieces and
+    makes the same number of batches.
+
+    >>> [worker_range(10, r, 2, w, 2) for r in range(2) for w in range(2)]
+    [range(0, 2), range(2, 5), range(5, 8), range(8, 10)]
+    >>> [worker_range(10, r, 2, w, 2, epoch=1) for r in range(2) for w in range(2)]
+    [range(5, 8), range(8, 10), range(0, 2), range(2, 5)]
+    >>> [worker_range(11, r, 2, w, 2, even="drop") for r in range(2) for w in range(2)]
+    [range(0, 2), range(2, 5), range(6, 8), range(8, 11)]
+    """
+    n = check_integer("n", n, 0)
+    world_size = check_integer("world_size", world_size, 1)
+    num_workers = check_integer("num_workers", num_workers, 1)
+    rank, worker = check_integer("rank", rank, 0), check_integer("worker", worker, 0)
+    if rank >= world_size or worker >= num_workers:
+        raise ValueError(f"need rank < world_size and worker < num_workers; got rank={rank}, "
+                         f"world_size={world_size}, worker={worker}, num_workers={num_workers}")
+    check_even(even)
+    slot = (rank + check_integer("epoch", epoch, 0)) % world_size
+    if even is None:
+        shards, shard = world_size * num_workers, slot * num_workers + worker
+        return range(_round_half_even(n * shard, shards), _round_half_even(n * (shard + 1), shards))
+    outer = shard_range(n, slot, world_size, even=even, rounding="datadings")
+    size = len(outer)
+    return range(outer.start + _round_half_even(size * worker, num_workers),
+                 outer.start + _round_half_even(size * (worker + 1), num_workers))
+
+
+def resume_plan(counts: list[int], done: int) -> tuple[list[int], int]:
+    """How many of its ``counts[w]`` batches each worker ``w`` has made when a DataLoader has
+    handed out ``done`` batches, and which worker's batch comes next (0 once all are out).
+
+    The DataLoader takes one batch from each worker in turn, passing over the workers that
+    have run out. ``done`` past the end counts as the end.
+    """
+    rounds = _full_rounds(counts, done)
+    made = [min(count, rounds) for count in counts]
+    # the workers with a batch in the round under way, in the order they hand it out
+    behind = [worker for worker, count in enumerate(counts) if count > rounds]
+    extra = min(done, sum(counts)) - sum(made)
+    for worker in behind[:extra]:
+        made[worker] += 1
+    return made, behind[extra] if extra < len(behind) else 0
+
+
+def _full_rounds(counts: list[int], done: int) -> int:
+    """The most rounds (one batch from each worker that has one left) within ``done`` batches."""
+    low, high = 0, max(counts, default=0)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if sum(min(count, middle) for count in counts) <= done:
+            low = middle
+        else:
+            high = middle - 1
+    return low

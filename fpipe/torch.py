@@ -35,11 +35,11 @@ except ImportError as error:  # pragma: no cover - torch is in the test extra
 
 import numpy as np
 
-from .errors import check_integer
+from .errors import check_bool, check_callable, check_integer
 from .functional import Compose
 from .image import CompressedToPIL, ImageDecodeError
-from .random import Seed, item_rng, seed_entropy, set_active
-from .sharding import shard_range
+from .random import Seed, item_rng, optional_entropy, seed_entropy, set_active
+from .sharding import check_even, resume_plan, worker_range
 from .storage.order import QuasiShuffler, Range
 from .streaming._shm import register as share_type
 
@@ -54,7 +54,6 @@ __all__ = [
     "worker_range",
 ]
 
-_EVEN = (None, "drop", "pad")
 # Pass counters kept in shared memory: one per DataLoader worker id below this bound.
 _SLOTS = 1024
 # where the clock's tensor keeps the pending-resume flags (one per worker id) and the resume
@@ -108,81 +107,6 @@ def dict2tuple(it: Iterable[Mapping], keys: tuple = ("image", "label")) -> Itera
     """
     for sample in it:
         yield tuple(sample[k] for k in keys)
-
-
-def _round_half_even(numerator: int, denominator: int) -> int:
-    quotient, remainder = divmod(numerator, denominator)
-    twice = 2 * remainder
-    return quotient + (twice > denominator or (twice == denominator and quotient & 1))
-
-
-def worker_range(n: int, rank: int = 0, world_size: int = 1, worker: int = 0,
-                 num_workers: int = 1, epoch: int = 0, even: str | None = None) -> range:
-    """The positions that DataLoader worker ``worker`` of rank ``rank`` reads in ``epoch``.
-
-    ``range(n)`` is cut into ``S = world_size * num_workers`` contiguous shards as datadings
-    cuts it, shard ``j`` being ``[n·j/S, n·(j+1)/S)`` rounded half to even (in exact integer
-    arithmetic, so a rank's shards join up to the same range for any ``num_workers``). Ranks
-    rotate with the epoch: rank ``r`` reads the shards of rank ``(r + epoch) % world_size``.
-
-    ``even="drop"`` or ``"pad"`` first cuts or pads each rank's range to ``n // world_size``
-    or ``ceil(n / world_size)`` positions (see :func:`fpipe.shard_range`), then splits it among
-    the workers, so that every rank reads the same number of samples in the same pieces and
-    makes the same number of batches.
-
-    >>> [worker_range(10, r, 2, w, 2) for r in range(2) for w in range(2)]
-    [range(0, 2), range(2, 5), range(5, 8), range(8, 10)]
-    >>> [worker_range(10, r, 2, w, 2, epoch=1) for r in range(2) for w in range(2)]
-    [range(5, 8), range(8, 10), range(0, 2), range(2, 5)]
-    >>> [worker_range(11, r, 2, w, 2, even="drop") for r in range(2) for w in range(2)]
-    [range(0, 2), range(2, 5), range(6, 8), range(8, 11)]
-    """
-    n = check_integer("n", n, 0)
-    world_size = check_integer("world_size", world_size, 1)
-    num_workers = check_integer("num_workers", num_workers, 1)
-    rank, worker = check_integer("rank", rank, 0), check_integer("worker", worker, 0)
-    if rank >= world_size or worker >= num_workers:
-        raise ValueError(f"need rank < world_size and worker < num_workers; got rank={rank}, "
-                         f"world_size={world_size}, worker={worker}, num_workers={num_workers}")
-    if even not in _EVEN:
-        raise ValueError(f"even must be None, 'drop' or 'pad'; got even={even!r}")
-    slot = (rank + check_integer("epoch", epoch, 0)) % world_size
-    if even is None:
-        shards, shard = world_size * num_workers, slot * num_workers + worker
-        return range(_round_half_even(n * shard, shards), _round_half_even(n * (shard + 1), shards))
-    outer = shard_range(n, slot, world_size, even=even, rounding="datadings")
-    size = len(outer)
-    return range(outer.start + _round_half_even(size * worker, num_workers),
-                 outer.start + _round_half_even(size * (worker + 1), num_workers))
-
-
-def _resume_plan(counts: list[int], done: int) -> tuple[list[int], int]:
-    """How many of its ``counts[w]`` batches each worker ``w`` has made when a DataLoader has
-    handed out ``done`` batches, and which worker's batch comes next (0 once all are out).
-
-    The DataLoader takes one batch from each worker in turn, passing over the workers that
-    have run out. ``done`` past the end counts as the end.
-    """
-    rounds = _full_rounds(counts, done)
-    made = [min(count, rounds) for count in counts]
-    # the workers with a batch in the round under way, in the order they hand it out
-    behind = [worker for worker, count in enumerate(counts) if count > rounds]
-    extra = min(done, sum(counts)) - sum(made)
-    for worker in behind[:extra]:
-        made[worker] += 1
-    return made, behind[extra] if extra < len(behind) else 0
-
-
-def _full_rounds(counts: list[int], done: int) -> int:
-    """The most rounds (one batch from each worker that has one left) within ``done`` batches."""
-    low, high = 0, max(counts, default=0)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if sum(min(count, middle) for count in counts) <= done:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 def _worker() -> tuple[int, int]:
@@ -251,7 +175,7 @@ def _describe(index: int, sample: Any, field: Any) -> str:
     return where if field is None else f"{where}, field {field!r}"
 
 
-def _located(error: Exception, index: int, sample: Any, field: Any) -> Exception:
+def _naming_sample(error: Exception, index: int, sample: Any, field: Any) -> Exception:
     """``error`` with the sample named: in the message of an image error, as a note otherwise."""
     where = _describe(index, sample, field)
     if isinstance(error, ImageDecodeError) and error.sample is None:
@@ -287,12 +211,12 @@ class DatasetBase:
                  epoch: int = 0) -> None:
         if not hasattr(reader, "__len__"):
             raise TypeError(f"reader must be a reader or an ordering (with len); got reader={reader!r:.80}")
-        if rng is not None and not callable(rng):
-            raise TypeError(f"rng must be callable; got rng={rng!r}")
+        if rng is not None:
+            check_callable("rng", rng)
         self.reader = reader
         self.transforms = transforms
         self.rng = rng or no_rng
-        self.seed = None if seed is None else seed_entropy(seed)
+        self.seed = optional_entropy(seed)
         self._transform = self._checked_transform(transforms)
         self._clock = _EpochClock(check_integer("epoch", epoch, 0))
 
@@ -301,8 +225,7 @@ class DatasetBase:
             return None
         if isinstance(transforms, Mapping):
             for field, transform in transforms.items():
-                if not callable(transform):
-                    raise TypeError(f"transforms[{field!r}] must be callable; got {transform!r}")
+                check_callable(f"transforms[{field!r}]", transform)
             self._fields = tuple(transforms.items())
             return self._transform_fields
         if not callable(transforms):
@@ -346,7 +269,7 @@ class DatasetBase:
                 sample[field] = transform(sample[field], params)
             return sample
         except Exception as error:
-            located = _located(error, index, sample, field)
+            located = _naming_sample(error, index, sample, field)
             if located is error:
                 raise
             raise located from error.__cause__
@@ -356,7 +279,7 @@ class DatasetBase:
         try:
             return self.transforms(sample)
         except Exception as error:
-            located = _located(error, index, None if key is None else {"key": key}, None)
+            located = _naming_sample(error, index, None if key is None else {"key": key}, None)
             if located is error:
                 raise
             raise located from error.__cause__
@@ -544,9 +467,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         self.batch_size = None if batch_size is None else check_integer("batch_size", batch_size, 1)
         self.copy = bool(copy)
         self.chunk_size = check_integer("chunk_size", chunk_size, 1)
-        if even not in _EVEN:
-            raise ValueError(f"even must be None, 'drop' or 'pad'; got even={even!r}")
-        self.even, self.shuffle, self.buf_size = even, bool(shuffle), _check_buffer(buf_size)
+        self.even, self.shuffle, self.buf_size = check_even(even), bool(shuffle), _check_buffer(buf_size)
         # the shuffle needs a seed even when the transforms draw fresh entropy
         self._shuffle_seed = seed_entropy(seed) if self.seed is None else self.seed
         self.rank, self.world_size = _distributed(group, rank, world_size)
@@ -594,9 +515,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         """
         batches = check_integer("batches", batches, 0)
         batch_size = check_integer("batch_size", batch_size, 1)
-        if not isinstance(drop_last, (bool, np.bool_)):
-            raise TypeError(f"drop_last must be a bool; got drop_last={drop_last!r}")
-        self._clock.resume(batches, batch_size, bool(drop_last))
+        self._clock.resume(batches, batch_size, check_bool("drop_last", drop_last))
 
     def _shard(self, epoch: int, resume: _Resume | None, worker: int, workers: int,
                guard: bool) -> tuple[range, int]:
@@ -610,7 +529,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         batches, size, drop_last = resume
         lengths = [len(self._window(epoch, w, workers, guard)) for w in range(workers)]
         counts = [n // size if drop_last else -(-n // size) for n in lengths]
-        made, first = _resume_plan(counts, batches)
+        made, first = resume_plan(counts, batches)
         shard = (first + worker) % workers
         return self._window(epoch, shard, workers, False), min(lengths[shard], size * made[shard])
 

@@ -70,6 +70,17 @@ sized_inputs = st.integers(0, 60).map(lambda n: list(range(n)))
 shard_counts = st.integers(1, 9)
 evens = st.sampled_from(["drop", "pad"])
 roundings = st.sampled_from(["balanced", "datadings"])
+worker_epochs = st.integers(0, 7)
+batch_counts = st.lists(st.integers(0, 12), min_size=1, max_size=6)  # per DataLoader worker
+
+
+def round_robin(queues: list[list]) -> list:
+    """What a DataLoader hands out: one item from each worker in turn, passing over the
+    workers that have run out."""
+    queues, order = [list(queue) for queue in queues], []
+    while any(queues):
+        order += [queue.pop(0) for queue in queues if queue]
+    return order
 
 
 class Tracked:

@@ -1,12 +1,21 @@
-"""Laws of fpipe.sharding: partition, balance, even lengths, and composition of strided shards."""
+"""Laws of fpipe.sharding: partition, balance, even lengths, and composition of strided shards;
+the ranges of DataLoader workers, and the resume plan of a DataLoader's round-robin."""
 
 from collections import Counter
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fpipe.sharding import shard, shard_range
-from property_tests.strategies import evens, roundings, shard_counts, sized_inputs
+from fpipe.sharding import resume_plan, shard, shard_range, worker_range
+from property_tests.strategies import (
+    batch_counts,
+    evens,
+    round_robin,
+    roundings,
+    shard_counts,
+    sized_inputs,
+    worker_epochs,
+)
 
 
 def _strided(xs, count, even=None):
@@ -79,3 +88,71 @@ def test_sharding_a_shard_multiplies_the_strides(xs, a, b, data):
     i = data.draw(st.integers(0, a - 1), label="i")
     j = data.draw(st.integers(0, b - 1), label="j")
     assert list(shard(j, b)(shard(i, a)(xs))) == list(shard(i + a * j, a * b)(xs))
+
+
+# --- DataLoader workers: worker_range ---
+
+sizes = st.integers(0, 300)
+world_sizes = st.integers(1, 5)
+worker_counts = st.integers(1, 5)
+all_evens = st.sampled_from([None, "drop", "pad"])
+
+
+def _layout(n, world_size, workers, epoch, even=None):
+    return [[worker_range(n, rank, world_size, worker, workers, epoch, even) for worker in range(workers)]
+            for rank in range(world_size)]
+
+
+@given(sizes, world_sizes, worker_counts, worker_epochs)
+def test_every_epoch_partitions_the_dataset_into_contiguous_shards(n, world_size, workers, epoch):
+    layout = _layout(n, world_size, workers, epoch)
+    assert sorted(i for rank in layout for shard in rank for i in shard) == list(range(n))
+    lengths = [len(shard) for rank in layout for shard in rank]
+    assert max(lengths) - min(lengths) <= 1
+
+
+@given(sizes, world_sizes, worker_counts, worker_counts, worker_epochs)
+def test_a_rank_reads_one_block_whatever_its_number_of_workers(n, world_size, workers, other, epoch):
+    for rank in range(world_size):
+        blocks = [[i for shard in _layout(n, world_size, k, epoch)[rank] for i in shard]
+                  for k in (workers, other)]
+        assert blocks[0] == blocks[1] == list(worker_range(n, rank, world_size, 0, 1, epoch))
+
+
+@given(sizes, world_sizes, worker_counts, worker_epochs, all_evens)
+def test_ranks_trade_blocks_with_the_epoch(n, world_size, workers, epoch, even):
+    shifted = _layout(n, world_size, workers, 0, even)
+    layout = _layout(n, world_size, workers, epoch, even)
+    assert layout == [shifted[(rank + epoch) % world_size] for rank in range(world_size)]
+
+
+@given(sizes, world_sizes, worker_counts, worker_epochs, evens)
+def test_even_splits_every_rank_into_the_same_pieces(n, world_size, workers, epoch, even):
+    layout = _layout(n, world_size, workers, epoch, even)
+    assert len({tuple(map(len, rank)) for rank in layout}) == 1
+    covered = [i for rank in layout for shard in rank for i in shard]
+    if even == "drop":
+        assert len(covered) == len(set(covered)) == n - n % world_size
+    else:
+        assert set(covered) == set(range(n)) and len(covered) == -(-n // world_size) * world_size
+
+
+# --- resuming a pass: the schedule of a DataLoader's round-robin over its workers ---
+
+@given(batch_counts, st.integers(0, 80))
+def test_the_resume_plan_is_what_a_round_robin_has_made(counts, done):
+    made, first = resume_plan(counts, done)
+    order = round_robin([[worker] * count for worker, count in enumerate(counts)])
+    assert sum(made) == min(done, sum(counts))
+    assert made == [order[:done].count(worker) for worker in range(len(counts))]
+    assert first == (order[done] if done < len(order) else 0)
+
+
+@given(batch_counts, st.integers(0, 80))
+def test_workers_trading_shards_from_the_plan_hand_out_the_rest_in_order(counts, done):
+    made, first = resume_plan(counts, done)
+    workers = len(counts)
+    batches = [[(worker, k) for k in range(count)] for worker, count in enumerate(counts)]
+    rotated = [batches[(first + worker) % workers] for worker in range(workers)]
+    resumed = round_robin([shard[made[batches.index(shard)]:] for shard in rotated])
+    assert resumed == round_robin(batches)[done:]

@@ -81,7 +81,7 @@ def test_keyword_only_function_is_rejected_when_composing():
 
 
 def test_compose_rejects_non_callables_and_bad_prefix():
-    with pytest.raises(TypeError, match="compose takes callables; got 3"):
+    with pytest.raises(TypeError, match="transform must be callable; got transform=3"):
         compose(abs, 3)
     with pytest.raises(TypeError, match="prefix must be a str; got prefix=1"):
         compose(abs, prefix=1)
@@ -149,6 +149,9 @@ def test_random_apply_checks_p_at_construction():
     for p in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match="p must be a probability in"):
             random_apply(p, abs)
+    for p in ("0.5", None, True):
+        with pytest.raises(TypeError, match="p must be a real number; got p="):
+            random_apply(p, abs)
 
 
 def test_random_apply_returns_inputs_unchanged_when_not_applied():
@@ -174,7 +177,7 @@ def test_sample_args_accepts_dpipe_and_fpipe_samplers():
 
 
 def test_sample_args_rejects_non_callable_samplers():
-    with pytest.raises(TypeError, match="sampler 'angle' must be callable"):
+    with pytest.raises(TypeError, match="angle must be callable; got angle="):
         sample_args(add, angle=3)
 
 

@@ -107,3 +107,130 @@ def test_command_without_subcommand_is_a_usage_error():
     result = subprocess.run([sys.executable, "-m", "fpipe"], capture_output=True, text=True)
     assert result.returncode == 2
     assert "usage: fpipe" in result.stderr
+
+
+# --- layers (DESIGN.md): imports point down, and the two halves of layer 2 stay apart ---------
+
+CORE = {"errors", "functional", "random", "sharding", "_version"}
+ADAPTERS = {"infinite", "torch", "image"}
+
+
+def _layer(module: str) -> tuple[int, str]:
+    """``(rank, half)`` of a module named relative to the package: 1 core, 2 streaming or
+    storage, 3 adapters, 4 the command line."""
+    top = module.split(".")[0]
+    if top in CORE:
+        return 1, ""
+    if top in ("streaming", "storage"):
+        return 2, top
+    if top in ADAPTERS:
+        return 3, ""
+    return 4, ""
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _fpipe_imports(path: Path) -> set[str]:
+    """The fpipe modules that ``path`` imports anywhere (also inside functions), named
+    relative to the package."""
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[:len(package) - node.level + 1]
+            found.add(".".join([*base, *(node.module or "").split(".")]).strip("."))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fpipe."):
+            found.add(node.module.removeprefix("fpipe."))
+        elif isinstance(node, ast.Import):
+            found.update(a.name.removeprefix("fpipe.") for a in node.names if a.name.startswith("fpipe."))
+    return {name for name in found if name}
+
+
+def test_imports_point_down_and_streaming_and_storage_never_meet():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        if not module:
+            continue  # the package's __init__ re-exports everything
+        offenders += [f"{module} imports {target}" for target in _fpipe_imports(path)
+                      if _crosses(module, target)]
+    assert offenders == []
+
+
+def _crosses(module: str, target: str) -> bool:
+    (rank, half), (target_rank, target_half) = _layer(module), _layer(target)
+    return target_rank > rank or (rank == target_rank == 2 and half != target_half)
+
+
+def test_the_layer_check_sees_what_it_must():
+    assert _crosses("streaming.sources", "storage.reader")
+    assert _crosses("storage._staging", "streaming")
+    assert _crosses("sharding", "streaming._core") and _crosses("streaming.simple", "torch")
+    assert not _crosses("torch", "storage.order") and not _crosses("streaming.parallel", "errors")
+    # relative imports at any depth, and imports inside functions, are seen
+    assert "storage.order" in _fpipe_imports(PACKAGE / "torch.py")
+    assert {"streaming._core", "errors"} <= _fpipe_imports(PACKAGE / "streaming" / "parallel.py")
+    assert "torch" in _fpipe_imports(PACKAGE / "_commands" / "demo.py")
+
+
+def test_only_the_joblib_module_imports_joblib():
+    offenders = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                 if path.name != "_joblib.py" and "joblib" in _imported_roots(path)]
+    assert offenders == []
+
+
+def _imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_no_module_is_over_800_lines():
+    long = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+            if path.name != "_imagenet_synsets.py" and len(path.read_text().splitlines()) > 800]
+    assert long == []
+
+
+def _stream_private_names() -> set[str]:
+    """The underscore attributes of the Stream base class, except the hooks a subclass writes."""
+    stream = fpipe.as_stream([])
+    names = {name for name in [*vars(fpipe.Stream), *vars(stream)] if name.startswith("_")
+             and not name.startswith("__")}
+    return names - {"_pull", "_close"}
+
+
+def _stream_classes(trees: list) -> set[str]:
+    bases = {node.name: {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+             for tree in trees for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    streams, grown = {"Stream"}, True
+    while grown:
+        more = {name for name, of in bases.items() if of & streams} - streams
+        streams, grown = streams | more, bool(more)
+    return streams
+
+
+def test_nothing_outside_the_stream_core_touches_a_streams_private_attributes():
+    private = _stream_private_names()
+    assert {"_buffer", "_error", "_meter", "_reader"} <= private
+    paths = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "streaming" / "_core.py"]
+    trees = {path: ast.parse(path.read_text()) for path in paths}
+    streams = _stream_classes(list(trees.values()))
+    offenders = []
+    for path, tree in trees.items():
+        for cls in [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]:
+            if cls.name in streams:
+                offenders += [f"{path.name}: {cls.name}.{node.attr}" for node in ast.walk(cls)
+                              if isinstance(node, ast.Attribute) and node.attr in private]
+        offenders += [f"{path.name}: {ast.unparse(node)}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Attribute) and node.attr in private
+                      and not (isinstance(node.value, ast.Name) and node.value.id == "self")]
+    assert offenders == []

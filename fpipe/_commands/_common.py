@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FpipeError
+from ..storage import DatasetFiles, MsgpackReader, read_keys, read_legacy_index
 
 __all__ = [
     "HelpFormatter",
@@ -152,8 +153,6 @@ def human_bytes(size: float) -> str:
 
 def open_dataset(path: str | Path) -> Any:
     """A :class:`~fpipe.storage.MsgpackReader` of ``path`` with a clear error if it is missing."""
-    from ..storage import MsgpackReader
-
     path = Path(path)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.msgpack"))
@@ -190,8 +189,6 @@ def copy_classes(sources: Sequence[Path], targets: Sequence[Path]) -> None:
 
 def dataset_keys(reader: Any) -> list[str]:
     """Every key of the dataset that ``reader`` (a MsgpackReader) reads, in file order."""
-    from ..storage import DatasetFiles, read_keys, read_legacy_index
-
     if DatasetFiles(reader.path).keys.exists():
         return read_keys(reader.path)
     return read_legacy_index(reader.path)[0]

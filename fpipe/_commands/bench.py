@@ -9,6 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from ..image import decode_image
+from ..storage import QuasiShuffler, Shuffler, unpack_sample
+from ..streaming import batch, processes, stats
 from ._common import UsageError, add_command, open_dataset, positive_int, progress_bar
 
 __all__ = ["add_parsers", "decode_sample"]
@@ -70,8 +73,6 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _reads(reader: Any, mode: str, seed: int) -> Iterator[bytes]:
-    from ..storage import QuasiShuffler, Shuffler
-
     if mode == "sequential":
         return reader.iter(raw=True)
     ordering = Shuffler(reader, seed=seed) if mode == "random" else QuasiShuffler(reader, seed=seed)
@@ -81,8 +82,6 @@ def _reads(reader: Any, mode: str, seed: int) -> Iterator[bytes]:
 def _measure(samples: Iterable[bytes], args: argparse.Namespace, name: str,
              total: int) -> tuple[int, int, float]:
     """Read (and decode) samples for at most ``args.seconds``; return count, bytes, seconds."""
-    from ..storage import unpack_sample
-
     count = size = 0
     decode = None if args.raw else unpack_sample
     bar = progress_bar(args, total=total, desc=name, unit=" samples")
@@ -114,8 +113,6 @@ def decode_sample(data: bytes) -> dict:
     >>> decode_sample(pack_sample({"key": "a", "label": 1}))
     {'key': 'a', 'label': 1}
     """
-    from ..storage import unpack_sample
-
     sample = unpack_sample(data)
     if isinstance(sample, dict):
         for name, value in sample.items():
@@ -125,16 +122,12 @@ def decode_sample(data: bytes) -> dict:
 
 
 def _image_array(data: bytes) -> np.ndarray:
-    from ..image import decode_image
-
     return np.asarray(decode_image(data))
 
 
 def _bench_pipeline(reader: Any, args: argparse.Namespace) -> None:
     from toolz import pipe
 
-    from ..batching import batch
-    from ..stages import processes, stats
 
     stream = pipe(reader.iter(raw=True),
                   processes(decode_sample, n_workers=args.workers, backend="loky"),

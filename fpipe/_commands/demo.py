@@ -25,6 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from ..image import decode_image
+from ..infinite import Infinite
+from ..random import current_rng
+from ..storage import Cycler, MsgpackReader, Shuffler, unpack_sample
+from ..streaming import map, processes, stats
+from . import write
 from ._common import (
     UsageError,
     add_command,
@@ -156,13 +162,19 @@ def make_images(root: Path, count: int, classes: int, seed: int,
 # --- 2. packing -------------------------------------------------------------------------
 
 
-def _pack(source: str, dataset: Path, args: argparse.Namespace) -> None:
-    from ..cli import build_parser
+def _write_parser() -> argparse.ArgumentParser:
+    """A parser of ``fpipe write`` alone, for the command line the demo shows and runs (not
+    the whole command's parser: fpipe/cli.py imports this module)."""
+    parser = argparse.ArgumentParser(prog="fpipe")
+    write.add_parsers(parser.add_subparsers(dest="command"))
+    return parser
 
+
+def _pack(source: str, dataset: Path, args: argparse.Namespace) -> None:
     argv = ["write", source, str(dataset), "--shuffle", "--seed", str(args.seed), "--workers", "2"]
     argv += ["-y"] if args.overwrite else []
     say(args, f"2. $ fpipe {' '.join(argv)}")
-    written = build_parser().parse_args(argv + (["-q"] if args.quiet else []))
+    written = _write_parser().parse_args(argv + (["-q"] if args.quiet else []))
     status = written.run(written)
     if status:
         raise UsageError(f"packing {source} failed (exit status {status})")
@@ -202,10 +214,6 @@ class Augment:
         return f"Augment({self.size})"
 
     def __call__(self, sample: Any) -> tuple[np.ndarray, int]:
-        from ..image import decode_image
-        from ..random import current_rng
-        from ..storage import unpack_sample
-
         if not isinstance(sample, dict):
             sample = unpack_sample(sample)
         rng = current_rng()
@@ -229,7 +237,6 @@ def _train_torch(dataset: Path, classes: int, args: argparse.Namespace) -> tuple
     import torch
     from torch.utils.data import DataLoader
 
-    from ..storage import MsgpackReader
     from ..torch import IterableDataset
 
     stream_set = IterableDataset(MsgpackReader(dataset), transforms=Augment(args.size),
@@ -291,10 +298,6 @@ class _TorchStep:
 
 
 def _train_numpy(dataset: Path, classes: int, args: argparse.Namespace) -> tuple[int, float]:
-    from ..infinite import Infinite
-    from ..stages import map, processes
-    from ..storage import Cycler, MsgpackReader, Shuffler
-
     reader = MsgpackReader(dataset)
     source = Cycler(Shuffler(reader, seed=args.seed))  # a new permutation every pass
     augment = (processes(Augment(args.size), n_workers=args.workers, seed=args.seed)
@@ -359,8 +362,6 @@ def _epochs(make_source: Any, step: Any, args: argparse.Namespace,
     """Train ``args.epochs`` epochs, each through ``pipe(make_source(epoch), map(step))``;
     print a line per epoch and the per-stage table of the last (``pipeline_stats()``, or that
     of the epoch's stream); return samples and seconds."""
-    from ..stages import map, stats
-
     seen, seconds, table = 0, 0.0, None
     for epoch in range(args.epochs):
         start = time.perf_counter()

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..storage import DatasetFiles, read_legacy_index, read_offsets
 from ._common import (
     UsageError,
     add_command,
@@ -153,8 +154,6 @@ def _run_info(args: argparse.Namespace) -> int:
 
 
 def _file_summary(reader: Any) -> dict:
-    from ..storage import DatasetFiles
-
     files = DatasetFiles(reader.path)
     n = len(reader)
     sizes = np.diff(_offsets(reader)) if n else np.zeros(0, np.int64)
@@ -174,8 +173,6 @@ def _file_summary(reader: Any) -> dict:
 
 
 def _offsets(reader: Any) -> np.ndarray:
-    from ..storage import DatasetFiles, read_legacy_index, read_offsets
-
     if DatasetFiles(reader.path).offsets.exists():
         return read_offsets(reader.path).astype(np.int64)
     return read_legacy_index(reader.path)[1].astype(np.int64)

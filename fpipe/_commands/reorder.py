@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from .._staging import staged_datasets
 from ..errors import FpipeError
+from ..random import item_rng
+from ..storage import MsgpackReader, QuasiShuffler, RawWriter, Shuffler
+from ..storage._staging import staged_datasets
 from ._common import (
     UsageError,
     add_command,
@@ -135,8 +137,6 @@ def _add_sample(commands: argparse._SubParsersAction) -> None:
 def _copy(pairs: Iterable[tuple[str, Any]], path: Path, total: int, name: str,
           args: argparse.Namespace) -> None:
     """Write ``(key, packed bytes)`` pairs to the dataset ``path`` with a progress bar."""
-    from ..storage import RawWriter
-
     shown = shows_progress(args)
     with RawWriter(path, progress=shown, disable=not shown, total=total, desc=name,
                    unit=" samples") as writer:
@@ -155,8 +155,6 @@ def _write_copy(args: argparse.Namespace, sources: Sequence[Path], target: Path,
 
 
 def _written(args: argparse.Namespace, outputs: Sequence[Path]) -> None:
-    from ..storage import MsgpackReader
-
     for output in outputs:
         with MsgpackReader(output) as reader:
             say(args, f"wrote {len(reader)} samples to {output} "
@@ -173,8 +171,6 @@ def _in_blocks(reader: Any, indices: np.ndarray) -> Iterator[tuple[str, Any]]:
 
 
 def _run_shuffle(args: argparse.Namespace) -> int:
-    from ..storage import QuasiShuffler, Shuffler
-
     if args.buf_size <= 0:
         raise UsageError(f"--buf-size must be > 0; got {args.buf_size}")
     source, target = Path(args.input), Path(args.output)
@@ -230,8 +226,6 @@ def _check_unique_keys(sources: list[Path], readers: list) -> None:
 def _interleaved(readers: list, lengths: list[int], seed: int) -> Iterator[tuple[str, Any]]:
     """Each next sample from a random input, chosen with probability proportional to the
     samples it has left: a uniformly random interleaving that keeps every input's order."""
-    from ..random import item_rng
-
     picks = np.repeat(np.arange(len(readers), dtype=np.int32), lengths)
     item_rng(seed, 0, 0).shuffle(picks)
     streams = [reader.iter(yield_key=True, raw=True) for reader in readers]
@@ -312,7 +306,6 @@ def _run_split(args: argparse.Namespace) -> int:
 def _split_order(n: int, args: argparse.Namespace) -> np.ndarray:
     if not args.shuffle:
         return np.arange(n, dtype=np.int64)
-    from ..random import item_rng
 
     return item_rng(args.seed, 0, 0).permutation(n)
 
@@ -321,8 +314,6 @@ def _split_order(n: int, args: argparse.Namespace) -> np.ndarray:
 
 
 def _run_sample(args: argparse.Namespace) -> int:
-    from ..random import item_rng
-
     source, target = Path(args.input), Path(args.output)
     with open_dataset(source) as reader:
         if args.count > len(reader):

@@ -10,9 +10,23 @@ from typing import Any
 
 import numpy as np
 
-from .._staging import staging_folder
 from ..errors import FormatError
-from ._common import add_command, human_bytes, progress_bar, say
+from ..storage import (
+    BloomFilter,
+    DatasetFiles,
+    md5_file,
+    read_key_hashes,
+    read_keys,
+    read_legacy_index,
+    read_md5,
+    read_offsets,
+    rebuild_index,
+    unpack_sample,
+    write_index,
+)
+from ..storage._staging import staging_folder
+from ..storage.format import hash_key
+from ._common import add_command, human_bytes, progress_bar, say, shows_progress
 
 __all__ = ["add_parsers", "check_dataset"]
 
@@ -82,8 +96,6 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 def check_dataset(path: Path, args: argparse.Namespace) -> tuple[list[str], str]:
     """The problems found in dataset ``path``, and what was checked."""
-    from ..storage import DatasetFiles
-
     files = DatasetFiles(path)
     if not files.data.is_file():
         raise FileNotFoundError(f"dataset {path} not found")
@@ -98,14 +110,10 @@ def check_dataset(path: Path, args: argparse.Namespace) -> tuple[list[str], str]
 
 
 def _md5_entries(files: Any) -> dict[str, str]:
-    from ..storage import read_md5
-
     return read_md5(files.data) if files.md5.exists() else {}
 
 
 def _check_md5(files: Any, args: argparse.Namespace) -> list[str]:
-    from ..storage import md5_file
-
     if not files.md5.exists():
         return [f"{files.md5.name} is missing: nothing to check the files against"]
     problems = []
@@ -117,16 +125,10 @@ def _check_md5(files: Any, args: argparse.Namespace) -> list[str]:
         if not target.exists():
             problems.append(f"{name} is missing (listed in {files.md5.name})")
             continue
-        actual = md5_file(target, progress=target == files.data and _bars(args))
+        actual = md5_file(target, progress=target == files.data and shows_progress(args))
         if actual != expected:
             problems.append(f"{name}: md5 is {actual}, {files.md5.name} says {expected}")
     return problems
-
-
-def _bars(args: argparse.Namespace) -> bool:
-    from ._common import shows_progress
-
-    return shows_progress(args)
 
 
 def _check_index(files: Any) -> tuple[tuple[list, np.ndarray] | None, list[str]]:
@@ -142,8 +144,6 @@ def _check_index(files: Any) -> tuple[tuple[list, np.ndarray] | None, list[str]]
 
 
 def _read_index(files: Any) -> tuple[list, np.ndarray]:
-    from ..storage import read_keys, read_legacy_index, read_offsets
-
     if not files.offsets.exists():
         if files.legacy_index.exists():
             keys, offsets = read_legacy_index(files.data)
@@ -179,9 +179,6 @@ def _offsets_broken(offsets: np.ndarray, size: int) -> bool:
 
 
 def _check_keys(files: Any, keys: list) -> list[str]:
-    from ..storage import BloomFilter, read_key_hashes
-    from ..storage.format import hash_key
-
     if len(set(keys)) != len(keys):
         return [f"index: {len(keys) - len(set(keys))} duplicate keys"]
     problems = []
@@ -218,8 +215,6 @@ def _check_samples(files: Any, index: tuple[list, np.ndarray], args: argparse.Na
 
 def _sample_problems(data: Any, keys: list, offsets: np.ndarray,
                      tick: Callable[[int], Any]) -> Iterator[tuple[int, str]]:
-    from ..storage import unpack_sample
-
     block_samples = 4096
     for first in range(0, len(keys), block_samples):
         last = min(len(keys), first + block_samples)
@@ -251,13 +246,11 @@ def _hint(problems: list[str]) -> str:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from ..storage import DatasetFiles
-
     files = DatasetFiles(args.dataset)
     if not files.data.is_file():
         raise FileNotFoundError(f"data file {files.data} not found")
     if files.legacy_index.exists() and not files.offsets.exists() and not args.scan:
-        count = _convert_legacy(files, args.dry_run, _bars(args))
+        count = _convert_legacy(files, args.dry_run, shows_progress(args))
         verb = "would convert" if args.dry_run else "converted"
         say(args, f"{files.data}: {verb} the legacy index ({count} samples)")
         return 0
@@ -271,8 +264,6 @@ def _run_index(args: argparse.Namespace) -> int:
 def _rebuild(data: Path, dry_run: bool, progress: Callable[[int], object]) -> Any:
     """Rebuild through a link in a staging folder, so that the index files are written there
     and only renamed into place when the scan succeeded."""
-    from ..storage import rebuild_index
-
     with staging_folder(data) as folder:
         link = folder / data.name
         os.symlink(data.resolve(), link)
@@ -299,8 +290,6 @@ def _rebuild_summary(data: Path, report: Any, dry_run: bool) -> str:
 
 
 def _convert_legacy(files: Any, dry_run: bool, progress: bool) -> int:
-    from ..storage import md5_file, read_legacy_index, write_index
-
     keys, offsets = read_legacy_index(files.data)
     problems = _check_offsets(offsets.astype(np.int64), files.data.stat().st_size, len(keys))
     if problems:

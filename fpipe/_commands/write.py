@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._staging import staged_datasets
 from ..errors import FpipeError
+from ..storage._staging import staged_datasets
 from ._common import (
     CLASSES_SUFFIX,
     UsageError,
@@ -21,7 +21,7 @@ from ._common import (
     say,
     shows_progress,
 )
-from ._sources import Entry, Listing, list_source
+from ._inputs import Entry, Listing, list_source
 
 if TYPE_CHECKING:
     from ..sets import KnownDataset
@@ -211,7 +211,7 @@ def _write_samples(path: Path, entries: list[Entry], make: SampleMaker,
     shown = shows_progress(args)
     samples: Any = map(make, entries)
     if args.workers > 1:
-        from ..stages import threads
+        from ..streaming import threads
 
         samples = threads(make, n_workers=args.workers)(entries)
     with FileWriter(path, progress=shown, disable=not shown, total=len(entries),

@@ -3,7 +3,7 @@
 A :class:`KnownDataset` turns its official sources into one packed dataset per split,
 ``<out>/<split>.msgpack``, with its class names beside it in ``<split>.msgpack.classes.json``.
 Everything is written into a hidden staging folder inside ``<out>`` and renamed into place only
-when every split is complete (:func:`fpipe._staging.staged_datasets`), so a failed run leaves no
+when every split is complete (:func:`fpipe.storage._staging.staged_datasets`), so a failed run leaves no
 half-written dataset under the output names.
 """
 
@@ -23,8 +23,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .._staging import staged_datasets
+from ..errors import check_integer
 from ..random import Seed, item_rng
+from ..storage._staging import staged_datasets
 from ._fetch import Archive, check_base_url, fetch, shows_progress
 
 __all__ = ["KnownDataset", "Records", "WriteOptions", "classes_path", "encode_png", "load_classes",
@@ -250,6 +251,4 @@ class KnownDataset(ABC):
 
 
 def _checked_workers(workers: int) -> int:
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1; got workers={workers!r}")
-    return workers
+    return check_integer("workers", workers, 1)

@@ -9,10 +9,12 @@
 {'key': 'a', 'label': 0}
 """
 
-from . import format, order, reader, writer
+from . import format, order, reader, unpacked, writer
 from .format import *
 from .order import *
 from .reader import *
+from .unpacked import *
 from .writer import *
 
-__all__ = sorted({*format.__all__, *order.__all__, *reader.__all__, *writer.__all__})  # noqa: PLE0605
+__all__ = sorted({*format.__all__, *order.__all__, *reader.__all__, *unpacked.__all__,  # noqa: PLE0605
+                  *writer.__all__})

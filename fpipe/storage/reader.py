@@ -1,4 +1,5 @@
-"""Read packed datasets (and directories, zip files and lists) through one reader API.
+"""Read packed datasets through the reader API (:class:`Reader`), which
+:mod:`fpipe.storage.unpacked` also offers over lists, directories and zip files.
 
 Every reader has ``len(r)``, ``key in r``, :meth:`~Reader.find_key`, :meth:`~Reader.find_index`,
 :meth:`~Reader.get`, :meth:`~Reader.get_many`, :meth:`~Reader.get_slice`,
@@ -30,12 +31,9 @@ import glob
 import mmap
 import operator
 import os
-import re
 import struct
-import zipfile
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from fnmatch import fnmatch
 from itertools import islice
 from pathlib import Path
 from typing import Any, Union
@@ -43,7 +41,7 @@ from typing import Any, Union
 import msgpack
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, check_integer
 from .format import (
     DECODE_ERRORS,
     BloomFilter,
@@ -52,7 +50,6 @@ from .format import (
     hash_key,
     hash_keys,
     md5_file,
-    pack_sample,
     read_key_hashes,
     read_legacy_index,
     read_md5,
@@ -60,12 +57,9 @@ from .format import (
 from .format import decode_numpy as _decode_numpy
 
 __all__ = [
-    "DirectoryReader",
-    "ListReader",
     "MsgpackReader",
     "Reader",
     "ShardedReader",
-    "ZipFileReader",
 ]
 
 _PAIR = struct.Struct(">QQ").unpack_from
@@ -80,10 +74,6 @@ _OFFSETS_WINDOW = 4096
 _READ_BYTES = 1 << 18
 
 
-def _noop(sample: dict) -> None:
-    """The default ``initfun``/``convertfun``: leave the sample as it is."""
-
-
 class Reader(abc.ABC):
     """The reader API; subclasses provide ``len``, ``in``, ``find_key``, ``find_index``, ``get``.
 
@@ -93,6 +83,7 @@ class Reader(abc.ABC):
     makes the next ``iter()`` without ``start`` begin at ``k`` (once; later passes start at 0).
     Iterators never move the cursor, so two iterators never interfere.
 
+    >>> from fpipe.storage import ListReader
     >>> reader = ListReader([{"key": "a"}, {"key": "b"}, {"key": "c"}])
     >>> reader.seek(1)
     >>> [s["key"] for s in reader], [s["key"] for s in reader]
@@ -157,6 +148,7 @@ class Reader(abc.ABC):
         """Samples at ``indices`` (any order, repeats allowed), reading each run of
         consecutive indices with one :meth:`get_slice`.
 
+        >>> from fpipe.storage import ListReader
         >>> ListReader([{"key": k} for k in "abcd"]).get_many([3, 0, 1, 3])
         [{'key': 'd'}, {'key': 'a'}, {'key': 'b'}, {'key': 'd'}]
         """
@@ -191,8 +183,7 @@ class Reader(abc.ABC):
         Without ``start`` it begins at the cursor set by :meth:`seek` (then resets the cursor).
         The output is the same for every ``chunk_size``.
         """
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be an int >= 1; got chunk_size={chunk_size!r}")
+        chunk_size = check_integer("chunk_size", chunk_size, 1)
         if start is None:
             start = self._position if self._position < len(self) else 0
             self._position = 0
@@ -718,6 +709,7 @@ class ShardedReader(Reader):
     """Several datasets read as one, in order: a glob pattern (sorted matches) or a list of
     paths and readers.
 
+    >>> from fpipe.storage import ListReader
     >>> first, second = ListReader([{"key": "a"}]), ListReader([{"key": "b"}, {"key": "c"}])
     >>> sharded = ShardedReader([first, second])
     >>> len(sharded), sharded.find_index("c"), [s["key"] for s in sharded.iter(0, 2)]
@@ -789,235 +781,3 @@ def _as_reader(shard: Union[PathLike, Reader]) -> Reader:
     if isinstance(shard, (str, os.PathLike)):
         return MsgpackReader(shard)
     raise TypeError(f"shards must be paths or readers; got {type(shard).__name__} {shard!r:.80}")
-
-
-class ListReader(Reader):
-    """A reader over an indexable sequence of dict samples, held in memory.
-
-    A sample without ``"key"`` gets its index as key (a duplicate key raises
-    :class:`ValueError`). ``labels`` (a list, or a file with one label per line) fixes the
-    label order; by default it is the natural sort of all ``"label"`` values. With
-    ``numeric_labels`` a sample's ``"label"`` becomes its position in ``labels`` and the
-    original is kept as ``"_label"``. ``initfun(sample)`` runs once per sample at
-    construction; ``convertfun(sample)`` on a shallow copy at every ``get``.
-
-    >>> reader = ListReader([{"label": "dog"}, {"label": "cat"}])
-    >>> reader.labels, reader.get(0)
-    (['cat', 'dog'], {'label': 1, 'key': 0, '_label': 'dog'})
-    """
-
-    def __init__(self, samples: Sequence[dict], labels: Union[Iterable, PathLike, None] = None,
-                 numeric_labels: bool = True, initfun: Callable[[dict], Any] = _noop,
-                 convertfun: Callable[[dict], Any] = _noop) -> None:
-        self._samples, self._convertfun = samples, convertfun
-        self._index_of: dict = {}
-        for i, sample in enumerate(samples):
-            initfun(sample)
-            key = sample.setdefault("key", i)
-            if key in self._index_of:
-                raise ValueError(f"duplicate key {key!r}")
-            self._index_of[key] = i
-        self.labels = _labels(labels, samples, numeric_labels)
-        self._numeric_labels = numeric_labels
-        self._label_index = {}
-        if numeric_labels:
-            self._label_index = {str(label): i for i, label in enumerate(self.labels)}
-            self._label_index.update((label, i) for i, label in enumerate(self.labels))
-
-    def __len__(self) -> int:
-        return len(self._samples)
-
-    def __contains__(self, key: object) -> bool:
-        try:
-            return key in self._index_of
-        except TypeError:
-            return False
-
-    def find_key(self, index: int) -> Any:
-        return self._samples[self._index(index)]["key"]
-
-    def find_index(self, key: Any) -> int:
-        return self._index_of[key]
-
-    def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
-        sample = dict(self._samples[self._index(index)])
-        if self._numeric_labels and "label" in sample:
-            sample["_label"] = sample["label"]
-            sample["label"] = self._label_index[sample["label"]]
-        self._convertfun(sample)
-        key = sample["key"]
-        if raw:
-            sample = pack_sample(sample)
-        return (key, sample) if yield_key else sample
-
-
-def _labels(labels: Any, samples: Sequence[dict], numeric: bool) -> list:
-    if isinstance(labels, (str, os.PathLike)):
-        with open(labels, encoding="utf-8") as file:
-            return [line.strip("\n ") for line in file]
-    if labels:
-        return list(labels)
-    found = {sample["label"] for sample in samples if "label" in sample}
-    if None in found:
-        if numeric:
-            raise ValueError("a sample has label None; pass labels= to use None as a label")
-        found.discard(None)
-    return sorted(found, key=_natural_key)
-
-
-def _natural_key(value: Any) -> tuple:
-    """Sort key that orders digit runs by value ("x2" < "x10"), like natsort's default."""
-    if isinstance(value, (int, float)):
-        return ("", value)
-    parts = re.split(r"(\d+)", str(value))
-    return tuple(int(part) if i % 2 else part for i, part in enumerate(parts))
-
-
-class DirectoryReader(ListReader):
-    """A reader over files on disk; the sample's ``"data"`` is the file's bytes, read at ``get``.
-
-    Each pattern is a recursive glob in which a path component ``{LABEL}`` marks the label
-    directory (``root/{LABEL}/**``), or a list file with lines ``path[<separator>label[...]]``
-    (extra columns go to ``"_additional_info"``; relative paths are joined to ``root_dir``).
-    ``include``/``exclude`` are :func:`fnmatch.fnmatch` patterns on the path. Keys are paths
-    with the common prefix of the patterns removed. Glob matches are sorted.
-
-    >>> import os, tempfile
-    >>> root = tempfile.mkdtemp()
-    >>> for label, name in [("cat", "1.txt"), ("dog", "2.txt")]:
-    ...     os.makedirs(os.path.join(root, label))
-    ...     with open(os.path.join(root, label, name), "w") as file:
-    ...         _ = file.write(label)
-    >>> reader = DirectoryReader(os.path.join(root, "{LABEL}", "**"))
-    >>> sample = reader.get(1)
-    >>> sample["key"], sample["label"], sample["_label"], sample["data"]
-    ('dog/2.txt', 1, 'dog', b'dog')
-    """
-
-    def __init__(self, patterns: Union[PathLike, Sequence[PathLike]], labels: Any = None,
-                 numeric_labels: bool = True, initfun: Callable[[dict], Any] = _noop,
-                 convertfun: Callable[[dict], Any] = _noop, include: Sequence[str] = (),
-                 exclude: Sequence[str] = (), separator: str = "\t", root_dir: PathLike = "") -> None:
-        patterns = [os.fspath(patterns)] if isinstance(patterns, (str, os.PathLike)) else [
-            os.fspath(p) for p in patterns]
-        entries = _directory_entries(patterns, separator)
-        samples = [{"key": key, "label": label, "path": os.path.join(root_dir, path),
-                    "_additional_info": info}
-                   for key, path, label, info in entries if _included(path, include, exclude)]
-        super().__init__(samples, labels, numeric_labels, initfun, self._load)
-        self._user_convertfun = convertfun
-        self.bytes_read = 0
-
-    def _load(self, sample: dict) -> None:
-        with open(sample["path"], "rb") as file:
-            sample["data"] = file.read()
-        self.bytes_read += len(sample["data"])
-        self._user_convertfun(sample)
-
-
-def _included(path: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
-    return ((not include or any(fnmatch(path, p) for p in include))
-            and not any(fnmatch(path, p) for p in exclude))
-
-
-def _directory_entries(patterns: list[str], separator: str) -> Iterator[tuple]:
-    prefix = os.path.commonprefix(patterns) if len(patterns) > 1 else ""
-    prefix = prefix.split("{LABEL}")[0]
-    for pattern in patterns:
-        if os.path.isfile(pattern):
-            yield from _list_file_entries(pattern, prefix, separator)
-        else:
-            yield from _glob_entries(pattern, prefix)
-
-
-def _list_file_entries(list_file: str, prefix: str, separator: str) -> Iterator[tuple]:
-    with open(list_file, encoding="utf-8") as file:
-        for line in file:
-            if not line.strip():
-                continue
-            path, *rest = line.rstrip("\n").split(separator)
-            label = rest[0] if rest else None
-            yield _strip(path, prefix), path, label, rest[1:]
-
-
-def _glob_entries(pattern: str, prefix: str) -> Iterator[tuple]:
-    parts = pattern.split(os.sep)
-    label_at = parts.index("{LABEL}") if "{LABEL}" in parts else None
-    if label_at is not None and not prefix:
-        prefix = pattern[:pattern.index("{LABEL}")]
-    for path in sorted(glob.glob(pattern.replace("{LABEL}", "*", 1), recursive=True)):
-        if os.path.isfile(path):
-            label = path.split(os.sep)[label_at] if label_at is not None else None
-            yield _strip(path, prefix), path, label, []
-
-
-def _strip(path: str, prefix: str) -> str:
-    return path[len(prefix):] if prefix and path.startswith(prefix) else path
-
-
-class ZipFileReader(ListReader):
-    """A reader over the members of a zip file, matched like :class:`DirectoryReader`'s
-    patterns (``{LABEL}/**`` by default; ``/`` separates components). Each process opens
-    the zip file itself, so the reader is fork-safe, and it pickles (and copies) by path.
-
-    >>> import io, os, tempfile, zipfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "pets.zip")
-    >>> with zipfile.ZipFile(path, "w") as archive:
-    ...     archive.writestr("cat/1.txt", b"meow")
-    ...     archive.writestr("dog/2.txt", b"woof")
-    >>> reader = ZipFileReader(path)
-    >>> for sample in reader:
-    ...     print(sample["key"], sample["label"], sample["data"])
-    cat/1.txt 0 b'meow'
-    dog/2.txt 1 b'woof'
-    """
-
-    def __init__(self, path: PathLike, patterns: Union[str, Sequence[str]] = "{LABEL}/**",
-                 labels: Any = None, numeric_labels: bool = True,
-                 initfun: Callable[[dict], Any] = _noop, convertfun: Callable[[dict], Any] = _noop,
-                 include: Sequence[str] = (), exclude: Sequence[str] = (), separator: str = "\t") -> None:
-        self.path = os.fspath(path)
-        self._zip: zipfile.ZipFile | None = None
-        self._zip_pid = -1
-        patterns = [patterns] if isinstance(patterns, str) else list(patterns)
-        entries = _zip_entries(self._archive().infolist(), patterns, separator)
-        samples = [{"key": key, "label": label, "path": member, "_additional_info": info}
-                   for key, member, label, info in entries if _included(member, include, exclude)]
-        super().__init__(samples, labels, numeric_labels, initfun, self._load)
-        self._user_convertfun = convertfun
-        self.bytes_read = 0
-
-    def _archive(self) -> zipfile.ZipFile:
-        # A ZipFile's file position is shared with forked children: reopen per process.
-        if self._zip is None or self._zip_pid != os.getpid():
-            self._zip, self._zip_pid = zipfile.ZipFile(self.path), os.getpid()
-        return self._zip
-
-    def close(self) -> None:
-        if self._zip is not None and self._zip_pid == os.getpid():
-            self._zip.close()
-        self._zip = None
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_zip": None, "_zip_pid": -1}
-
-    def _load(self, sample: dict) -> None:
-        sample["data"] = self._archive().read(sample["path"])
-        self.bytes_read += len(sample["data"])
-        self._user_convertfun(sample)
-
-
-def _zip_entries(infos: list[zipfile.ZipInfo], patterns: list[str], separator: str) -> Iterator[tuple]:
-    for pattern in patterns:
-        if os.path.isfile(pattern):
-            yield from _list_file_entries(pattern, "", separator)
-            continue
-        parts = pattern.split("/")
-        label_at = parts.index("{LABEL}") if "{LABEL}" in parts else None
-        key_from = pattern.index("{LABEL}") if label_at is not None else 0
-        glob_pattern = pattern.replace("{LABEL}", "*", 1)
-        for info in infos:
-            if not info.is_dir() and fnmatch(info.filename, glob_pattern):
-                label = info.filename.split("/")[label_at] if label_at is not None else None
-                yield info.filename[key_from:], info.filename, label, []
-

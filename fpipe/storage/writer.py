@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, check_integer
 from .format import (
     DECODE_ERRORS,
     DatasetFiles,
@@ -79,8 +79,7 @@ class Writer:
 
     def __init__(self, outfile: PathLike, buffering: int = _DEFAULT_BUFFER, overwrite: bool = False,
                  *, progress: bool = False, **tqdm_kwargs: Any) -> None:
-        if isinstance(buffering, bool) or not isinstance(buffering, int) or buffering < 0:
-            raise ValueError(f"buffering must be an int >= 0; got buffering={buffering!r}")
+        buffering = check_integer("buffering", buffering, 0)
         self.path = Path(outfile)
         self._files = DatasetFiles(self.path)
         self._buffering = buffering

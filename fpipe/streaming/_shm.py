@@ -222,22 +222,23 @@ class _Writer:
         return self._create(size)
 
     def _create(self, size: int) -> _Slab | str:
-        self.serial += 1
-        name = _name(self.owner, self.serial)
-        fd = os.open(os.path.join(DIRECTORY, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, size)  # reserve the pages now: a full tmpfs is ENOSPC,
-            mm = mmap.mmap(fd, size)  # not a bus error at the first write
-        except OSError as error:
-            _unlink(name)
-            if error.errno in (errno.ENOSPC, errno.ENOMEM):
-                return "full"
-            raise
-        finally:
-            os.close(fd)
-        slab = _Slab((os.getpid(), self.serial), name, mm)
-        self.slabs.append(slab)
-        return slab
+        with _naming:  # the watchdog must not exit between the name and the list of slabs
+            self.serial += 1
+            name = _name(self.owner, self.serial)
+            fd = os.open(os.path.join(DIRECTORY, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)  # reserve the pages now: a full tmpfs is
+                mm = mmap.mmap(fd, size)  # ENOSPC, not a bus error at the first write
+            except OSError as error:
+                _unlink(name)
+                if error.errno in (errno.ENOSPC, errno.ENOMEM):
+                    return "full"
+                raise
+            finally:
+                os.close(fd)
+            slab = _Slab((os.getpid(), self.serial), name, mm)
+            self.slabs.append(slab)
+            return slab
 
     def _retire(self, slab: _Slab) -> int:
         """Give ``slab`` up (the consumer hears of it with the next result); its size."""
@@ -252,6 +253,7 @@ class _Writer:
 
 
 _writers: dict[tuple[int, int], _Writer] = {}  # (this pid, owner) -> writer
+_naming = threading.Lock()  # held while a slab is named and not yet listed
 
 
 def _writer(owner: int) -> _Writer:
@@ -381,6 +383,7 @@ def watch_owner(owner: int) -> None:
 def _watch(owner: int) -> None:
     while os.getppid() == owner:
         time.sleep(_WATCH_SECONDS)
+    _naming.acquire()  # held until the exit: no slab is named after this
     writer = _writers.get((os.getpid(), owner))
     if writer is not None:
         writer.unlink_all()

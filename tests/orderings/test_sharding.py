@@ -91,10 +91,12 @@ def test_numpy_integers_are_accepted():
     (True, 3, "index must be an integer; got index=True"),
 ])
 def test_bad_arguments_are_rejected_at_the_call(index, count, message):
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")
+    # the house rule: a wrong type is a TypeError, a bad value a ValueError
+    error = TypeError if "must be an integer" in message else ValueError
+    with pytest.raises(error, match=message.replace("[", r"\[").replace("(", r"\(")
                        .replace(")", r"\)")):
         shard(index, count)
-    with pytest.raises(ValueError, match="must be"):
+    with pytest.raises(error, match="must be"):
         shard_range(10, index, count)
 
 
@@ -105,7 +107,7 @@ def test_bad_even_rounding_and_n_are_rejected():
         shard_range(5, 0, 2, rounding="up")
     with pytest.raises(ValueError, match="n must be >= 0; got n=-1"):
         shard_range(-1, 0, 2)
-    with pytest.raises(ValueError, match="n must be an integer; got n=5.0"):
+    with pytest.raises(TypeError, match="n must be an integer; got n=5.0"):
         shard_range(5.0, 0, 2)
 
 

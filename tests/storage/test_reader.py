@@ -130,9 +130,10 @@ def test_iter_follows_range_over_a_slice(dataset, samples, start, stop):
     assert list(MsgpackReader(dataset).iter(start, stop)) == samples[start:stop]
 
 
-@pytest.mark.parametrize("chunk_size", [0, -1, 1.5, True])
-def test_bad_chunk_size_is_rejected_at_call(dataset, chunk_size):
-    with pytest.raises(ValueError, match="chunk_size"):
+@pytest.mark.parametrize(("chunk_size", "error"), [(0, ValueError), (-1, ValueError),
+                                                   (1.5, TypeError), (True, TypeError)])
+def test_bad_chunk_size_is_rejected_at_call(dataset, chunk_size, error):
+    with pytest.raises(error, match="chunk_size"):
         MsgpackReader(dataset).iter(chunk_size=chunk_size)
 
 

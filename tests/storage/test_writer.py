@@ -141,9 +141,10 @@ def test_every_buffering_writes_the_same_bytes(tmp_path, buffering):
     assert MsgpackReader(path)[:] == samples
 
 
-@pytest.mark.parametrize("buffering", [-1, 1.5, True, "1"])
-def test_bad_buffering_is_rejected_at_construction(tmp_path, buffering):
-    with pytest.raises(ValueError, match="buffering"):
+@pytest.mark.parametrize(("buffering", "error"), [(-1, ValueError), (1.5, TypeError),
+                                                  (True, TypeError), ("1", TypeError)])
+def test_bad_buffering_is_rejected_at_construction(tmp_path, buffering, error):
+    with pytest.raises(error, match="buffering"):
         FileWriter(tmp_path / "set.msgpack", buffering=buffering)
     assert not (tmp_path / "set.msgpack").exists()
 

@@ -14,6 +14,7 @@ import pytest
 from toolz import pipe
 
 import fpipe as fp
+from fpipe.streaming import _joblib
 
 from .helpers import double, exit_worker, fail_at, jitter, noisy, pid, slow_double
 
@@ -126,7 +127,7 @@ def test_a_forgotten_stage_ends_its_joblib_generator_at_once(monkeypatch):
     # The keep-alive is an hour here: only the end of the stage can end its generator. Before,
     # every stage built for a short pipeline and dropped kept feeding idle tasks to the shared
     # workers for a second, and the stages after it waited behind them.
-    monkeypatch.setattr(fp.stages, "_KEEP_ALIVE", 3600.0)
+    monkeypatch.setattr(_joblib, "_KEEP_ALIVE", 3600.0)
     kept, dropped = loky(double), loky(double)
     pools = [kept._pool, dropped._pool]
     for stage in (kept, dropped):

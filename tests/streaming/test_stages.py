@@ -7,7 +7,7 @@ import pytest
 from toolz import pipe
 
 import fpipe as fp
-from fpipe.stages import Stream
+from fpipe.streaming import Stream
 
 from .helpers import double, fail_at, maybe_negate, noisy
 
@@ -174,3 +174,61 @@ def test_stages_and_streams_have_readable_reprs():
     assert repr(fp.map(pow, 2, seed=5)) == "map(pow, 2, seed=5)"
     assert repr(fp.filter(bool)) == "filter(bool)" and repr(fp.take(3)) == "take(3)"
     assert repr(fp.take(3)([])) == "<take(3) stream>"
+
+
+# --- the contract for writing a stream, and the queue messages of background stages -------
+
+
+class _Halving(Stream):
+    """A stream written against the contract alone: pull_upstream and defer_error."""
+
+    def _pull(self, n):
+        items = []
+        try:
+            items.extend(10 // x for x in self.pull_upstream(n))
+        except ZeroDivisionError as error:
+            if not self.defer_error(error, items):
+                raise
+        return items
+
+
+def test_a_stream_written_against_the_contract_delivers_then_raises():
+    stream = _Halving(fp.as_stream([1, 2, 0, 5]), "halving")
+    assert stream.pull(4) == [10, 5]
+    with pytest.raises(ZeroDivisionError):
+        stream.pull(4)
+    assert stream.closed and stream.pull(4) == []
+    assert [row.name for row in fp.stats(stream)] == ["source(list)", "halving"]
+
+
+def test_read_ahead_counts_what_next_holds_back_and_can_be_discarded():
+    stream = fp.as_stream(range(100))
+    assert [next(stream), next(stream)] == [0, 1]  # the second next() reads ahead
+    held = stream.read_ahead
+    assert held >= 1
+    stream.discard_read_ahead()
+    assert stream.read_ahead == 0 and next(stream) == 2 + held
+
+
+def test_reads_passes_on_waiting_for_other_threads():
+    class Reader(Stream):
+        def _pull(self, n):
+            return []
+
+    reader = Reader(None, "reader")
+    assert not reader.waits
+    reader.reads(fp.prefetch(2)([1]))
+    assert reader.waits
+
+
+def test_queue_messages_say_what_they_are():
+    from fpipe.errors import capture
+    from fpipe.streaming._messages import Message
+
+    end, wake = Message.end(3, 2), Message.wake()
+    failure = Message.failure(capture(ValueError("x")))
+    result = Message(0, [1], None, 0.1, 1)
+    assert (end.is_end, end.is_failure, end.is_wake) == (True, False, False)
+    assert (wake.is_end, wake.is_failure, wake.is_wake) == (False, False, True)
+    assert (failure.is_end, failure.is_failure, failure.is_wake) == (False, True, False)
+    assert not (result.is_end or result.is_failure or result.is_wake)

@@ -123,5 +123,5 @@ def test_resume_checks_its_arguments_eagerly():
         dataset.resume(1.0, 4)
     with pytest.raises(ValueError, match="batch_size must be >= 1; got batch_size=0"):
         dataset.resume(1, 0)
-    with pytest.raises(TypeError, match="drop_last must be a bool; got drop_last='yes'"):
+    with pytest.raises(TypeError, match="drop_last must be True or False; got drop_last='yes'"):
         dataset.resume(1, 4, drop_last="yes")

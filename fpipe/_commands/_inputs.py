@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..storage.unpacked import natural_key
 from ._common import UsageError
 
 __all__ = ["Entry", "Listing", "list_source", "natural_order"]
@@ -53,12 +54,7 @@ class Listing:
 
 def natural_order(names: Any) -> list:
     """``names`` sorted so that digit runs compare by value."""
-    return sorted(names, key=_natural_key)
-
-
-def _natural_key(value: Any) -> tuple:
-    parts = re.split(r"(\d+)", str(value))
-    return tuple((1, int(part), "") if i % 2 else (0, 0, part) for i, part in enumerate(parts))
+    return sorted(names, key=natural_key)
 
 
 def list_source(source: str, separator: str | None = None) -> Listing:

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import check_integer
-from .random import Seed, seed_entropy
-from .stages import Stage, Stream, generator_stream
+from ..errors import check_integer
+from ..random import Seed, optional_entropy
+from ._core import Stage, Stream, generator_stream
 
 __all__ = ["ExpirationPool", "expiration_pool", "pool"]
 
@@ -40,7 +40,7 @@ class ExpirationPool(Stage):
         self.pool_size = check_integer("pool_size", pool_size, 1)
         self.repetitions = check_integer("repetitions", repetitions, 1)
         self.iterations = check_integer("iterations", iterations, 1)
-        self.seed = None if seed is None else seed_entropy(seed)
+        self.seed = optional_entropy(seed)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
         return generator_stream(iterable, repr(self), lambda upstream: self._draws(

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from .random import Seed, seed_entropy
-from .stages import Stream, as_stream
+from ..errors import check_callable, check_choice
+from ..random import Seed, seed_entropy
+from ._core import Stream, as_stream
 
 __all__ = ["Mix", "Sample", "load_by_random_id", "mix", "sample"]
 
@@ -84,10 +85,6 @@ def _check_weights(weights: Any, count: int, name: str) -> np.ndarray:
     return values
 
 
-def _entropy(seed: Seed | None) -> int:
-    return seed_entropy(seed)  # None gives fresh entropy, which state_dict() records
-
-
 class Sample(Stream):
     """The stream that :func:`sample` and :func:`load_by_random_id` return.
 
@@ -112,13 +109,14 @@ class Sample(Stream):
         super().__init__(None, f"{name}({count} elements)")
         self._sequence, self._loaders = sequence, loaders
         self._chooser = _Chooser(count, weights, "weights")
-        self._uniforms = _Uniforms(_entropy(random_state), _SAMPLE_STREAM)
+        # None gives fresh entropy, which state_dict() records
+        self._uniforms = _Uniforms(seed_entropy(random_state), _SAMPLE_STREAM)
         self._drawn = 0
 
     @property
     def position(self) -> int:
         """How many items this stream has delivered."""
-        return self._drawn - len(self._buffer)
+        return self._drawn - self.read_ahead
 
     def state_dict(self) -> dict:
         """The seed and the position, to continue this stream elsewhere.
@@ -135,7 +133,8 @@ class Sample(Stream):
     def load_state_dict(self, state: dict) -> None:
         """Continue from a :meth:`state_dict`."""
         self._uniforms = _Uniforms(int(state["seed"]), _SAMPLE_STREAM)
-        self._drawn, self._buffer = int(state["position"]), []
+        self._drawn = int(state["position"])
+        self.discard_read_ahead()
 
     def _pull(self, n: int) -> list:
         sequence = self._sequence
@@ -148,9 +147,8 @@ class Sample(Stream):
             items.extend(map(self._load, ids))
         except Exception as error:
             self._drawn += len(items) + 1  # the id that failed is used up
-            if not items:
+            if not self.defer_error(error, items):
                 raise
-            self._error = error
             return items
         self._drawn += n
         return items
@@ -194,9 +192,8 @@ def load_by_random_id(*loaders: Callable, ids: Sequence, weights: Sequence[float
     """
     if not loaders:
         raise TypeError("load_by_random_id needs at least one loader")
-    for load in loaders:
-        if not callable(load):
-            raise TypeError(f"loaders must be callable; got {load!r}")
+    for position, load in enumerate(loaders):
+        check_callable(f"loaders[{position}]", load)
     return Sample(ids, weights, random_state, loaders, name="load_by_random_id")
 
 
@@ -210,17 +207,15 @@ class Mix(Stream):
     def __init__(self, sources: tuple, weights: Any, seed: Seed | None, until: str) -> None:
         if not sources:
             raise TypeError("mix needs at least one source")
-        if until not in ("first", "all"):
-            raise ValueError(f"until must be 'first' or 'all'; got until={until!r}")
+        check_choice("until", until, ("first", "all"))
         super().__init__(None, f"mix({len(sources)} sources)")
         self._sources = [as_stream(source) for source in sources]
-        self.waits = any(source.waits for source in self._sources)
         for source in self._sources:
-            source._reader = self._meter
+            self.reads(source)
         self._weights = np.array(_check_weights(
             [1] * len(sources) if weights is None else weights, len(sources), "weights"))
         self._chooser = _Chooser(len(sources), self._weights, "weights")
-        self._uniforms = _Uniforms(_entropy(seed), _MIX_STREAM)
+        self._uniforms = _Uniforms(seed_entropy(seed), _MIX_STREAM)
         self._drawn, self._until = 0, until
 
     def _pull(self, n: int) -> list:
@@ -244,7 +239,7 @@ class Mix(Stream):
             self._chooser = _Chooser(len(self._weights), self._weights, "weights")
 
     def start(self) -> Mix:
-        """Start the background work of the sources now (see :meth:`fpipe.stages.Stream.start`)."""
+        """Start the background work of the sources now (see :meth:`fpipe.Stream.start`)."""
         for source in self._sources:
             source.start()
         return self

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .stages import READ_SECONDS, Stage, Stream, as_stream
+from ..functional import func_name
+from ._core import READ_SECONDS, Stage, Stream, as_stream
 
 __all__ = [
     "batch",
@@ -56,8 +57,7 @@ class _BatchStage(Stage):
         return _Batched(as_stream(iterable), repr(self), self)
 
     def __repr__(self) -> str:
-        size = self.size if self.predicate is None else getattr(
-            self.predicate, "__qualname__", repr(self.predicate))
+        size = self.size if self.predicate is None else func_name(self.predicate)
         return f"batch({size}{', drop_last=True' if self.drop_last else ''})"
 
 
@@ -84,16 +84,15 @@ class _Batched(Stream):
                 if len(batches) >= n or time.perf_counter() > deadline:
                     return batches
         except Exception as error:
-            if not batches:
+            if not self.defer_error(error, batches):
                 raise
-            self._error = error
             return batches
 
     def _sized(self) -> list:
         size = self._size
-        items = self._upstream_pull(size) if self._meter.timing else self.upstream.pull(size)
+        items = self.pull_upstream(size)
         while 0 < len(items) < size:
-            more = self._upstream_pull(size - len(items))
+            more = self.pull_upstream(size - len(items))
             if not more:
                 break
             items += more
@@ -150,7 +149,7 @@ class _Unbatched(Stream):
 
     def _pull(self, n: int) -> list:
         while not self._rest:
-            batches = self._upstream_pull(1)
+            batches = self.pull_upstream(1)
             if not batches:
                 return []
             self._rest = list(batches[0])

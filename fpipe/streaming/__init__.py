@@ -1,0 +1,28 @@
+"""The streaming half of layer 2: streams, the stages that make them, and where their time goes.
+
+One module per job: the stream core (:class:`Stream`, :class:`Stage`, the meter), the
+simple stages (``simple``), the background stages (``parallel``; joblib is touched only by
+its private ``_joblib`` module), ``metrics`` (:func:`stats`), ``batching`` (batches and
+combiners), ``expiration`` (the expiration pool) and ``sources`` (seeded infinite sources).
+Every public name is re-exported here and by :mod:`fpipe`.
+
+>>> from toolz import pipe
+>>> from fpipe.streaming import batch, map
+>>> list(pipe(range(5), map(abs), batch(2)))
+[[0, 1], [2, 3], [4]]
+"""
+
+from . import batching, expiration, metrics, parallel, simple, sources
+from ._core import Stage, Stream, as_stream
+from .batching import *
+from .expiration import *
+from .metrics import *
+from .parallel import *
+from .simple import *
+from .sources import *
+
+# Each module that adds public names is imported above and listed here (the core's by name).
+_PUBLIC_MODULES = (batching, expiration, metrics, parallel, simple, sources)
+
+__all__ = sorted({"Stage", "Stream", "as_stream",  # noqa: PLE0605
+                  *(name for module in _PUBLIC_MODULES for name in module.__all__)})

@@ -1,0 +1,501 @@
+"""The stream core: :class:`Stream`, :class:`Stage`, the meter, and the stream kinds that the
+stage modules build on (:func:`as_stream`, :func:`generator_stream`, :func:`mapped_stream`).
+
+A *stage* is built from its configuration and then applied to an iterable, so a pipeline is
+``toolz.pipe(source, *stages)``. Applying a stage returns a :class:`Stream`: a lazy iterator
+that starts nothing before its first ``next()``, closes its upstream when it is closed (also on
+leaving a ``with`` block), and measures where its time goes (:func:`fpipe.stats`).
+
+>>> from toolz import pipe
+>>> from fpipe import filter, map, take
+>>> with pipe(range(10), map(lambda x: x * x), filter(lambda x: x % 2), take(3)) as stream:
+...     list(stream)
+[1, 9, 25]
+
+Streams hand items to each other in chunks (:meth:`Stream.pull`), so a chain of cheap stages
+costs about as much as a plain loop, and a hop to a thread or a process is paid once per chunk,
+not once per item. This module is the only one that reads a stream's private attributes; the
+others write streams against the contract in :class:`Stream`'s docstring.
+
+**Epochs.** The *epoch* of an application is the number of times the stage object was applied
+before (0, 1, 2, ...), unless :meth:`Stage.set_epoch` set it. A seeded stage draws differently
+in each epoch and identically in the same epoch of another run. :meth:`Stage.apply` takes the
+epoch (and the index of the first item) explicitly, to resume a stream.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ..errors import CapturedError, check_integer
+
+__all__ = ["Stage", "Stream", "as_stream"]
+
+_TIMED_EVERY = 16  # a stream times one pull in 16; that keeps stats under 5 % on cheap stages
+_READ_AHEAD = 64  # most items next() reads ahead of the consumer ...
+READ_SECONDS = 1e-4  # ... and only while they take less than this to make (batch too)
+_GENERATOR_SLICE = 1e-3  # a generator stage returns what it has after this long
+JOIN_SECONDS = 2.0  # close() waits this long for a stage's threads (or its joblib generator)
+
+
+# --- streams ----------------------------------------------------------------------------
+
+
+class Stream(abc.ABC):
+    """A lazy stream of items: what a stage returns, and what the next stage reads.
+
+    It is an iterator (``next()``, ``for``) and a context manager that closes it. Stages read
+    each other with :meth:`pull`, a chunk at a time. ``next()`` reads ahead of the consumer only
+    while items are cheap: at most 64 items, and only as many as take about 0.1 ms to make.
+    ``waits`` tells whether a pull may wait for other threads (a background stage upstream).
+
+    >>> stream = as_stream(range(5))
+    >>> next(stream), stream.pull(3), list(stream)
+    (0, [1, 2, 3], [4])
+
+    **Writing a stream.** A subclass calls ``super().__init__(upstream, name)`` (``upstream``
+    is a stream or None) and implements:
+
+    - ``_pull(n)``: make the next items, at least one and at most ``n``; ``[]`` at the end.
+      An exception raised there closes the stream and reaches the consumer.
+    - ``_close()``, if it holds anything: release it. It runs once, from :meth:`close`; the
+      default closes the upstream.
+    - :meth:`start`, if it works in the background: start that work now.
+    - :meth:`shares`, if its time splits otherwise than between its own work and its upstream.
+
+    It may call, besides the public methods:
+
+    - :meth:`pull_upstream` to read its upstream a chunk at a time (timed for
+      :func:`fpipe.stats`), or ``next(self.upstream)`` to read it item by item;
+    - :meth:`defer_error` in an ``except`` block, so that the items made before an error are
+      delivered and the error is raised at the next pull;
+    - :meth:`reads` for each stream it reads besides its upstream;
+    - :attr:`closed`, :attr:`read_ahead` and :meth:`discard_read_ahead`.
+
+    The other underscore attributes of this class are its own: a subclass neither reads nor
+    sets them.
+
+    >>> class Doubled(Stream):
+    ...     def _pull(self, n):
+    ...         return [2 * x for x in self.pull_upstream(n)]
+    >>> list(Doubled(as_stream([1, 2, 3]), "doubled"))
+    [2, 4, 6]
+    """
+
+    waits = False  # whether a pull may wait for other threads (or on its upstream's)
+
+    def __init__(self, upstream: Stream | None, name: str) -> None:
+        self.upstream, self.name = upstream, name
+        self._buffer: list = []  # items next() has read, last one first
+        self._read_size = 1
+        self._error: BaseException | CapturedError | None = None  # raised at the next pull
+        self._closed = False
+        self._meter = _Meter()
+        self._reader: _Meter | None = None  # the meter of the stream that reads this one
+        if upstream is not None:
+            self.reads(upstream)
+
+    def pull(self, n: int) -> list:
+        """The next items, at least one and at most ``n``; ``[]`` once the stream has ended.
+
+        An error raised while making items is raised after the items made before it, at the
+        next pull; the stream then closes itself.
+        """
+        if self._buffer or self._error is not None or self._closed:
+            return self._pull_held(n)
+        meter = self._meter
+        meter.until_timed -= 1
+        if not meter.until_timed:
+            return self._timed_pull(n)
+        try:
+            items = self._pull(n)
+        except BaseException:
+            self.close()
+            raise
+        meter.items += len(items)
+        return items
+
+    def _timed_pull(self, n: int) -> list:
+        meter, start = self._meter, time.perf_counter()
+        if meter.started is None:
+            meter.started = start
+        meter.until_timed, meter.timing = _TIMED_EVERY, True
+        try:
+            items = self._pull(n)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            meter.timing = False
+        meter.seconds += time.perf_counter() - start
+        meter.timed += 1
+        meter.items += len(items)
+        return items
+
+    def _pull_held(self, n: int) -> list:
+        if self._buffer:
+            return self._unbuffer(n)
+        if self._error is not None:
+            self._raise_error()
+        return []  # closed
+
+    @abc.abstractmethod
+    def _pull(self, n: int) -> list:
+        """Make the next items, at least one and at most ``n``; ``[]`` at the end. An error
+        raised here closes the stream (see :meth:`pull`)."""
+
+    def _unbuffer(self, n: int) -> list:
+        buffer = self._buffer
+        items = buffer[-n:]
+        del buffer[-n:]
+        items.reverse()
+        return items
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        self.close()
+        if isinstance(error, CapturedError):
+            error.reraise()
+        raise error
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Any:
+        buffer = self._buffer
+        if buffer:
+            return buffer.pop()
+        start = time.perf_counter()
+        items = self.pull(self._read_size)
+        seconds = time.perf_counter() - start
+        reader = self._reader
+        if reader is not None and reader.timing:
+            reader.waited += seconds
+        if not items:
+            raise StopIteration
+        self._read_size = next_chunk_size(len(items), seconds, READ_SECONDS, _READ_AHEAD)
+        items.reverse()
+        first = items.pop()
+        self._buffer = items
+        return first
+
+    def close(self) -> None:
+        """Stop this stream's work (threads are joined, process workers stay warm for the next
+        run) and close its upstream. Closing twice does nothing."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def _close(self) -> None:
+        if self.upstream is not None:
+            self.upstream.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the stream also closes itself at its end)."""
+        return self._closed
+
+    def start(self) -> Stream:
+        """Start the background work of this stream and of its upstream now, not at the
+        first ``next()`` (a stream that works in its consumer's thread has none), and return
+        the stream.
+
+        >>> from fpipe import prefetch
+        >>> with prefetch(2)(range(3)).start() as stream:
+        ...     list(stream)
+        [0, 1, 2]
+        """
+        if self.upstream is not None and not self._closed:
+            self.upstream.start()
+        return self
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{self.name} stream>"
+
+    # --- for the authors of streams (see the class docstring) ---
+
+    def pull_upstream(self, n: int) -> list:
+        """``self.upstream.pull(n)``, timed when this stream's pull is, so that
+        :func:`fpipe.stats` can tell this stream's work from its upstream's."""
+        meter = self._meter
+        if not meter.timing:
+            return self.upstream.pull(n)
+        start = time.perf_counter()
+        try:
+            return self.upstream.pull(n)
+        finally:
+            meter.waited += time.perf_counter() - start
+
+    def defer_error(self, error: BaseException | CapturedError, items: list) -> bool:
+        """Keep ``error`` to raise at the next pull, after ``items`` (the items made before it)
+        are delivered, and return True; with no items, return False: then the caller raises
+        it at once, with a bare ``raise``, so the traceback gains no frame.
+
+        >>> class Halves(Stream):
+        ...     def _pull(self, n):
+        ...         items = []
+        ...         try:
+        ...             items.extend(1 / x for x in self.pull_upstream(n))
+        ...         except ZeroDivisionError as error:
+        ...             if not self.defer_error(error, items):
+        ...                 raise
+        ...         return items
+        >>> stream = Halves(as_stream([2, 4, 0]), "halves")
+        >>> stream.pull(3)
+        [0.5, 0.25]
+        >>> stream.pull(3)
+        Traceback (most recent call last):
+        ...
+        ZeroDivisionError: division by zero
+        """
+        if not items:
+            return False
+        self._error = error
+        return True
+
+    def reads(self, source: Stream) -> None:
+        """Declare that this stream reads ``source`` (its upstream is declared already): the
+        time spent waiting for it counts as waiting in :func:`fpipe.stats`, and this stream
+        waits for other threads if ``source`` does."""
+        source._reader = self._meter
+        if source.waits:
+            self.waits = True
+
+    @property
+    def read_ahead(self) -> int:
+        """How many items ``next()`` has read ahead and not yet delivered."""
+        return len(self._buffer)
+
+    def discard_read_ahead(self) -> None:
+        """Forget the items ``next()`` has read ahead (to jump to another position)."""
+        self._buffer = []
+
+    def measure(self, now: float) -> tuple[int, float]:
+        """The items this stream has delivered and the seconds since its first pull, at
+        ``time.perf_counter()`` value ``now`` (0.0 before the first pull)."""
+        meter = self._meter
+        return meter.items, now - meter.started if meter.started is not None else 0.0
+
+    def shares(self, wall: float) -> tuple[float, float, float]:
+        """The shares of ``wall`` seconds that this stream spent working, waiting for its
+        input, and waiting for its consumer; estimated from the sampled pulls."""
+        # between pulls, the stream waits for its consumer
+        meter = self._meter
+        scale = meter.scale()
+        busy, waited = (meter.seconds - meter.waited) * scale, meter.waited * scale
+        return busy / wall, waited / wall, max(wall - busy - waited, 0.0) / wall
+
+
+class _Meter:
+    """What a stream measures: the items it delivers, and for one pull in 16, the time of
+    the pull and the part of it spent waiting for the upstream. (One class for every stream,
+    so that the attribute access of the hot path stays specialized.)"""
+
+    __slots__ = ("items", "seconds", "started", "timed", "timing", "until_timed", "waited")
+
+    def __init__(self) -> None:
+        self.items = self.timed = 0
+        self.until_timed = 1  # the first pull is timed
+        self.seconds = self.waited = 0.0
+        self.started, self.timing = None, False
+
+    def scale(self) -> float:
+        """Pulls per timed pull, to scale the sampled times up to all pulls."""
+        return (self.timed * _TIMED_EVERY - self.until_timed + 1) / self.timed if self.timed else 0.0
+
+
+def next_chunk_size(items: int, seconds: float, target: float, cap: int) -> int:
+    """How many items to ask for next: about ``target`` seconds' worth, at most ``cap`` and at
+    most twice the last chunk, so that a slow start stays small."""
+    ideal = target * items / seconds if seconds > 0 else cap
+    return max(1, min(cap, 2 * items, int(ideal)))
+
+
+class _Source(Stream):
+    """Any iterable as a stream; ``iter()`` is called at the first pull."""
+
+    def __init__(self, iterable: Iterable) -> None:
+        super().__init__(None, f"source({type(iterable).__name__})")
+        self._iterable, self._iterator = iterable, None
+
+    def _pull(self, n: int) -> list:
+        if self._iterator is None:
+            self._iterator = iter(self._iterable)
+        items: list = []
+        try:
+            items.extend(itertools.islice(self._iterator, n))
+        except Exception as error:
+            if not self.defer_error(error, items):
+                raise
+        return items
+
+    def _close(self) -> None:
+        # an iterator that was never started is closed too, so that it cannot start later
+        close = getattr(self._iterable if self._iterator is None else self._iterator, "close", None)
+        if close is not None:
+            close()
+
+
+def as_stream(iterable: Iterable) -> Stream:
+    """``iterable`` as a :class:`Stream` (a stream is returned as it is).
+
+    >>> as_stream([1, 2]).pull(5)
+    [1, 2]
+    """
+    return iterable if isinstance(iterable, Stream) else _Source(iterable)
+
+
+# --- stages -----------------------------------------------------------------------------
+
+
+class Stage(abc.ABC):
+    """A function from an iterable to a :class:`Stream`, configured at construction.
+
+    Each call is an application with its own epoch: the first call is epoch 0, the next epoch 1,
+    and so on; :meth:`set_epoch` sets the epoch of the next call.
+
+    ``one_to_one`` (false unless a stage class sets it) says that the stage gives exactly one
+    output per input, in input order, and numbers the items from ``start``: then
+    :class:`fpipe.Infinite` resumes a pipeline by skipping inputs instead of replaying outputs.
+
+    >>> from fpipe import map
+    >>> stage = map(abs)
+    >>> stage.epoch, list(stage([1, -2])), stage.epoch, stage.one_to_one
+    (0, [1, 2], 1, True)
+    """
+
+    _epoch = 0
+    one_to_one = False
+
+    def __call__(self, iterable: Iterable) -> Stream:
+        epoch, self._epoch = self._epoch, self._epoch + 1
+        return self.apply(iterable, epoch=epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch that the next call will use."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next call epoch ``epoch`` (later calls count on from there).
+
+        >>> from fpipe import map
+        >>> stage = map(abs)
+        >>> stage.set_epoch(5)
+        >>> stage.epoch
+        5
+        """
+        self._epoch = check_integer("epoch", epoch, 0)
+
+    @abc.abstractmethod
+    def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
+        """Apply the stage as epoch ``epoch``, numbering the items from ``start`` (the index
+        from which a seeded stage derives each item's generator); the epoch counter is left
+        alone. This is how a stopped stream is resumed.
+
+        >>> from fpipe import map
+        >>> list(map(abs).apply([3, -4], epoch=2, start=10))
+        [3, 4]
+        """
+
+    def close(self) -> None:  # noqa: B027 (a no-op by design: most stages keep nothing)
+        """Release what the stage keeps between applications (nothing, unless a stage class
+        says otherwise: :func:`fpipe.processes` ends its joblib generator). The stage can be
+        applied again afterwards."""
+
+
+# --- the stream kinds that stages build on ----------------------------------------------
+
+
+class _Mapped(Stream):
+    """A per-item stage run over whole chunks: ``into(outputs, chunk, index)``."""
+
+    def __init__(self, upstream: Stream, name: str, into: Callable, start: int) -> None:
+        super().__init__(upstream, name)
+        self._into, self._index = into, start
+
+    def _pull(self, n: int) -> list:
+        outputs: list = []
+        meter = self._meter
+        while not outputs:
+            chunk = self.pull_upstream(n) if meter.timing else self.upstream.pull(n)
+            if not chunk:
+                return outputs
+            start, self._index = self._index, self._index + len(chunk)
+            try:
+                self._into(outputs, chunk, start)
+            except Exception as error:
+                if not self.defer_error(error, outputs):
+                    raise
+        return outputs
+
+
+
+
+def mapped_stream(iterable: Iterable, name: str, into: Callable[[list, list, int], None],
+                  start: int = 0) -> Stream:
+    """The stream, named ``name``, that runs ``into(outputs, chunk, index)`` on each chunk of
+    ``iterable`` in the consumer's thread: ``into`` appends the chunk's results to ``outputs``
+    (those made before an error stay there and are delivered), and ``index`` numbers the
+    chunk's first item, counting from ``start``. What :func:`fpipe.map` and
+    :func:`fpipe.filter` apply; not in ``__all__``.
+
+    >>> def doubled(outputs, chunk, index):
+    ...     outputs.extend(2 * x for x in chunk)
+    >>> list(mapped_stream([1, 2], "doubled", doubled))
+    [2, 4]
+    """
+    return _Mapped(as_stream(iterable), name, into, start)
+
+
+class _Generated(Stream):
+    """A stage written as a generator over its upstream, which it reads item by item."""
+
+    def __init__(self, upstream: Stream, name: str, start: Callable[[Stream], Iterator]) -> None:
+        super().__init__(upstream, name)
+        self._start, self._iterator = start, None
+
+    def _pull(self, n: int) -> list:
+        if self._iterator is None:
+            self._iterator = self._start(self.upstream)
+        items: list = []
+        deadline = time.perf_counter() + _GENERATOR_SLICE
+        try:
+            for item in self._iterator:
+                items.append(item)
+                if len(items) >= n or time.perf_counter() > deadline:
+                    break
+        except Exception as error:
+            if not self.defer_error(error, items):
+                raise
+        return items
+
+    def _close(self) -> None:
+        try:
+            close = getattr(self._iterator, "close", None)
+            if close is not None:
+                close()
+        finally:
+            super()._close()
+
+
+def generator_stream(iterable: Iterable, name: str, start: Callable[[Stream], Iterator]) -> Stream:
+    """The stream, named ``name``, of what the iterator ``start(upstream)`` yields in the
+    consumer's thread, where ``upstream`` is ``iterable`` as a stream; closing it closes the
+    iterator and the upstream. What :func:`fpipe.transform_stream` applies; not in ``__all__``:
+    fpipe's other stage modules build their streams with it.
+
+    >>> list(generator_stream("abc", "upper", lambda upstream: (x.upper() for x in upstream)))
+    ['A', 'B', 'C']
+    """
+    return _Generated(as_stream(iterable), name, start)

@@ -1,0 +1,100 @@
+"""Stats: where a pipeline's time goes, stage by stage (:func:`stats`).
+
+>>> from fpipe import as_stream
+>>> stream = as_stream(range(3))
+>>> _ = list(stream)
+>>> [row.items for row in stats(stream)]
+[3]
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ._core import Stream
+
+__all__ = ["StageStats", "Stats", "stats"]
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage of :class:`Stats`: the items it delivered, and the shares of its time spent
+    working, waiting for its upstream, and waiting for room downstream (for the consumer to
+    ask). For :func:`threads` and :func:`processes`: the workers' share of busy time, the
+    share of time their feeder spent reading the upstream, and the rest.
+
+    >>> StageStats("map(f)", 10, 100.0, 0.5, 0.25, 0.25).busy
+    0.5
+    """
+
+    name: str
+    items: int
+    items_per_second: float
+    busy: float
+    waiting_input: float
+    waiting_output: float
+
+
+class Stats(tuple):
+    """Per-stage figures of a pipeline, source first; ``str()`` gives a table and
+    :attr:`bottleneck` names the busiest stage (or the consumer).
+
+    >>> Stats([StageStats("load", 5, 10.0, 0.9, 0.0, 0.1)]).bottleneck
+    'load'
+    """
+
+    @property
+    def bottleneck(self) -> str:
+        """The busiest stage, or ``"the consumer"`` when the last stage mostly waits for it."""
+        if not self:
+            return "nothing"
+        busiest = max(self, key=lambda row: row.busy)
+        if self[-1].waiting_output > busiest.busy:
+            return "the consumer"
+        return busiest.name
+
+    def __str__(self) -> str:
+        width = max([len(row.name) for row in self] + [5])
+        lines = [f"{'stage':<{width}}  {'items':>9}  {'items/s':>9}  {'busy':>5}  "
+                 f"{'wait in':>7}  {'wait out':>8}"]
+        for row in self:
+            lines.append(f"{row.name:<{width}}  {row.items:>9}  {row.items_per_second:>9.3g}  "
+                         f"{row.busy:>5.0%}  {row.waiting_input:>7.0%}  "
+                         f"{row.waiting_output:>8.0%}")
+        lines.append(f"bottleneck: {self.bottleneck}")
+        return "\n".join(lines)
+
+
+def stats(stream: Stream) -> Stats:
+    """Where a pipeline's time goes, per stage, from the source to ``stream``.
+
+    Counts are exact; times are sampled (one pull in 16), which keeps the cost of measuring
+    under 5 % even for stages that do almost nothing.
+
+    >>> from toolz import pipe
+    >>> from fpipe import map, take
+    >>> stream = pipe(range(100), map(abs), take(10))
+    >>> _ = list(stream)
+    >>> report = stats(stream)
+    >>> [row.items for row in report], report[1].name
+    ([10, 10, 10], 'map(abs)')
+    >>> print(stats(stream))  # doctest: +SKIP
+    stage              items    items/s   busy  wait in  wait out
+    source(range)         10    1.2e+05     3%       0%       97%
+    ...
+    """
+    chain = []
+    while stream is not None:
+        chain.append(stream)
+        stream = stream.upstream
+    now = time.perf_counter()
+    return Stats(_row(s, now) for s in reversed(chain))
+
+
+def _row(stream: Stream, now: float) -> StageStats:
+    items, wall = stream.measure(now)
+    if wall <= 0:
+        return StageStats(stream.name, items, 0.0, 0.0, 0.0, 0.0)
+    busy, waiting_input, waiting_output = (min(share, 1.0) for share in stream.shares(wall))
+    return StageStats(stream.name, items, items / wall, busy, waiting_input, waiting_output)

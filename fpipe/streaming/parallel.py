@@ -1,0 +1,512 @@
+"""The background stages: :func:`prefetch` reads ahead in a thread, :func:`threads` and
+:func:`processes` compute a function in worker threads or processes. Each application is a
+*run*: a feeder thread reads the upstream in chunks (sized by the work they take) into the
+room the stage has, an executor works on them, and the stream delivers the results in input
+order (or as they complete).
+
+>>> from toolz import pipe
+>>> with pipe(range(-3, 4), prefetch(4), threads(abs, n_workers=2)) as stream:
+...     list(stream)
+[3, 2, 1, 0, 1, 2, 3]
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..errors import capture, check_bool, check_callable, check_integer, check_workers
+from ..random import Seed, optional_entropy
+from ._core import JOIN_SECONDS, Stage, Stream, as_stream, next_chunk_size
+from ._joblib import ProcessPool
+from ._messages import Message
+from ._shm import Transport
+from ._shm import available as shared_memory_available
+from .simple import ItemCall, stage_repr
+
+__all__ = ["prefetch", "processes", "threads"]
+
+_THREAD_CHUNK_SECONDS = 2e-3  # work per chunk handed to a thread ...
+_PROCESS_CHUNK_SECONDS = 2e-2  # ... or to a process, where a round trip costs about 0.3 ms
+
+
+# --- the machinery of a background stage ----------------------------------------------
+
+
+class _Slots:
+    """Room for what a background stage holds; the feeder waits for room, close() wakes it."""
+
+    def __init__(self, count: int) -> None:
+        self._free, self._shut = count, False
+        self._condition = threading.Condition()
+
+    def acquire(self, most: int) -> int:
+        """Reserve between 1 and ``most`` slots (waiting for one); 0 once closed."""
+        with self._condition:
+            while not self._free and not self._shut:
+                self._condition.wait()
+            if self._shut:
+                return 0
+            taken = min(most, self._free)
+            self._free -= taken
+            return taken
+
+    def release(self, count: int) -> None:
+        with self._condition:
+            self._free += count
+            self._condition.notify()
+
+    def close(self) -> None:
+        with self._condition:
+            self._shut = True
+            self._condition.notify_all()
+
+
+class _Run:
+    """The threads of one application of a background stage. They hold this object, never the
+    stream, so that a forgotten stream is garbage-collected and its finalizer stops them."""
+
+    def __init__(self, upstream: Stream, executor: Any, slots: int, per_item: bool,
+                 sizer: _Sizer, start: int) -> None:
+        self.upstream, self.executor, self.sizer = upstream, executor, sizer
+        self.results: queue.SimpleQueue = queue.SimpleQueue()
+        self.slots, self.per_item, self.start = _Slots(slots), per_item, start
+        self.stopping, self.reading = False, 0.0  # seconds the feeder spent reading
+        self._closed_upstream = False
+        self._lock = threading.Lock()
+        self.feeder = threading.Thread(target=self._feed, name="fpipe-feeder", daemon=True)
+
+    def begin(self) -> None:
+        self.executor.begin(self.results)
+        self.feeder.start()
+
+    def _feed(self) -> None:
+        seq, index = 0, self.start
+        try:
+            while True:
+                reserved = self.slots.acquire(self.sizer.size if self.per_item else 1)
+                if not reserved or self.stopping:
+                    return
+                chunk = self._read(seq, reserved)
+                if chunk is None:
+                    return
+                self.executor.submit(seq, index, chunk, reserved)
+                seq, index = seq + 1, index + len(chunk)
+        finally:
+            if self.stopping:
+                self.close_upstream()
+
+    def _read(self, seq: int, reserved: int) -> list | None:
+        """The next chunk; on the end or an error, tell the consumer and return None."""
+        began = time.perf_counter()
+        try:
+            chunk = self.upstream.pull(reserved if self.per_item else self.sizer.size)
+        except BaseException as error:
+            self.results.put(Message(seq, [], capture(error), 0.0, reserved))
+            return None
+        if not chunk:
+            self.results.put(Message.end(seq, reserved))
+            return None
+        seconds = time.perf_counter() - began
+        self.reading += seconds
+        self.sizer.pulled(len(chunk), seconds)
+        if self.per_item and len(chunk) < reserved:
+            self.slots.release(reserved - len(chunk))
+        return chunk
+
+    def close_upstream(self) -> None:
+        with self._lock:
+            if self._closed_upstream:
+                return
+            self._closed_upstream = True
+        self.upstream.close()
+
+    def stop(self, join: bool) -> None:
+        self.stopping = True
+        self.slots.close()
+        self.executor.stop()
+        self.results.put(Message.wake())
+        if join and self.feeder is not threading.current_thread():
+            deadline = time.monotonic() + JOIN_SECONDS
+            if self.feeder.ident is not None:
+                self.feeder.join(max(0.0, deadline - time.monotonic()))
+            self.executor.join(deadline)
+        if not self.feeder.is_alive():
+            self.close_upstream()  # else the feeder closes it on its way out
+
+
+class _Sizer:
+    """Chunk sizes for a background stage: about ``target`` seconds of reading plus work per
+    chunk, at most ``cap`` items. Kept by the stage, so a second run starts at a good size."""
+
+    def __init__(self, target: float, cap: int) -> None:
+        self.target, self.cap, self.size = target, cap, 1
+        self.work_per_item = 0.0
+
+    def pulled(self, items: int, seconds: float) -> None:
+        total = seconds + self.work_per_item * items
+        self.size = next_chunk_size(items, total, self.target, self.cap)
+
+    def worked(self, items: int, seconds: float) -> None:
+        if items:
+            self.work_per_item = seconds / items
+
+
+class _Background(Stream):
+    """The consumer side of a background stage: results come back through a queue and leave
+    in input order (or as they complete)."""
+
+    waits = True
+
+    def __init__(self, upstream: Stream, name: str, make_run: Callable[[Stream], _Run],
+                 ordered: bool, workers: int) -> None:
+        super().__init__(upstream, name)
+        self._make_run, self._ordered, self._workers = make_run, ordered, workers
+        self._run: _Run | None = None
+        self._finalizer: Any = None
+        self._pending: dict = {}
+        self._next_seq, self._received, self._total = 0, 0, None
+        self._ready: list = []
+        self._ready_slots, self._ready_error = 0, None
+        self._work = 0.0
+
+    def start(self) -> Stream:
+        if self._run is None and not self.closed:
+            self._begin()
+        return self
+
+    def _begin(self) -> None:
+        self._run = self._make_run(self.upstream)
+        self._finalizer = weakref.finalize(self, self._run.stop, False)
+        self._run.begin()
+
+    def _pull(self, n: int) -> list:
+        if self._run is None:
+            self._begin()
+        if not self._ready and not self._next_chunk():
+            self.close()
+            return []
+        items = self._ready
+        if len(items) > n:
+            self._ready = items[n:]
+            return items[:n]
+        self._ready = []
+        if self._ready_error is not None:
+            self.defer_error(self._ready_error, items)  # raised after the chunk's results
+        self._run.slots.release(self._ready_slots)
+        return items
+
+    def _next_chunk(self) -> bool:
+        """Make the next chunk of results ready; False at the end."""
+        message = self._next_message()
+        if message is None:
+            return False
+        outputs, error, seconds, slots = message.outputs, message.error, message.seconds, message.slots
+        self._work += seconds
+        self._run.sizer.worked(len(outputs), seconds)
+        if error is not None and not outputs:
+            self._run.slots.release(slots)
+            error.reraise()
+        self._ready, self._ready_slots, self._ready_error = outputs, slots, error
+        return True
+
+    def _next_message(self) -> Message | None:
+        """The next message with results, in order if asked; None at the end."""
+        results = self._run.results
+        while True:
+            if self._ordered and self._next_seq in self._pending:
+                message = self._pending.pop(self._next_seq)
+                self._next_seq += 1
+                return None if message.is_end else message
+            if self._total is not None and self._received == self._total:
+                return None
+            message = results.get()
+            if self.closed or message.is_wake:
+                return None
+            if message.is_failure:  # of the process pool, for every run
+                return message
+            if self._ordered:
+                self._pending[message.seq] = message
+            elif message.is_end:
+                self._total = message.seq
+            else:
+                self._received += 1
+                return message
+
+    def _close(self) -> None:
+        if self._run is None:
+            super()._close()
+            return
+        self._finalizer.detach()
+        self._run.stop(join=True)
+
+    def shares(self, wall: float) -> tuple[float, float, float]:
+        # the workers are busy, or wait for the feeder to read, or wait for room downstream
+        busy = self._work / (wall * self._workers) if self._workers else 0.0
+        reading = (self._run.reading if self._run is not None else 0.0) / wall
+        return busy, reading, max(1.0 - busy - reading, 0.0)
+
+
+class _Inline:
+    """The executor of prefetch: chunks go straight to the consumer."""
+
+    def begin(self, results: queue.SimpleQueue) -> None:
+        self._results = results
+
+    def submit(self, seq: int, index: int, chunk: list, slots: int) -> None:
+        self._results.put(Message(seq, chunk, None, 0.0, slots))
+
+    def stop(self) -> None:
+        pass
+
+    def join(self, deadline: float) -> None:
+        pass
+
+
+class _PrefetchStage(Stage):
+    def __init__(self, n: int) -> None:
+        self.n = check_integer("n", n, 1)
+        self._sizer = _Sizer(_THREAD_CHUNK_SECONDS, self.n)
+
+    def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
+        def make_run(upstream: Stream) -> _Run:
+            return _Run(upstream, _Inline(), self.n, True, self._sizer, start)
+        return _Background(as_stream(iterable), repr(self), make_run, True, 0)
+
+    def __repr__(self) -> str:
+        return f"prefetch({self.n})"
+
+
+def prefetch(n: int) -> Stage:
+    """The stage that reads its upstream in a background thread, keeping up to ``n`` items
+    ready. The thread starts at the first ``next()`` and is joined when the stream is closed.
+
+    >>> with prefetch(4)(range(10)) as stream:
+    ...     list(stream)
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    """
+    return _PrefetchStage(n)
+
+
+class _ThreadWorkers:
+    """The executor of :func:`threads`: n threads taking chunks from a queue."""
+
+    def __init__(self, call: ItemCall, n_workers: int) -> None:
+        self._call, self._tasks = call, queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name="fpipe-worker", daemon=True)
+                         for _ in range(n_workers)]
+        self._stopped = False
+
+    def begin(self, results: queue.SimpleQueue) -> None:
+        self._results = results
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, seq: int, index: int, chunk: list, slots: int) -> None:
+        self._tasks.put((seq, index, chunk, slots))
+
+    def _work(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None or self._stopped:
+                return
+            seq, index, chunk, slots = task
+            outputs, error, seconds = self._call.run(chunk, index)
+            self._results.put(Message(seq, outputs, error, seconds, slots))
+
+    def stop(self) -> None:
+        self._stopped = True
+        for _ in self._threads:
+            self._tasks.put(None)
+
+    def join(self, deadline: float) -> None:
+        for thread in self._threads:
+            if thread.ident is not None and thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class _ParallelStage(Stage):
+    """What :func:`threads` and :func:`processes` share: the checks, the repr, the runs."""
+
+    kind, chunk_seconds, per_worker = "", 0.0, 1
+    one_to_one = True
+
+    def __init__(self, func: Callable, args: tuple, kwargs: dict, n_workers: int,
+                 buffer_size: int, ordered: bool, seed: Seed | None, chunk_size: int) -> None:
+        self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
+        self.ordered = check_bool("ordered", ordered)
+        self.n_workers = check_workers(n_workers)
+        self.workers = (os.cpu_count() or 1) if self.n_workers == -1 else self.n_workers
+        self.buffer_size = check_integer("buffer_size", buffer_size, 1)
+        self.chunk_size = check_integer("chunk_size", chunk_size, 1)
+        self.seed = optional_entropy(seed)
+        self._sizer = _Sizer(self.chunk_seconds, self.chunk_size)
+
+    def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
+        call = ItemCall(self.func, self.args, self.kwargs, self.seed, epoch)
+        slots = self.per_worker * self.workers + self.buffer_size
+
+        def make_run(upstream: Stream) -> _Run:
+            return _Run(upstream, self._executor(call), slots, False, self._sizer, start)
+        return _Background(as_stream(iterable), repr(self), make_run, self.ordered, self.workers)
+
+    @abc.abstractmethod
+    def _executor(self, call: ItemCall) -> Any:
+        """The executor of one run: ``begin(results)``, ``submit(seq, index, chunk, slots)``,
+        ``stop()`` and ``join(deadline)``, as :class:`_ThreadWorkers` has them."""
+
+    def _options(self) -> dict:
+        return {"n_workers": self.n_workers, "ordered": None if self.ordered else False,
+                "seed": self.seed}
+
+    def __repr__(self) -> str:
+        return stage_repr(self.kind, self.func, self.args, {**self._options(), **self.kwargs})
+
+
+class _ThreadStage(_ParallelStage):
+    kind, chunk_seconds = "threads", _THREAD_CHUNK_SECONDS
+
+    def _executor(self, call: ItemCall) -> _ThreadWorkers:
+        return _ThreadWorkers(call, self.workers)
+
+
+def threads(func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 2,
+            ordered: bool = True, seed: Seed | None = None, chunk_size: int = 64,
+            **kwargs: Any) -> Stage:
+    """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` threads (-1:
+    one per core). Use it for work that releases the GIL (numpy, IO, decoding).
+
+    Items travel to the threads in chunks of at most ``chunk_size`` (fewer while items are
+    slow, so the first results come quickly). At most ``n_workers + buffer_size`` chunks are in
+    the stage at once, so it reads at most that many chunks ahead of its consumer. Results keep
+    the input order unless ``ordered=False``. With ``seed``, each item's generator (from
+    ``(seed, epoch, index)``) is active while ``func`` runs, so the output does not depend on
+    ``n_workers`` or on the order of completion.
+
+    An exception in ``func`` reaches the consumer with its type, message and the worker's
+    traceback, after the results of the items before it. Closing the stream stops and joins
+    the threads.
+
+    >>> with threads(abs, n_workers=2)(range(-3, 4)) as stream:
+    ...     list(stream)
+    [3, 2, 1, 0, 1, 2, 3]
+    """
+    return _ThreadStage(func, args, kwargs, n_workers, buffer_size, ordered, seed, chunk_size)
+
+
+class _ProcessWorkers:
+    """The executor of one run of :func:`processes`: its tasks go to the stage's pool."""
+
+    def __init__(self, pool: ProcessPool, call: ItemCall, transport: Transport | None) -> None:
+        self._pool, self._call, self._token = pool, call, None
+        self._transport = transport
+
+    def begin(self, results: queue.SimpleQueue) -> None:
+        self._token = self._pool.open(results)
+
+    def submit(self, seq: int, index: int, chunk: list, slots: int) -> None:
+        self._pool.submit(self._token, (self._call, self._token, seq, index, chunk, slots,
+                                        os.getpid(), self._transport))
+
+    def stop(self) -> None:
+        if self._token is not None:
+            self._pool.close_run(self._token)
+
+    def join(self, deadline: float) -> None:
+        pass
+
+
+_SHARED_BACKENDS = ("loky", "multiprocessing")  # whose workers run on this machine
+
+
+class _ProcessStage(_ParallelStage):
+    # two chunks per worker: joblib hands a worker its next task only when one completes, so
+    # the next chunk must already be waiting then
+    kind, chunk_seconds, per_worker = "processes", _PROCESS_CHUNK_SECONDS, 2
+
+    def __init__(self, *args: Any, backend: Any, shared_memory: bool,
+                 shared_memory_budget: int | None) -> None:
+        super().__init__(*args)
+        if not isinstance(backend, str) and not hasattr(backend, "apply_async"):
+            raise TypeError(f"backend must be a joblib backend name or instance; "
+                            f"got backend={backend!r}")
+        self.backend = backend
+        self.shared_memory = check_bool("shared_memory", shared_memory)
+        self.shared_memory_budget = (None if shared_memory_budget is None else
+                                     check_integer("shared_memory_budget", shared_memory_budget, 0))
+        self._pool = ProcessPool(self.n_workers, backend)
+        # a stage that nobody can use again ends its joblib generator now, not a second after
+        # its last task: forgotten stages' generators would keep feeding idle tasks to the
+        # workers that every stage shares, and slow the stages that follow
+        weakref.finalize(self, self._pool.shutdown)
+
+    def _executor(self, call: ItemCall) -> _ProcessWorkers:
+        return _ProcessWorkers(self._pool, call, self._transport())
+
+    def _transport(self) -> Transport | None:
+        """How this run's results come back in shared memory; None: through the pipe."""
+        if (not self.shared_memory or self.backend not in _SHARED_BACKENDS
+                or not shared_memory_available()):
+            return None
+        return Transport.for_consumer(self.workers, budget=self.shared_memory_budget)
+
+    def close(self) -> None:
+        """End the joblib generator now, not a second after the last task (say, before a
+        dask cluster is closed). The stage starts a new one when it is used again."""
+        self._pool.release()
+
+    def _options(self) -> dict:
+        backend = None if self.backend == "loky" else self.backend
+        return {**super()._options(), "backend": backend,
+                "shared_memory": None if self.shared_memory else False,
+                "shared_memory_budget": self.shared_memory_budget}
+
+
+def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "loky",
+              ordered: bool = True, seed: Seed | None = None, buffer_size: int = 2,
+              chunk_size: int = 256, shared_memory: bool = True,
+              shared_memory_budget: int | None = None, **kwargs: Any) -> Stage:
+    """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` worker
+    processes (-1: one per core), on joblib. Use it for pure-Python work that holds the GIL.
+
+    ``backend`` is passed to joblib: ``"loky"`` (the default), ``"threading"``, ``"dask"``
+    (with a ``dask.distributed`` client), or any registered joblib backend. Functions travel
+    with cloudpickle, so lambdas work. Items travel in chunks of at most ``chunk_size`` (about
+    20 ms of work each); at most ``2 * n_workers + buffer_size`` chunks are in the stage at
+    once (two per worker: one in work, one waiting, as joblib sends a worker its next task only
+    when one completes).
+
+    The workers are started at the first ``next()`` and kept for every later run of this stage
+    object (epochs, other pipelines): the stage keeps one joblib generator running while it has
+    work, and ends it about a second after its last task (the workers stay in joblib's pool),
+    or as soon as the stage object is garbage-collected. Closing a stream does not kill the
+    workers: results still on their way are dropped. ``stage.close()`` ends the joblib
+    generator at once (before closing a dask cluster, say); the stage starts a new one if it is
+    used again.
+
+    Results come back in shared memory where that pays: on the ``loky`` and
+    ``multiprocessing`` backends (whose workers run on this machine, on Linux), the numpy arrays
+    of at least 16 KiB in a result (also inside tuples, lists, dicts and named tuples, and torch
+    tensors once :mod:`fpipe.torch` is imported) are written once into a reused segment of
+    ``/dev/shm``, and the consumer gets arrays that view it, without a copy. A segment is reused
+    once every array of its chunk of results is garbage-collected. Each worker holds at most
+    ``shared_memory_budget`` bytes of segments (default: a quarter of ``/dev/shm`` shared
+    between the workers); past it, or when ``/dev/shm`` is full, results go through the pipe
+    with one ``RuntimeWarning``. ``shared_memory=False`` sends everything through the pipe, as
+    do the other backends (``dask``'s workers may be on other machines).
+
+    Order, seeds and errors behave as in :func:`threads`.
+
+    >>> with processes(abs, n_workers=2, backend="threading")(range(-2, 3)) as stream:
+    ...     list(stream)
+    [2, 1, 0, 1, 2]
+    """
+    return _ProcessStage(func, args, kwargs, n_workers, buffer_size, ordered, seed, chunk_size,
+                         backend=backend, shared_memory=shared_memory,
+                         shared_memory_budget=shared_memory_budget)
