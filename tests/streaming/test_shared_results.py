@@ -152,3 +152,13 @@ def test_a_killed_consumers_workers_exit_within_seconds_and_leave_no_segment(rec
     seconds = wait_until(lambda: not any(alive(pid) for pid in children))
     record_property("workers_gone_seconds", round(seconds, 2))
     assert _shm.names(process.pid) == []
+
+
+def test_dpipe_style_loky_and_infinite_get_shared_memory_with_no_change():
+    images = list(pipe(range(8), fp.Loky(picture, n_workers=2)))
+    assert all(_shm.is_shared(image) for image, _ in images)
+    with fp.Infinite(iter(range(64)), fp.Loky(picture, n_workers=2), batch_size=8,
+                     batches_per_epoch=2, combiner=list) as batch_iter:
+        batches = list(batch_iter())
+    assert [len(b) for b in batches] == [8, 8]
+    assert all(_shm.is_shared(image) for batch in batches for image, _ in batch)
