@@ -47,6 +47,7 @@ _HEADER = 64  # the slab's first bytes: its state, 0 (free) or the generation ha
 _ALIGN = 64
 _MIN_SLAB = 1 << 20
 _WATCH_SECONDS = 0.5  # how often a worker checks that its consumer is alive
+_MAX_BUDGET = 256 << 20
 
 
 def available() -> bool:
@@ -55,10 +56,11 @@ def available() -> bool:
 
 
 def default_budget(workers: int) -> int:
-    """Bytes of slabs each of ``workers`` workers may hold: a quarter of ``/dev/shm``
-    shared between them, at most 2 GiB each."""
+    """Bytes of slabs each of ``workers`` workers may hold: a quarter of ``/dev/shm`` shared
+    between them, at most 256 MiB each. (A slab's pages count in its worker's resident memory,
+    and loky restarts a worker whose memory grew by 300 MB, taking it for a leak.)"""
     stat = os.statvfs(DIRECTORY)
-    return max(_MIN_SLAB, min(2 << 30, stat.f_blocks * stat.f_frsize // (4 * max(workers, 1))))
+    return max(_MIN_SLAB, min(_MAX_BUDGET, stat.f_blocks * stat.f_frsize // (4 * max(workers, 1))))
 
 
 # --- types that travel as arrays ----------------------------------------------------------
@@ -214,9 +216,9 @@ class _Writer:
         fitting = [slab for slab in free if slab.capacity >= nbytes]
         if fitting:
             return fitting[0]
+        for slab in free:  # all too small for the results of now: keep none of them
+            held -= self._retire(slab)
         size = _HEADER + max(_MIN_SLAB, -(-nbytes * 5 // 4 // mmap.PAGESIZE) * mmap.PAGESIZE)
-        while free and held + size > budget:
-            held -= self._retire(free.pop(0))  # too small for this result: make room
         if held + size > budget:
             return "budget"
         return self._create(size)

@@ -111,13 +111,14 @@ def test_in_the_consumers_own_process_nothing_is_encoded():
 def test_slabs_are_reused_and_a_held_array_is_never_overwritten(executor):
     transport = _shm.Transport.for_consumer(2)
     kept = run(executor, transport)[2][0]  # held for the whole test
+    before = set(_shm._reader().slabs)
     for _ in range(40):
         value = run(executor, transport)
         assert value[1][0][0, 0, 0] == 1
         del value  # released: its slab is free again
     np.testing.assert_array_equal(kept, image(2))
     # two workers, each with the held slab and one or two in turn; never one per result
-    assert len(_shm._reader().slabs) <= 8
+    assert len(set(_shm._reader().slabs) - before) <= 4
     assert own_names() == []
 
 
@@ -269,7 +270,8 @@ def test_names_of_other_files_are_not_taken_for_slabs():
         assert _shm._pids(name) is None
 
 
-def test_the_default_budget_is_a_share_of_dev_shm():
+def test_the_default_budget_is_a_share_of_dev_shm_below_lokys_leak_alarm():
     stat = os.statvfs(_shm.DIRECTORY)
     one, four = _shm.default_budget(1), _shm.default_budget(4)
     assert four <= one <= max(stat.f_blocks * stat.f_frsize // 4, 1 << 20) and four >= 1 << 20
+    assert one <= 256 << 20  # loky restarts a worker whose memory grew by 300 MB
