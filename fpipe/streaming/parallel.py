@@ -497,7 +497,8 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     ``/dev/shm``, and the consumer gets arrays that view it, without a copy. A segment is reused
     once every array of its chunk of results is garbage-collected. Each worker holds at most
     ``shared_memory_budget`` bytes of segments (default: a quarter of ``/dev/shm`` shared
-    between the workers); past it, or when ``/dev/shm`` is full, results go through the pipe
+    between the workers, at most 256 MiB each, as loky restarts a worker whose memory grew by
+    300 MB); past it, or when ``/dev/shm`` is full, results go through the pipe
     with one ``RuntimeWarning``. ``shared_memory=False`` sends everything through the pipe, as
     do the other backends (``dask``'s workers may be on other machines).
 
