@@ -149,6 +149,7 @@ def test_a_killed_consumers_workers_exit_within_seconds_and_leave_no_segment(rec
     assert children, "the consumer started no worker"
     process.send_signal(signal.SIGKILL)
     process.wait()
+    process.stdout.close()
     seconds = wait_until(lambda: not any(alive(pid) for pid in children))
     record_property("workers_gone_seconds", round(seconds, 2))
     assert _shm.names(process.pid) == []

@@ -234,6 +234,7 @@ def test_a_killed_consumers_workers_exit_and_leave_no_segment(record_property):
     owner = process.pid
     process.kill()
     process.wait()
+    process.stdout.close()
     seconds = wait_until(lambda: not any(alive(pid) for pid in pids))
     record_property("workers_gone_seconds", round(seconds, 2))
     assert _shm.names(owner) == []
@@ -243,6 +244,7 @@ def test_ctrl_c_leaves_no_segment():
     process, pids = start_consumer()
     process.send_signal(signal.SIGINT)
     assert process.wait(DEADLINE) != 0
+    process.stdout.close()
     wait_until(lambda: not any(alive(pid) for pid in pids))
     assert _shm.names(process.pid) == []
 
