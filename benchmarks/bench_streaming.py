@@ -1,4 +1,5 @@
-"""Workloads of the streaming stages: P1-P5 against dpipe and serial loops, and M2 (memory).
+"""Workloads of the streaming stages: P1-P5 against dpipe and serial loops, P6 (a new process
+stage's first result) and M2 (memory).
 
 The P1 variants: P1 against dpipe's ``Infinite``, P1s against a plain serial loop, P1p with
 a background ``prefetch`` (as ``Infinite`` runs in the background) against dpipe, and P1st, the
@@ -273,3 +274,21 @@ def m2_memory() -> Value:
         gc.collect()
         grown = process.memory_info().rss - before
     return Value(grown / 2**20, "MiB")
+
+
+def _first_result_seconds(work) -> float:
+    start = time.perf_counter()
+    with pipe(range(400), fp.processes(work, n_workers=2)) as stream:
+        next(stream)
+    return time.perf_counter() - start
+
+
+@workload("P6", description="a new process stage (2 workers, 0.5 ms items) on warm workers: "
+          "milliseconds from the first next() to the first result, median of 9 new stages",
+          reference="-", target="<= 10", kind="value")
+def p6_new_stage() -> Value:
+    work = PythonItem()
+    work.n //= 2
+    _drain(pipe(range(100), fp.processes(work, n_workers=2)))  # warm workers
+    times = [_first_result_seconds(work) for _ in range(9)]
+    return Value(1e3 * float(np.median(times)), "ms")

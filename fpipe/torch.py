@@ -51,6 +51,7 @@ from .sharding import (
 )
 from .skipping import OnError, TooManyErrors, check_max_errors, check_on_error, handle
 from .storage.order import QuasiShuffler, Range
+from .streaming._shm import register as share_type
 
 __all__ = [
     "Compose",
@@ -80,6 +81,30 @@ class _Resume(NamedTuple):
     batch_size: int
     drop_last: int
     position: int  # where an elastic pass begins in the epoch's order
+
+
+class _TensorCodec:
+    """How tensors cross a process stage in shared memory: a CPU tensor that needs no
+    gradient travels as the numpy array it shares its memory with, and arrives as a tensor
+    made from the consumer's view (other tensors are pickled as usual)."""
+
+    @staticmethod
+    def to_array(tensor: torch.Tensor) -> np.ndarray | None:
+        if (tensor.device.type != "cpu" or tensor.requires_grad or tensor.layout != torch.strided
+                or tensor.is_conj() or tensor.is_neg()):
+            return None
+        try:
+            return tensor.numpy()
+        except TypeError:  # a dtype numpy lacks (bfloat16, ...)
+            return None
+
+    @staticmethod
+    def from_array(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array)
+
+
+_TENSORS = _TensorCodec()
+share_type("torch.Tensor", "fpipe.torch:_TENSORS")
 
 
 def _worker() -> tuple[int, int]:

@@ -72,3 +72,30 @@ def test_the_benchmarks_page_shows_the_committed_results_and_chart(tmp_path):
     copy.write_text(page)
     main([str(results), "--page", str(copy)])
     assert copy.read_text() == page  # regenerating from the same results changes nothing
+
+
+def test_the_peers_table_on_the_page_is_made_from_the_committed_runs(tmp_path):
+    from benchmarks import peers
+
+    runs = json.loads((DOCS / "data" / "peers.json").read_text())["runs"]
+    page = (DOCS / "benchmarks.md").read_text()
+    assert peers.markdown_table(runs) in page
+    assert (DOCS / "img" / "peers.png").stat().st_size > 10_000
+    copy = tmp_path / "page.md"
+    copy.write_text(page)
+    paths = []
+    for i, run in enumerate(runs):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps(run))
+    peers.main(["--report", *map(str, paths), "--page", str(copy)])
+    assert copy.read_text() == page  # regenerating from the same runs changes nothing
+
+
+def test_the_peers_table_has_a_row_per_system_and_a_column_per_run():
+    from benchmarks import peers
+
+    result = {"kind": "T5u", "limit": 200.0,
+              "images_per_second": {"serial": 100.0, "DataLoader": 160.0, "fpipe batch": 180.0}}
+    table = peers.markdown_table([{"results": [result]}, {"results": [result]}])
+    assert "| T5u | fpipe batch | 180 img/s, 1.12×, 90% | 180 img/s, 1.12×, 90% |" in table
+    assert table.count("\n") == 4

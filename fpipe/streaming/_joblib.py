@@ -2,15 +2,19 @@
 private APIs its shutdown needs: joblib's ``Parallel._abort`` and threading's
 ``_register_atexit``. It keeps one joblib generator per process stage, the size of joblib's
 shared loky pool, and the exit hook that ends the generators before loky's executor stops.
+Worker processes send large arrays back through :mod:`._shm` (shared memory), and watch that
+their consumer is alive.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import os
 import queue
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +22,7 @@ from typing import Any
 from ..errors import CapturedError, capture
 from ._core import JOIN_SECONDS
 from ._messages import Message
+from ._shm import Transport, encode, sweep, watch_owner
 from .simple import ItemCall
 
 _IDLE_SECONDS = (1e-3, 2e-2)  # an idle task sleeps this long, doubling up to the maximum
@@ -48,9 +53,18 @@ def _leave_loky() -> None:
         _loky["users"] -= 1
 
 
-def _run_task(call: ItemCall, token: int, seq: int, index: int, chunk: list,
-              slots: int) -> tuple:
-    return (token, seq, *call.run(chunk, index), slots)
+_FALLBACKS = {"budget": "each worker's shared_memory_budget is used",
+              "full": "/dev/shm is full"}
+
+
+def _run_task(call: ItemCall, token: int, seq: int, index: int, chunk: list, slots: int,
+              owner: int, transport: Transport | None) -> tuple:
+    watch_owner(owner)  # a worker whose consumer is killed exits, not idles for minutes
+    outputs, error, seconds = call.run(chunk, index)
+    fallback = None
+    if transport is not None:
+        outputs, fallback = encode(transport, outputs)
+    return token, seq, outputs, error, seconds, slots, fallback
 
 
 def _idle(seconds: float) -> None:
@@ -76,7 +90,7 @@ class ProcessPool:
         self._pump: threading.Thread | None = None
         self._parallel: Any = None  # the joblib call of the newest generator
         self._generation = 0  # of the joblib generator now fed; older ones only finish
-        self._feeding = self._closed = False
+        self._feeding = self._closed = self._warned = False
         self._last_task = time.monotonic()
         _POOLS.add(self)
 
@@ -154,7 +168,12 @@ class ProcessPool:
             return None
 
     def _route(self, result: tuple) -> None:
-        token, *entry = result
+        token, *entry, fallback = result
+        if fallback is not None and not self._warned:
+            self._warned = True
+            warnings.warn(f"processes(): no room in shared memory ({_FALLBACKS[fallback]}): "
+                          "results go through the pipe until there is", RuntimeWarning,
+                          stacklevel=1)
         with self._lock:
             results = self._routes.get(token)
         if results is not None:
@@ -165,6 +184,7 @@ class ProcessPool:
             if generation == self._generation:
                 self._feeding = False
             routes = list(self._routes.values())
+        sweep(os.getpid())  # the names that a worker killed on its way made
         for results in routes:
             results.put(Message.failure(error))
 

@@ -27,6 +27,8 @@ from ..skipping import OnError, SkipLog, check_max_errors, check_on_error
 from ._core import JOIN_SECONDS, Stage, Stream, as_stream, next_chunk_size
 from ._joblib import ProcessPool
 from ._messages import Message
+from ._shm import Transport
+from ._shm import available as shared_memory_available
 from .simple import ItemCall, at_epoch, error_options, stage_repr
 
 __all__ = ["prefetch", "processes", "threads"]
@@ -416,14 +418,16 @@ def threads(func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 2
 class _ProcessWorkers:
     """The executor of one run of :func:`processes`: its tasks go to the stage's pool."""
 
-    def __init__(self, pool: ProcessPool, call: ItemCall) -> None:
+    def __init__(self, pool: ProcessPool, call: ItemCall, transport: Transport | None) -> None:
         self._pool, self._call, self._token = pool, call, None
+        self._transport = transport
 
     def begin(self, results: queue.SimpleQueue) -> None:
         self._token = self._pool.open(results)
 
     def submit(self, seq: int, index: int, chunk: list, slots: int) -> None:
-        self._pool.submit(self._token, (self._call, self._token, seq, index, chunk, slots))
+        self._pool.submit(self._token, (self._call, self._token, seq, index, chunk, slots,
+                                        os.getpid(), self._transport))
 
     def stop(self) -> None:
         if self._token is not None:
@@ -433,17 +437,24 @@ class _ProcessWorkers:
         pass
 
 
+_SHARED_BACKENDS = ("loky", "multiprocessing")  # whose workers run on this machine
+
+
 class _ProcessStage(_ParallelStage):
     # two chunks per worker: joblib hands a worker its next task only when one completes, so
     # the next chunk must already be waiting then
     kind, chunk_seconds, per_worker = "processes", _PROCESS_CHUNK_SECONDS, 2
 
-    def __init__(self, *args: Any, backend: Any, **on_error: Any) -> None:
+    def __init__(self, *args: Any, backend: Any, shared_memory: bool,
+                 shared_memory_budget: int | None, **on_error: Any) -> None:
         super().__init__(*args, **on_error)
         if not isinstance(backend, str) and not hasattr(backend, "apply_async"):
             raise TypeError(f"backend must be a joblib backend name or instance; "
                             f"got backend={backend!r}")
         self.backend = backend
+        self.shared_memory = check_bool("shared_memory", shared_memory)
+        self.shared_memory_budget = (None if shared_memory_budget is None else
+                                     check_integer("shared_memory_budget", shared_memory_budget, 0))
         self._pool = ProcessPool(self.n_workers, backend)
         # a stage that nobody can use again ends its joblib generator now, not a second after
         # its last task: forgotten stages' generators would keep feeding idle tasks to the
@@ -451,7 +462,14 @@ class _ProcessStage(_ParallelStage):
         weakref.finalize(self, self._pool.shutdown)
 
     def _executor(self, call: ItemCall) -> _ProcessWorkers:
-        return _ProcessWorkers(self._pool, call)
+        return _ProcessWorkers(self._pool, call, self._transport())
+
+    def _transport(self) -> Transport | None:
+        """How this run's results come back in shared memory; None: through the pipe."""
+        if (not self.shared_memory or self.backend not in _SHARED_BACKENDS
+                or not shared_memory_available()):
+            return None
+        return Transport.for_consumer(self.workers, budget=self.shared_memory_budget)
 
     def close(self) -> None:
         """End the joblib generator now, not a second after the last task (say, before a
@@ -460,13 +478,16 @@ class _ProcessStage(_ParallelStage):
 
     def _options(self) -> dict:
         backend = None if self.backend == "loky" else self.backend
-        return {**super()._options(), "backend": backend}
+        return {**super()._options(), "backend": backend,
+                "shared_memory": None if self.shared_memory else False,
+                "shared_memory_budget": self.shared_memory_budget}
 
 
 def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "loky",
               ordered: bool = True, seed: Seed | None = None, epoch: int = 0,
               buffer_size: int = 2, chunk_size: int = 256, on_error: OnError = "raise",
-              max_errors: int | None = None, **kwargs: Any) -> Stage:
+              max_errors: int | None = None, shared_memory: bool = True,
+              shared_memory_budget: int | None = None, **kwargs: Any) -> Stage:
     """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` worker
     processes (-1: one per core), on joblib. Use it for pure-Python work that holds the GIL.
 
@@ -485,6 +506,18 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     generator at once (before closing a dask cluster, say); the stage starts a new one if it is
     used again.
 
+    Results come back in shared memory where that pays: on the ``loky`` and
+    ``multiprocessing`` backends (whose workers run on this machine, on Linux), the numpy arrays
+    of at least 16 KiB in a result (also inside tuples, lists, dicts and named tuples, and torch
+    tensors once :mod:`fpipe.torch` is imported) are written once into a reused segment of
+    ``/dev/shm``, and the consumer gets arrays that view it, without a copy. A segment is reused
+    once every array of its chunk of results is garbage-collected. Each worker holds at most
+    ``shared_memory_budget`` bytes of segments (default: a quarter of ``/dev/shm`` shared
+    between the workers, at most 256 MiB each, as loky restarts a worker whose memory grew by
+    300 MB); past it, or when ``/dev/shm`` is full, results go through the pipe
+    with one ``RuntimeWarning``. ``shared_memory=False`` sends everything through the pipe, as
+    do the other backends (``dask``'s workers may be on other machines).
+
     Order, seeds, ``epoch``, errors and ``on_error`` behave as in :func:`threads` (a callable
     ``on_error`` runs in the worker process, so it must pickle).
 
@@ -494,4 +527,5 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     """
     return at_epoch(_ProcessStage(func, args, kwargs, n_workers, buffer_size, ordered, seed,
                                   chunk_size, backend=backend, on_error=on_error,
-                                  max_errors=max_errors), epoch)
+                                  max_errors=max_errors, shared_memory=shared_memory,
+                                  shared_memory_budget=shared_memory_budget), epoch)

@@ -1,0 +1,490 @@
+"""Shared memory for the results of worker processes: large arrays cross without a pipe.
+
+A worker writes the large numpy arrays of a result (also inside tuples, lists, dicts and
+named tuples, and any type registered with :func:`register`, such as torch tensors) into a
+*slab*, a shared-memory segment it keeps and reuses, and the pipe carries only small
+references. Unpickling a reference in the consumer maps the slab (once per slab) and returns an
+array that views it: no copy on the way in.
+
+Lifetime (reference counting). Every array of one result holds the result's *lease*; the slab
+stays reserved while any of them (or a view of one, or a tensor made from one) is alive, and is
+free for the worker to reuse once the last is garbage-collected. The worker never waits for a
+slab: when none is free it makes another, within its byte budget; past the budget, or when
+``/dev/shm`` is full, the result goes through the pipe as before.
+
+Names. A slab is named ``fpipe-shm-<owner>-<worker>-<serial>-<token>`` (the owner is the
+consumer's pid). The consumer unlinks the name as soon as it has mapped the slab, so a slab in
+use has no name: the kernel frees it when the last process that maps it exits, whatever
+kills them. A name exists only between the worker making the slab and the consumer mapping it;
+:func:`sweep` removes the names whose processes died in that window, and runs when a consumer
+starts, when a worker dies and when the consumer exits.
+
+This module imports neither torch nor joblib; :mod:`fpipe.torch` registers torch tensors.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import importlib
+import mmap
+import os
+import secrets
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__: list[str] = []  # private: the process stage is its user
+
+DIRECTORY = "/dev/shm"
+PREFIX = "fpipe-shm-"
+THRESHOLD = 16 * 1024  # smaller arrays go through the pipe (measured: docs/concepts.md)
+_HEADER = 64  # the slab's first bytes: its state, 0 (free) or the generation handed out
+_ALIGN = 64
+_MIN_SLAB = 1 << 20
+_WATCH_SECONDS = 0.5  # how often a worker checks that its consumer is alive
+_MAX_BUDGET = 256 << 20
+# map every page at once: faulting in a fresh slab page by page cost 50 ms per 19 MB
+_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
+def available() -> bool:
+    """Whether this machine has POSIX shared memory as files (Linux's ``/dev/shm``)."""
+    return os.path.isdir(DIRECTORY) and os.access(DIRECTORY, os.W_OK)
+
+
+def default_budget(workers: int) -> int:
+    """Bytes of slabs each of ``workers`` workers may hold: a quarter of ``/dev/shm`` shared
+    between them, at most 256 MiB each. (A slab's pages count in its worker's resident memory,
+    and loky restarts a worker whose memory grew by 300 MB, taking it for a leak.)"""
+    stat = os.statvfs(DIRECTORY)
+    return max(_MIN_SLAB, min(_MAX_BUDGET, stat.f_blocks * stat.f_frsize // (4 * max(workers, 1))))
+
+
+# --- types that travel as arrays ----------------------------------------------------------
+
+_KINDS: dict[str, str] = {}  # "module.Type" -> "module:codec", filled by register()
+_CODECS: dict[str, Any] = {}
+
+
+def register(type_name: str, codec: str) -> None:
+    """Let objects of type ``type_name`` (``"module.QualName"``) travel in shared memory.
+
+    ``codec`` names, as ``"module:attribute"``, an object with ``to_array(obj)`` (an array that
+    shares the object's memory, or None to pickle the object as usual) and
+    ``from_array(array)``. It is imported only where such an object is met, so a worker never
+    imports a module for a type it does not return.
+    """
+    _KINDS[type_name] = codec
+
+
+def _codec(path: str) -> Any:
+    codec = _CODECS.get(path)
+    if codec is None:
+        module, _, attribute = path.partition(":")
+        codec = _CODECS[path] = getattr(importlib.import_module(module), attribute)
+    return codec
+
+
+@dataclass(frozen=True)
+class Transport:
+    """What a worker needs to send its results through shared memory: the consumer's pid,
+    the size below which arrays stay in the pipe, its byte budget, and the registered types."""
+
+    owner: int
+    threshold: int = THRESHOLD
+    budget: int = 1 << 30
+    kinds: tuple = ()
+
+    @classmethod
+    def for_consumer(cls, workers: int, threshold: int = THRESHOLD,
+                     budget: int | None = None) -> Transport:
+        """The transport of this process's stage; the first one removes what killed runs left."""
+        _sweep_once()
+        budget = default_budget(workers) if budget is None else budget
+        return cls(os.getpid(), threshold, budget, tuple(sorted(_KINDS.items())))
+
+
+# --- names --------------------------------------------------------------------------------
+
+
+def _name(owner: int, serial: int) -> str:
+    return f"{PREFIX}{owner}-{os.getpid()}-{serial}-{secrets.token_hex(4)}"
+
+
+def _pids(name: str) -> tuple[int, int] | None:
+    """``(owner, worker)`` of a slab name, or None for a name that is not one."""
+    parts = name[len(PREFIX):].split("-")
+    if not name.startswith(PREFIX) or len(parts) != 4 or not parts[0].isdigit() \
+            or not parts[1].isdigit():
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unlink(name: str) -> bool:
+    try:
+        os.unlink(os.path.join(DIRECTORY, name))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def names(owner: int | None = None) -> list[str]:
+    """The slab names now in ``/dev/shm`` (of ``owner`` only, if given)."""
+    try:
+        found = os.listdir(DIRECTORY)
+    except OSError:
+        return []
+    return sorted(name for name in found if (pids := _pids(name)) is not None
+                  and owner in (None, pids[0]))
+
+
+def sweep(owner: int | None = None) -> list[str]:
+    """Remove the names that nobody will map: those whose consumer died, and, if ``owner`` is
+    given, those of ``owner`` whose worker died. Returns the names removed."""
+    removed = []
+    for name in names():
+        consumer, worker = _pids(name)
+        orphan = not _alive(consumer) or (consumer == owner and not _alive(worker))
+        if orphan and _unlink(name):
+            removed.append(name)
+    return removed
+
+
+_swept: set[int] = set()
+
+
+def _sweep_once() -> None:
+    if os.getpid() not in _swept and available():
+        _swept.add(os.getpid())
+        sweep()
+
+
+def release_owner() -> None:
+    """Remove every name this process owns: at exit nobody will map them any more."""
+    for name in names(os.getpid()):
+        _unlink(name)
+
+
+atexit.register(lambda: release_owner() if os.getpid() in _swept else None)
+
+
+# --- the worker's side --------------------------------------------------------------------
+
+
+class _Slab:
+    """One shared-memory segment: a header (the state) and the data."""
+
+    __slots__ = ("capacity", "data", "key", "mm", "name", "state")
+
+    def __init__(self, key: tuple, name: str, mm: mmap.mmap) -> None:
+        self.key, self.name, self.mm = key, name, mm
+        self.data = np.frombuffer(mm, np.uint8)
+        self.state = self.data[:8].view(np.int64)
+        self.capacity = len(mm) - _HEADER
+
+
+class _Writer:
+    """A worker's slabs for one consumer."""
+
+    def __init__(self, owner: int) -> None:
+        self.owner, self.slabs, self.serial = owner, [], 0
+        self.generation = 0
+        self.retired: list[tuple] = []  # slabs the consumer may unmap, told with the next result
+
+    def slab_for(self, nbytes: int, budget: int) -> _Slab | str:
+        """A free slab of at least ``nbytes``, or why there is none (``"budget"``, ``"full"``).
+        Free slabs are given up while the worker holds more than ``budget`` (stages of one
+        consumer share a worker's slabs and may have different budgets), or to make room."""
+        free = sorted((slab for slab in self.slabs if slab.state[0] == 0),
+                      key=lambda slab: slab.capacity)
+        held = sum(len(slab.mm) for slab in self.slabs)
+        while free and held > budget:
+            held -= self._retire(free.pop())
+        fitting = [slab for slab in free if slab.capacity >= nbytes]
+        if fitting:
+            return fitting[0]
+        for slab in free:  # all too small for the results of now: keep none of them
+            held -= self._retire(slab)
+        # room to grow: chunks vary in size, and a new slab costs both sides its page faults
+        size = _HEADER + max(_MIN_SLAB, -(-nbytes * 2 // mmap.PAGESIZE) * mmap.PAGESIZE)
+        if held + size > budget:
+            return "budget"
+        return self._create(size)
+
+    def _create(self, size: int) -> _Slab | str:
+        with _naming:  # the watchdog must not exit between the name and the list of slabs
+            self.serial += 1
+            name = _name(self.owner, self.serial)
+            fd = os.open(os.path.join(DIRECTORY, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)  # reserve the pages now: a full tmpfs is
+                mm = mmap.mmap(fd, size, flags=_FLAGS)  # ENOSPC, not a bus error later
+            except OSError as error:
+                _unlink(name)
+                if error.errno in (errno.ENOSPC, errno.ENOMEM):
+                    return "full"
+                raise
+            finally:
+                os.close(fd)
+            slab = _Slab((os.getpid(), self.serial), name, mm)
+            self.slabs.append(slab)
+            return slab
+
+    def _retire(self, slab: _Slab) -> int:
+        """Give ``slab`` up (the consumer hears of it with the next result); its size."""
+        self.slabs.remove(slab)
+        _unlink(slab.name)
+        self.retired.append(slab.key)
+        return len(slab.mm)
+
+    def unlink_all(self) -> None:
+        for slab in self.slabs:
+            _unlink(slab.name)
+
+
+_writers: dict[tuple[int, int], _Writer] = {}  # (this pid, owner) -> writer
+_naming = threading.Lock()  # held while a slab is named and not yet listed
+
+
+def _writer(owner: int) -> _Writer:
+    key = (os.getpid(), owner)
+    writer = _writers.get(key)
+    if writer is None:
+        writer = _writers[key] = _Writer(owner)
+    return writer
+
+
+class _Ref:
+    """An array on its way to a slab; pickles as the reference the consumer maps."""
+
+    __slots__ = ("array", "kind", "offset", "slab", "generation", "retired")
+
+    def __init__(self, array: np.ndarray, kind: str | None) -> None:
+        self.array, self.kind = array, kind
+        self.offset, self.slab, self.generation, self.retired = 0, None, 0, ()
+
+    def __reduce__(self):
+        array = self.array
+        return _attach, (self.slab.key, self.slab.name, self.generation, self.offset,
+                         array.dtype, array.shape, self.kind, self.retired)
+
+
+def encode(transport: Transport, value: Any) -> tuple[Any, str | None]:
+    """``value`` with its large arrays moved to a slab, and None; or ``value`` unchanged and
+    why it could not be (``"budget"`` or ``"full"``). In the consumer's own process (a thread
+    backend), ``value`` stays as it is."""
+    if os.getpid() == transport.owner:
+        return value, None
+    refs: list[_Ref] = []
+    swapped = _swap(value, refs, transport)
+    if not refs:
+        return value, None
+    offsets, total = _layout(refs)
+    writer = _writer(transport.owner)
+    slab = writer.slab_for(total, transport.budget)
+    if isinstance(slab, str):
+        return value, slab
+    _fill(writer, slab, refs, offsets)
+    return swapped, None
+
+
+def _layout(refs: list[_Ref]) -> tuple[list[int], int]:
+    offsets, end = [], 0
+    for ref in refs:
+        offsets.append(end)
+        end += -(-ref.array.nbytes // _ALIGN) * _ALIGN
+    return offsets, end
+
+
+def _fill(writer: _Writer, slab: _Slab, refs: list[_Ref], offsets: list[int]) -> None:
+    writer.generation += 1
+    data = slab.data
+    for ref, offset in zip(refs, offsets):
+        array = ref.array
+        start = _HEADER + offset
+        target = data[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+        np.copyto(target, array, casting="no")
+        ref.slab, ref.offset, ref.generation = slab, start, writer.generation
+    refs[0].retired, writer.retired = tuple(writer.retired), []
+    slab.state[0] = writer.generation  # reserved until the consumer drops the last array
+
+
+def _swap(value: Any, refs: list, transport: Transport) -> Any:
+    """``value`` with each large array replaced by a :class:`_Ref` (the same object where
+    nothing inside it was)."""
+    kind = type(value)
+    if kind is np.ndarray:
+        if value.nbytes >= transport.threshold and not value.dtype.hasobject:
+            refs.append(ref := _Ref(value, None))
+            return ref
+        return value
+    if kind in _SCALARS:
+        return value
+    if kind is list or kind is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):
+        return _swap_sequence(value, refs, transport)
+    if kind is dict:
+        count = len(refs)
+        items = {key: _swap(item, refs, transport) for key, item in value.items()}
+        return items if len(refs) > count else value
+    return _swap_registered(value, refs, transport)
+
+
+_SCALARS = frozenset({int, float, str, bytes, bool, type(None), complex, bytearray})
+
+
+def _swap_sequence(value: Any, refs: list, transport: Transport) -> Any:
+    count = len(refs)
+    items = [_swap(item, refs, transport) for item in value]
+    if len(refs) == count:
+        return value
+    kind = type(value)
+    if kind is list:
+        return items
+    return tuple(items) if kind is tuple else kind(*items)
+
+
+def _swap_registered(value: Any, refs: list, transport: Transport) -> Any:
+    kind = type(value)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    for registered, codec in transport.kinds:
+        if registered == name:
+            array = _codec(codec).to_array(value)
+            if array is not None and array.nbytes >= transport.threshold:
+                refs.append(ref := _Ref(array, codec))
+                return ref
+    return value
+
+
+# --- a worker whose consumer died --------------------------------------------------------
+
+_watched: set[int] = set()
+
+
+def watch_owner(owner: int) -> None:
+    """In a worker whose parent is the consumer ``owner``: exit within about half a second
+    of the consumer's death (its slabs' names removed first), instead of idling for minutes
+    as an orphan."""
+    if owner in _watched or os.getpid() == owner or os.getppid() != owner:
+        return
+    _watched.add(owner)
+    threading.Thread(target=_watch, args=(owner,), name="fpipe-watch-owner", daemon=True).start()
+
+
+def _watch(owner: int) -> None:
+    while os.getppid() == owner:
+        time.sleep(_WATCH_SECONDS)
+    _naming.acquire()  # held until the exit: no slab is named after this
+    writer = _writers.get((os.getpid(), owner))
+    if writer is not None:
+        writer.unlink_all()
+    os._exit(0)
+
+
+# --- the consumer's side ------------------------------------------------------------------
+
+
+class _Lease:
+    """The memory of one result in a slab; every array of the result keeps it alive (it is
+    their ``base``), and the slab is free again once it is collected."""
+
+    __slots__ = ("__array_interface__", "__weakref__", "slab")
+
+    def __init__(self, slab: np.ndarray) -> None:
+        self.slab = slab
+        self.__array_interface__ = {"shape": slab.shape, "typestr": "|u1", "version": 3,
+                                    "data": (slab.ctypes.data, False)}
+
+
+def _release(state: np.ndarray, pid: int) -> None:
+    if os.getpid() == pid:  # not in a forked child that inherited the arrays
+        state[0] = 0
+
+
+class _Reader:
+    """The slabs this consumer has mapped, and the leases now alive."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.slabs: dict[tuple, np.ndarray] = {}
+        self.leases: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.lock = threading.Lock()
+
+    def lease(self, key: tuple, name: str, generation: int, retired: tuple) -> _Lease:
+        with self.lock:
+            for old in retired:
+                self.slabs.pop(old, None)
+            lease = self.leases.get((key, generation))
+            if lease is None:
+                slab = self.slabs.get(key)
+                if slab is None:
+                    slab = self.slabs[key] = self._map(key, name)
+                lease = self.leases[(key, generation)] = _Lease(slab)
+                weakref.finalize(lease, _release, slab[:8].view(np.int64), self.pid)
+            return lease
+
+    def _map(self, key: tuple, name: str) -> np.ndarray:
+        self._forget_dead()
+        path = os.path.join(DIRECTORY, name)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise RuntimeError(f"the shared memory {path} of a worker's result is gone: was "
+                               "it removed by hand, or does the worker run on another "
+                               "machine? (processes(..., shared_memory=False) uses the pipe)"
+                               ) from None
+        try:
+            mm = mmap.mmap(fd, os.fstat(fd).st_size, flags=_FLAGS)
+        finally:
+            os.close(fd)
+        _unlink(name)  # mapped by both sides now: the kernel frees it when both are gone
+        return np.frombuffer(mm, np.uint8)
+
+    def _forget_dead(self) -> None:
+        for key in [key for key in self.slabs if not _alive(key[0])]:
+            del self.slabs[key]
+
+    def forget_dead(self) -> None:
+        with self.lock:
+            self._forget_dead()
+
+
+_readers: dict[int, _Reader] = {}
+
+
+def _reader() -> _Reader:
+    reader = _readers.get(os.getpid())
+    if reader is None:
+        reader = _readers[os.getpid()] = _Reader()
+    return reader
+
+
+def _attach(key: tuple, name: str, generation: int, offset: int, dtype: np.dtype,
+            shape: tuple, codec: str | None, retired: tuple) -> Any:
+    """The array (or registered object) that a worker put in a slab, viewing it."""
+    lease = _reader().lease(key, name, generation, retired)
+    count = int(np.prod(shape, dtype=np.int64))
+    array = np.asarray(lease)[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
+    return array if codec is None else _codec(codec).from_array(array)
+
+
+def is_shared(array: np.ndarray) -> bool:
+    """Whether ``array`` views a slab (for tests and for users who wonder)."""
+    base = getattr(array, "base", None)
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, _Lease)
