@@ -50,7 +50,7 @@ from .sharding import (
     wrapped_runs,
 )
 from .skipping import OnError, TooManyErrors, check_max_errors, check_on_error, handle
-from .storage.order import QuasiShuffler, Range
+from .storage.order import Indexed, QuasiShuffler, Range
 from .streaming._shm import register as share_type
 
 __all__ = [
@@ -514,34 +514,6 @@ class ElasticBatchSampler(torch.utils.data.Sampler):
                 f"world_size={self.world_size}{even})")
 
 
-class _Indexed:
-    """A reader whose samples are ``(position, sample)``, so a shuffled shard still knows
-    where each sample came from (for its random generator and its error messages)."""
-
-    __slots__ = ("reader",)
-
-    def __init__(self, reader: Any) -> None:
-        self.reader = reader
-
-    def __len__(self) -> int:
-        return len(self.reader)
-
-    def iter(self, start: int | None = None, stop: int | None = None, yield_key: bool = False,
-             raw: bool = False, copy: bool = True, chunk_size: int = 16) -> Iterator[tuple[int, Any]]:
-        window = range(len(self.reader))[start:stop]
-        samples = self.reader.iter(window.start, window.stop, copy=copy, chunk_size=chunk_size)
-        return zip(window, samples)
-
-    def get(self, index: int, yield_key: bool = False, raw: bool = False,
-            copy: bool = True) -> tuple[int, Any]:
-        return index, self.reader.get(index)
-
-    def prefetch(self, indices: Any) -> None:
-        prefetch = getattr(self.reader, "prefetch", None)
-        if prefetch is not None:
-            prefetch(indices)
-
-
 def _distributed(group: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is None and world_size is None:
         distributed = torch.distributed
@@ -794,7 +766,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                 yield output
 
     def _shuffled(self, window: range, epoch: int, skip: int) -> Iterator[tuple[int, Any]]:
-        shard = Range(_Indexed(self.reader), window.start, window.stop)
+        shard = Range(Indexed(self.reader), window.start, window.stop)
         shuffler = QuasiShuffler(shard, buf_size=self.buf_size, chunk_size=self.chunk_size,
                                  seed=shard_seed(self._shuffle_seed, window.start))
         shuffler.set_epoch(epoch)

@@ -766,3 +766,31 @@ def _buffer_samples(buf_size: float, n: int) -> int:
         raise ValueError("buf_size must be a fraction in (0, 1) or a whole number of samples "
                          f">= 1; got buf_size={buf_size!r}")
     return int(buf_size)
+
+
+class Indexed:
+    """A reader of ``(position, sample)``, so that a shuffled shard knows where each sample
+    came from (for its random generator and its error messages); the torch adapters use it."""
+
+    __slots__ = ("reader",)
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def iter(self, start: int | None = None, stop: int | None = None, yield_key: bool = False,
+             raw: bool = False, copy: bool = True, chunk_size: int = 16) -> Iterator[tuple[int, Any]]:
+        window = range(len(self.reader))[start:stop]
+        samples = self.reader.iter(window.start, window.stop, copy=copy, chunk_size=chunk_size)
+        return zip(window, samples)
+
+    def get(self, index: int, yield_key: bool = False, raw: bool = False,
+            copy: bool = True) -> tuple[int, Any]:
+        return index, self.reader.get(index)
+
+    def prefetch(self, indices: Any) -> None:
+        prefetch = getattr(self.reader, "prefetch", None)
+        if prefetch is not None:
+            prefetch(indices)
