@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from ..storage._staging import dataset_files, staged_datasets
-from ._common import UsageError, add_command, say
+from ._common import UsageError, add_command, add_output_options, say
 
 __all__ = ["add_parsers", "move_dataset"]
 
@@ -26,9 +26,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         _run)
     move.add_argument("source", metavar="SRC", help="the dataset's data file (X.msgpack)")
     move.add_argument("target", metavar="DST", help="its new name")
-    move.add_argument("-y", "--overwrite", action="store_true",
-                      help="replace a dataset DST that already exists")
-    move.add_argument("-q", "--quiet", action="store_true", help="no summary")
+    add_output_options(move)
 
 
 def _run(args: argparse.Namespace) -> int:

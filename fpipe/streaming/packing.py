@@ -121,7 +121,7 @@ class _Regrouped(Stream):
                 self._index = index
         except Exception as error:
             self._made.extend(out)
-            if not self.defer_error(error, list(self._made)):
+            if not self.defer_error(error, self._made):
                 raise
             self._ended = True  # the error is raised after the outputs made before it
             return
