@@ -132,9 +132,11 @@ class SkipLog:
         if not skipped:
             return
         outputs[mark:] = [x for x in tail if type(x) is not Skipped]
-        self.count += len(skipped)
-        self.records.extend(skipped[:max(0, _KEPT_RECORDS - len(self.records))])
-        if self.max_errors is not None and self.count > self.max_errors:
-            raise TooManyErrors(f"{self.count} items failed, more than "
-                                f"max_errors={self.max_errors}; the last: "
-                                f"{skipped[-1].where()}: {skipped[-1].error}")
+        for record in skipped:  # one by one: the same error whatever the chunks
+            self.count += 1
+            if len(self.records) < _KEPT_RECORDS:
+                self.records.append(record)
+            if self.max_errors is not None and self.count > self.max_errors:
+                raise TooManyErrors(f"{self.count} items failed, more than "
+                                    f"max_errors={self.max_errors}; the last: "
+                                    f"{record.where()}: {record.error}")

@@ -1,14 +1,18 @@
 """The one module that touches joblib (imported when a process stage first runs) and the
 private APIs its shutdown needs: joblib's ``Parallel._abort`` and threading's
-``_register_atexit``. It keeps one joblib generator per process stage, the size of joblib's
-shared loky pool, and the exit hook that ends the generators before loky's executor stops.
-Worker processes send large arrays back through :mod:`._shm` (shared memory), and watch that
-their consumer is alive.
+``_register_atexit``. On loky (the default backend) a process stage sends its tasks straight
+to joblib's one shared loky executor, the one every ``Parallel`` call uses; on any other
+backend it keeps one joblib generator per stage. It also keeps the size of the loky pool,
+and the exit hook that ends the stages' work before loky's executor stops. Worker processes
+send large arrays back through :mod:`._shm` (shared memory), and watch that their consumer is
+alive.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import functools
 import itertools
 import os
 import queue
@@ -33,24 +37,44 @@ _POOLS: weakref.WeakSet = weakref.WeakSet()
 _exit_hook = threading.Lock()
 
 
-_loky = {"size": 0, "users": 0}
+_loky: dict[str, Any] = {"executor": None, "size": 0, "running": 0}
 _loky_lock = threading.Lock()
 
 
-def _join_loky(n_workers: int) -> int:
-    """The size to ask of joblib's one loky pool. joblib resizes the pool to each call's
-    n_jobs, and a resize waits for every running task, so while one stage uses the pool,
-    a stage that starts adopts its size instead of waiting (possibly forever)."""
+def _loky_submit(n_workers: int, task: tuple) -> tuple[concurrent.futures.Future, Any]:
+    """Submit ``task`` to joblib's loky executor. Its size follows the stage while no stage
+    has a task running there; then a stage that starts adopts the size it has, because a
+    resize waits for every running task."""
     with _loky_lock:
-        if not _loky["users"]:
-            _loky["size"] = n_workers
-        _loky["users"] += 1
-        return _loky["size"]
+        if _loky["executor"] is None or not _loky["running"] and _loky["size"] != n_workers:
+            _loky["executor"], _loky["size"] = _loky_executor(n_workers), n_workers
+        try:
+            future = _loky["executor"].submit(_run_task, *task)
+        except RuntimeError:  # shut down, or broken by a killed worker: joblib makes another
+            _loky["executor"] = _loky_executor(_loky["size"])
+            future = _loky["executor"].submit(_run_task, *task)
+        _loky["running"] += 1
+        executor = _loky["executor"]
+    _set_exit_hook()  # loky sets its own at the first submit (see there)
+    future.add_done_callback(_loky_done)
+    return future, executor
 
 
-def _leave_loky() -> None:
+def _loky_done(future: concurrent.futures.Future) -> None:
     with _loky_lock:
-        _loky["users"] -= 1
+        _loky["running"] -= 1
+
+
+def _loky_executor(n_workers: int) -> Any:
+    """joblib's shared loky executor, sized and configured as a ``Parallel(n_jobs=n_workers)``
+    call would (thread limits for BLAS in the workers, large arguments memory-mapped), so
+    stages and the user's own ``Parallel`` calls keep the same workers."""
+    from joblib import Parallel, parallel_config
+
+    with parallel_config(backend="loky", n_jobs=n_workers):
+        parallel = Parallel()
+    parallel._initialize_backend()  # joblib's own configuration of the executor
+    return parallel._backend._workers
 
 
 _FALLBACKS = {"budget": "each worker's shared_memory_budget is used",
@@ -71,27 +95,16 @@ def _idle(seconds: float) -> None:
     time.sleep(seconds)
 
 
-class ProcessPool:
-    """One joblib generator that serves every run of a process stage.
+class _Pool:
+    """What both pools keep: the runs of a stage, each with its results queue under a token,
+    and whether the pipe fallback was announced."""
 
-    joblib kills its workers when an unfinished generator is closed, and runs far ahead of
-    its consumer. So the pool keeps one generator alive while there is work, feeds it from a
-    queue that never blocks (an idle task when there is nothing to do, since joblib asks for
-    the next task while holding its own lock), and routes each result to its run by token.
-    Results of a closed run are dropped; the workers stay warm for the next run.
-    """
-
-    def __init__(self, n_workers: int, backend: Any) -> None:
-        self.n_workers, self.backend = n_workers, backend
+    def __init__(self, n_workers: int) -> None:
+        self.n_workers = n_workers
         self._lock = threading.Lock()
-        self._tasks: collections.deque = collections.deque()
         self._routes: dict[int, queue.SimpleQueue] = {}
         self._tokens = itertools.count()
-        self._pump: threading.Thread | None = None
-        self._parallel: Any = None  # the joblib call of the newest generator
-        self._generation = 0  # of the joblib generator now fed; older ones only finish
-        self._feeding = self._closed = self._warned = False
-        self._last_task = time.monotonic()
+        self._warned = False
         _POOLS.add(self)
 
     def open(self, results: queue.SimpleQueue) -> int:
@@ -103,6 +116,41 @@ class ProcessPool:
     def close_run(self, token: int) -> None:
         with self._lock:
             self._routes.pop(token, None)
+
+    def _route(self, result: tuple) -> None:
+        """Put a task's result on its run's queue (dropped if the run is closed); warn once
+        that results went through the pipe for want of shared memory."""
+        token, *entry, fallback = result
+        if fallback is not None and not self._warned:
+            self._warned = True
+            warnings.warn(f"processes(): no room in shared memory ({_FALLBACKS[fallback]}): "
+                          "results go through the pipe until there is", RuntimeWarning,
+                          stacklevel=1)
+        with self._lock:
+            results = self._routes.get(token)
+        if results is not None:
+            results.put(Message(*entry))
+
+
+class ProcessPool(_Pool):
+    """One joblib generator that serves every run of a process stage.
+
+    joblib kills its workers when an unfinished generator is closed, and runs far ahead of
+    its consumer. So the pool keeps one generator alive while there is work, feeds it from a
+    queue that never blocks (an idle task when there is nothing to do, since joblib asks for
+    the next task while holding its own lock), and routes each result to its run by token.
+    Results of a closed run are dropped; the workers stay warm for the next run.
+    """
+
+    def __init__(self, n_workers: int, backend: Any) -> None:
+        super().__init__(n_workers)
+        self.backend = backend
+        self._tasks: collections.deque = collections.deque()
+        self._pump: threading.Thread | None = None
+        self._parallel: Any = None  # the joblib call of the newest generator
+        self._generation = 0  # of the joblib generator now fed; older ones only finish
+        self._feeding = self._closed = False
+        self._last_task = time.monotonic()
 
     def submit(self, token: int, task: tuple) -> None:
         with self._lock:
@@ -118,11 +166,10 @@ class ProcessPool:
     def _pump_results(self, generation: int) -> None:
         from joblib import Parallel, delayed, parallel_config
 
-        n_jobs = _join_loky(self.n_workers) if self._shares_loky() else self.n_workers
         try:
             # parallel_config, not Parallel(backend=), registers external backends like dask;
             # pre_dispatch: at most n_workers tasks of this stage run at once, whatever n_jobs
-            with parallel_config(backend=self.backend, n_jobs=n_jobs):
+            with parallel_config(backend=self.backend, n_jobs=self.n_workers):
                 parallel = Parallel(batch_size=1, return_as="generator_unordered",
                                     pre_dispatch=self.n_workers if self.n_workers > 0 else "n_jobs")
                 results = parallel(self._feed(delayed, generation))
@@ -133,12 +180,6 @@ class ProcessPool:
                         self._route(result)
         except BaseException as error:
             self._fail(capture(error), generation)
-        finally:
-            if self._shares_loky():
-                _leave_loky()
-
-    def _shares_loky(self) -> bool:
-        return self.backend == "loky" and self.n_workers != 1  # joblib runs 1 job in-process
 
     def _feed(self, delayed: Callable, generation: int) -> Iterator:
         idle = _IDLE_SECONDS[0]
@@ -166,18 +207,6 @@ class ProcessPool:
                 self._feeding = False
                 return _STOP
             return None
-
-    def _route(self, result: tuple) -> None:
-        token, *entry, fallback = result
-        if fallback is not None and not self._warned:
-            self._warned = True
-            warnings.warn(f"processes(): no room in shared memory ({_FALLBACKS[fallback]}): "
-                          "results go through the pipe until there is", RuntimeWarning,
-                          stacklevel=1)
-        with self._lock:
-            results = self._routes.get(token)
-        if results is not None:
-            results.put(Message(*entry))
 
     def _fail(self, error: CapturedError, generation: int) -> None:
         with self._lock:
@@ -213,6 +242,102 @@ class ProcessPool:
             # when a task fails, and with loky it kills the workers
             parallel._abort()
             pump.join(_EXIT_SECONDS)
+
+
+def process_pool(n_workers: int, backend: Any) -> ProcessPool | LokyPool:
+    """The pool that runs a process stage's tasks: straight on loky's executor where joblib
+    would use it (``loky``, more than one worker), else through a joblib generator."""
+    if backend == "loky" and n_workers != 1:  # joblib runs one job in-process
+        return LokyPool(n_workers)
+    return ProcessPool(n_workers, backend)
+
+
+class LokyPool(_Pool):
+    """The tasks of a process stage on loky, submitted to joblib's executor one by one.
+
+    Each result reaches its run through the future's callback, as soon as it is done: no
+    generator to keep alive, no polling, so a new stage on warm workers has its first result
+    in about a round trip. Results of a closed run are dropped; the workers stay warm.
+    """
+
+    def __init__(self, n_workers: int) -> None:
+        super().__init__(n_workers)
+        self._running: dict[int, set] = {}  # each run's futures that are not done
+        self._closed = False
+
+    def submit(self, token: int, task: tuple) -> None:
+        if self._closed:
+            return
+        future, executor = _loky_submit(self.n_workers, task)
+        with self._lock:
+            self._running.setdefault(token, set()).add(future)
+        future.add_done_callback(functools.partial(self._done, token, executor))
+
+    def close_run(self, token: int) -> None:
+        """Drop the run's results, and its tasks that no worker has taken yet: a stage that
+        starts next gets the workers at once."""
+        super().close_run(token)
+        with self._lock:
+            futures = list(self._running.get(token, ()))
+        for future in futures:
+            future.cancel()
+
+    def _done(self, token: int, executor: Any, future: concurrent.futures.Future) -> None:
+        # runs in loky's thread, or in submit's if the task is done already
+        with self._lock:
+            futures = self._running.get(token)
+            futures.discard(future)
+            if not futures:
+                del self._running[token]
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is None:
+            self._route(future.result())
+            return
+        with self._lock:
+            results = self._routes.get(token)
+        if results is None:
+            return
+        if isinstance(error, concurrent.futures.BrokenExecutor):  # a worker died
+            # loky fails the tasks first and kills the other workers after: wait for that
+            # (not here, in loky's thread) before removing the names they made
+            threading.Thread(target=_fail_broken, args=(executor, results, capture(error)),
+                             name="fpipe-broken-pool", daemon=True).start()
+        else:
+            results.put(Message.failure(capture(error)))
+
+    def running(self) -> int:
+        """How many of the stage's tasks are not done (running, or waiting for a worker)."""
+        return len(self._futures())
+
+    def release(self) -> None:
+        """Nothing to end: the stage holds no joblib call between its tasks."""
+
+    def shutdown(self) -> None:
+        """Submit no more tasks and drop those that have not started."""
+        self._closed = True  # one store, atomic: this is also a finalizer (see ProcessPool)
+        for future in self._futures():
+            future.cancel()
+
+    def wait(self, deadline: float) -> None:
+        """Wait for the running tasks; past ``deadline``, kill the workers that run them."""
+        running = self._futures()
+        if not running:
+            return
+        _, late = concurrent.futures.wait(running, max(0.0, deadline - time.monotonic()))
+        if late and _loky["executor"] is not None:
+            _loky["executor"].shutdown(wait=False, kill_workers=True)
+
+    def _futures(self) -> list:
+        # no lock (see shutdown): a copy of each set, taken while it may change, is enough
+        return [future for futures in list(self._running.values()) for future in list(futures)]
+
+
+def _fail_broken(executor: Any, results: queue.SimpleQueue, error: CapturedError) -> None:
+    executor.shutdown(wait=True)  # broken: returns once loky has killed its workers
+    sweep(os.getpid())
+    results.put(Message.failure(error))
 
 
 def _shutdown_pools() -> None:

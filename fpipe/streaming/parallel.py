@@ -25,7 +25,7 @@ from ..errors import capture, check_bool, check_callable, check_integer, check_w
 from ..random import Seed, optional_entropy
 from ..skipping import OnError, SkipLog, check_max_errors, check_on_error
 from ._core import JOIN_SECONDS, Stage, Stream, as_stream, next_chunk_size
-from ._joblib import ProcessPool
+from ._joblib import process_pool
 from ._messages import Message
 from ._shm import Transport
 from ._shm import available as shared_memory_available
@@ -146,12 +146,18 @@ class _Sizer:
     """Chunk sizes for a background stage: about ``target`` seconds of reading plus work per
     chunk, at most ``cap`` items. Kept by the stage, so a second run starts at a good size."""
 
-    def __init__(self, target: float, cap: int) -> None:
+    def __init__(self, target: float, cap: int, measure_first: bool = False) -> None:
         self.target, self.cap, self.size = target, cap, 1
-        self.work_per_item = 0.0
+        self.work_per_item: float | None = None  # until the first results come back
+        self.measure_first = measure_first
 
     def pulled(self, items: int, seconds: float) -> None:
-        total = seconds + self.work_per_item * items
+        if self.work_per_item is None and self.measure_first:
+            # chunks a worker process holds cannot be taken back: sent before any result
+            # comes back, they would grow to many times their target, and a stage closed
+            # early would leave that much work in front of the next one
+            return
+        total = seconds + (self.work_per_item or 0.0) * items
         self.size = next_chunk_size(items, total, self.target, self.cap)
 
     def worked(self, items: int, seconds: float) -> None:
@@ -340,7 +346,7 @@ class _ThreadWorkers:
 class _ParallelStage(Stage):
     """What :func:`threads` and :func:`processes` share: the checks, the repr, the runs."""
 
-    kind, chunk_seconds, per_worker = "", 0.0, 1
+    kind, chunk_seconds, per_worker, measure_first = "", 0.0, 1, False
     one_to_one = True
 
     def __init__(self, func: Callable, args: tuple, kwargs: dict, n_workers: int,
@@ -354,7 +360,7 @@ class _ParallelStage(Stage):
         self.chunk_size = check_integer("chunk_size", chunk_size, 1)
         self.seed = optional_entropy(seed)
         self.on_error, self.max_errors = check_on_error(on_error), check_max_errors(max_errors)
-        self._sizer = _Sizer(self.chunk_seconds, self.chunk_size)
+        self._sizer = _Sizer(self.chunk_seconds, self.chunk_size, self.measure_first)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
         call = ItemCall(self.func, self.args, self.kwargs, self.seed, epoch, self.on_error)
@@ -418,7 +424,7 @@ def threads(func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 2
 class _ProcessWorkers:
     """The executor of one run of :func:`processes`: its tasks go to the stage's pool."""
 
-    def __init__(self, pool: ProcessPool, call: ItemCall, transport: Transport | None) -> None:
+    def __init__(self, pool: Any, call: ItemCall, transport: Transport | None) -> None:
         self._pool, self._call, self._token = pool, call, None
         self._transport = transport
 
@@ -444,6 +450,7 @@ class _ProcessStage(_ParallelStage):
     # two chunks per worker: joblib hands a worker its next task only when one completes, so
     # the next chunk must already be waiting then
     kind, chunk_seconds, per_worker = "processes", _PROCESS_CHUNK_SECONDS, 2
+    measure_first = True
 
     def __init__(self, *args: Any, backend: Any, shared_memory: bool,
                  shared_memory_budget: int | None, **on_error: Any) -> None:
@@ -455,7 +462,7 @@ class _ProcessStage(_ParallelStage):
         self.shared_memory = check_bool("shared_memory", shared_memory)
         self.shared_memory_budget = (None if shared_memory_budget is None else
                                      check_integer("shared_memory_budget", shared_memory_budget, 0))
-        self._pool = ProcessPool(self.n_workers, backend)
+        self._pool = process_pool(self.n_workers, backend)
         # a stage that nobody can use again ends its joblib generator now, not a second after
         # its last task: forgotten stages' generators would keep feeding idle tasks to the
         # workers that every stage shares, and slow the stages that follow

@@ -16,6 +16,14 @@ def slow_double(x, seconds=0.002):
     return 2 * x
 
 
+def logged_sleep(x, log, seconds=0.05):
+    """Sleep, then note ``x`` in the file ``log``: what ran, seen from the consumer."""
+    time.sleep(seconds)
+    with open(log, "a") as file:
+        file.write(f"{x}\n")
+    return x
+
+
 def fail_at(x, bad=7):
     if x == bad:
         raise KeyError(f"bad item {x}")

@@ -16,7 +16,7 @@ from toolz import pipe
 import fpipe as fp
 from fpipe.streaming import _joblib
 
-from .helpers import double, exit_worker, fail_at, jitter, noisy, pid, slow_double
+from .helpers import double, exit_worker, fail_at, jitter, logged_sleep, noisy, pid, slow_double
 
 
 def loky(func, *args, **kwargs):
@@ -114,8 +114,13 @@ def test_no_thread_or_process_leaks_after_100_cycles():
     assert threading.active_count() <= threads and len(me.children()) <= children
 
 
+def on_threads(func, **kwargs):
+    # other backends than loky go through one joblib generator per stage
+    return fp.processes(func, n_workers=2, backend="threading", **kwargs)
+
+
 def test_the_joblib_generator_ends_after_the_last_task_and_restarts():
-    stage = loky(double)
+    stage = on_threads(double)
     assert list(stage(range(3))) == [0, 2, 4]
     pump = stage._pool._pump
     pump.join(10)
@@ -128,7 +133,7 @@ def test_a_forgotten_stage_ends_its_joblib_generator_at_once(monkeypatch):
     # every stage built for a short pipeline and dropped kept feeding idle tasks to the shared
     # workers for a second, and the stages after it waited behind them.
     monkeypatch.setattr(_joblib, "_KEEP_ALIVE", 3600.0)
-    kept, dropped = loky(double), loky(double)
+    kept, dropped = on_threads(double), on_threads(double)
     pools = [kept._pool, dropped._pool]
     for stage in (kept, dropped):
         stream = pipe(range(10**6), stage, fp.take(5))
@@ -149,6 +154,22 @@ def test_backend_is_checked_and_shown():
         fp.processes(double, backend=3)
     assert repr(fp.processes(double, n_workers=2, backend="threading")) == (
         "processes(double, n_workers=2, backend='threading')")
+
+
+def test_a_closed_run_drops_the_tasks_that_no_worker_took(tmp_path):
+    # 24 chunks of one item are sent at once; loky hands a worker its task, and holds one
+    # more in its queue: closing the run after the first result cancels the rest, so a stage
+    # that starts next has the workers at once instead of after the forgotten work
+    log = tmp_path / "done"
+    stage = loky(logged_sleep, log, buffer_size=20, chunk_size=1)
+    stream = stage(range(10**6))
+    next(stream)
+    stream.close()
+    deadline = time.monotonic() + 60  # a bound for a hang, not a timing
+    while stage._pool.running() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not stage._pool.running()
+    assert len(log.read_text().split()) < 12
 
 
 def test_a_slow_consumer_is_not_flooded():
