@@ -100,7 +100,7 @@ class _Adapter(Stage):
 
     def close(self) -> None:
         """Release what the stages keep between runs (the joblib generator of a process
-        stage); the next run starts it again."""
+        stage on another backend than loky); the next run starts it again."""
         for stage in self.stages:
             stage.close()
 

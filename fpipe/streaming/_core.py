@@ -411,8 +411,8 @@ class Stage(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 (a no-op by design: most stages keep nothing)
         """Release what the stage keeps between applications (nothing, unless a stage class
-        says otherwise: :func:`fpipe.processes` ends its joblib generator). The stage can be
-        applied again afterwards."""
+        says otherwise: :func:`fpipe.processes` on a backend other than loky ends its joblib
+        generator). The stage can be applied again afterwards."""
 
 
 # --- the stream kinds that stages build on ----------------------------------------------

@@ -463,9 +463,9 @@ class _ProcessStage(_ParallelStage):
         self.shared_memory_budget = (None if shared_memory_budget is None else
                                      check_integer("shared_memory_budget", shared_memory_budget, 0))
         self._pool = process_pool(self.n_workers, backend)
-        # a stage that nobody can use again ends its joblib generator now, not a second after
-        # its last task: forgotten stages' generators would keep feeding idle tasks to the
-        # workers that every stage shares, and slow the stages that follow
+        # a stage that nobody can use again stops now: a forgotten stage's joblib generator
+        # would keep feeding idle tasks for a second to the workers that every stage shares,
+        # and on loky its tasks that no worker took yet are cancelled
         weakref.finalize(self, self._pool.shutdown)
 
     def _executor(self, call: ItemCall) -> _ProcessWorkers:
@@ -479,8 +479,9 @@ class _ProcessStage(_ParallelStage):
         return Transport.for_consumer(self.workers, budget=self.shared_memory_budget)
 
     def close(self) -> None:
-        """End the joblib generator now, not a second after the last task (say, before a
-        dask cluster is closed). The stage starts a new one when it is used again."""
+        """On other backends than loky, end the joblib generator now, not a second after the
+        last task (say, before a dask cluster is closed); the stage starts a new one when it
+        is used again. On loky there is nothing to end."""
         self._pool.release()
 
     def _options(self) -> dict:
@@ -506,12 +507,16 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     when one completes).
 
     The workers are started at the first ``next()`` and kept for every later run of this stage
-    object (epochs, other pipelines): the stage keeps one joblib generator running while it has
-    work, and ends it about a second after its last task (the workers stay in joblib's pool),
-    or as soon as the stage object is garbage-collected. Closing a stream does not kill the
-    workers: results still on their way are dropped. ``stage.close()`` ends the joblib
-    generator at once (before closing a dask cluster, say); the stage starts a new one if it is
-    used again.
+    object (epochs, other pipelines). On ``loky`` each chunk goes straight to joblib's shared
+    loky executor (the one every ``joblib.Parallel`` call uses) and its result comes back
+    through the future's callback: a new stage on warm workers has its first result in a few
+    milliseconds. Closing a stream does not kill the workers: its results still on their way
+    are dropped, and its chunks that no worker has taken are cancelled, so the next run has the
+    workers at once. Until the first results come back, chunks hold one item, as a chunk a
+    worker has taken cannot be taken back. On other backends the stage keeps one joblib
+    generator running while it has work, and ends it about a second after its last task, or
+    as soon as the stage object is garbage-collected; ``stage.close()`` ends it at once
+    (before closing a dask cluster, say), and the stage starts a new one if it is used again.
 
     Results come back in shared memory where that pays: on the ``loky`` and
     ``multiprocessing`` backends (whose workers run on this machine, on Linux), the numpy arrays

@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 
+import numpy as np
 import psutil
 import pytest
 from toolz import pipe
@@ -194,3 +195,21 @@ def test_all_cores_and_a_closed_stage_that_is_used_again():
     assert not stage._pool._pump.is_alive()
     assert list(stage(range(3))) == [0, 2, 4]
     stage.close()
+
+
+def freed_memory_kept(_):
+    """In a worker: whether 32 MiB of arrays, freed, stay in the process for reuse."""
+    def resident() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    arrays = [np.ones(2**21) for _ in range(2)]  # 16 MiB each: below the mmap threshold
+    held = resident()
+    del arrays
+    return held - resident() < 2**24  # less than half of it went back to the system
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc")
+def test_workers_keep_freed_memory_for_the_next_task():
+    # glibc hands freed arrays back to the system by default, and a worker that makes the
+    # same arrays task after task page-faults them in anew each time
+    assert all(loky(freed_memory_kept)(range(4)))
