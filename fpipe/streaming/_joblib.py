@@ -85,7 +85,7 @@ _FALLBACKS = {"budget": "each worker's shared_memory_budget is used",
 def _run_task(call: ItemCall, token: int, seq: int, index: int, chunk: list, slots: int,
               owner: int, transport: Transport | None) -> tuple:
     watch_owner(owner)  # a worker whose consumer is killed exits, not idles for minutes
-    if owner != os.getpid():
+    if os.getppid() == owner:  # a worker of this machine's pool, not a dask cluster's
         _keep_freed_memory()
     outputs, error, seconds = call.run(chunk, index)
     fallback = None
