@@ -171,7 +171,7 @@ def _parallel(stage) -> None:
 
 
 @workload("P2", description="process stage, 2 workers, pure-Python work of about 1 ms per "
-          "item, batch 32", reference="serial map", target=">= 1.6")
+          "item, batch 32", reference="serial map", target=">= 1.9")
 def p2_serial() -> Pair:
     work = PythonItem()
     stage = fp.processes(work, n_workers=2)

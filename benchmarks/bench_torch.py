@@ -186,7 +186,7 @@ def _against_data_loader(stage, before: tuple, after: tuple) -> Pair:
 @workload("T4", description="images: decode + random resized crop 224 + flip, batches of 32 float "
           "tensors; fpipe: batch(32), processes(2 workers) making uint8 batches, to float in the "
           "main process", reference="torch DataLoader (2 persistent workers, to_tensor in the workers)",
-          target=">= 1.0")
+          target=">= 1.1")
 def pipeline_against_data_loader() -> Pair:
     import fpipe as fp
     import fpipe.storage
@@ -199,7 +199,7 @@ def pipeline_against_data_loader() -> Pair:
 
 @workload("T4n", description="T4 written naively: processes(2 workers) making one float tensor per "
           "image, batched in the main process", reference="torch DataLoader (2 persistent workers, "
-          "to_tensor in the workers)", target=">= 1.0")
+          "to_tensor in the workers)", target=">= 1.2")
 def naive_pipeline_against_data_loader() -> Pair:
     import fpipe as fp
     import fpipe.storage

@@ -13,9 +13,11 @@ flip, and ends in float32 CHW in [0, 1] (T5f) or uint8 HWC (T5u); the consumer g
   rate;
 * ``DataLoader``: torch's, map-style dataset, ``batch_size=32``, 2 persistent workers (the
   default collate, which hands the batch over in shared memory);
-* ``fpipe item``: ``processes(augment, n_workers=2)`` then ``batch(32)`` and a stack;
-* ``fpipe batch``: ``batch(32)`` then ``processes(augment_batch, n_workers=2)`` (the workers
-  hand over whole batches);
+* ``fpipe item``: ``processes(augment, n_workers=2)`` then ``batch(32)`` and
+  ``combine_to_arrays``;
+* ``fpipe batch``: ``batch(32)`` then ``processes(augment_batch, n_workers=2)``, where
+  ``augment_batch`` stacks with ``combine_to_arrays`` (the workers hand over whole batches,
+  stacked straight into the shared memory they cross in);
 * ``Grain``: ``MapDataset.source(ids).map(augment).batch(32).to_iter_dataset()
   .mp_prefetch(MultiprocessingOptions(num_workers=2))``;
 * ``torchdata.nodes``: ``ParallelMapper(ids, augment, num_workers=2, method="process")``, then
@@ -75,13 +77,14 @@ class Augment:
 
 
 class AugmentBatch:
-    """A list of sample ids -> (stacked images, labels)."""
+    """A list of sample ids -> (stacked images, labels), stacked by ``combine`` (default
+    ``np.stack``; fpipe's systems use its ``combine_to_arrays``)."""
 
-    def __init__(self, augment: Augment) -> None:
-        self.augment = augment
+    def __init__(self, augment: Augment, combine: Callable[[list], tuple] | None = None) -> None:
+        self.augment, self.combine = augment, combine or stack
 
     def __call__(self, indices: list) -> tuple:
-        return stack(list(map(self.augment, indices)))
+        return self.combine(list(map(self.augment, indices)))
 
 
 def stack(samples: list) -> tuple:
@@ -119,7 +122,7 @@ def _fpipe_items(augment: Augment, order: list) -> Callable[[], int]:
     import fpipe as fp
 
     stage = fp.processes(augment, n_workers=2, seed=0)
-    return lambda: _count(pipe(order, stage, fp.batch(IMAGE_BATCH), fp.map(stack)))
+    return lambda: _count(pipe(order, stage, fp.batch(IMAGE_BATCH), fp.map(fp.combine_to_arrays)))
 
 
 def _fpipe_batches(augment: Augment, order: list) -> Callable[[], int]:
@@ -127,7 +130,7 @@ def _fpipe_batches(augment: Augment, order: list) -> Callable[[], int]:
 
     import fpipe as fp
 
-    stage = fp.processes(AugmentBatch(augment), n_workers=2, seed=0)
+    stage = fp.processes(AugmentBatch(augment, fp.combine_to_arrays), n_workers=2, seed=0)
     return lambda: _count(pipe(order, fp.batch(IMAGE_BATCH), stage))
 
 

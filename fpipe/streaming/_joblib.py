@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import CapturedError, capture
 from ._core import JOIN_SECONDS
 from ._messages import Message
-from ._shm import Transport, encode, sweep, watch_owner
+from ._shm import Transport, encode, lending, sweep, watch_owner
 from .simple import ItemCall
 
 _IDLE_SECONDS = (1e-3, 2e-2)  # an idle task sleeps this long, doubling up to the maximum
@@ -87,10 +87,11 @@ def _run_task(call: ItemCall, token: int, seq: int, index: int, chunk: list, slo
     watch_owner(owner)  # a worker whose consumer is killed exits, not idles for minutes
     if os.getppid() == owner:  # a worker of this machine's pool, not a dask cluster's
         _keep_freed_memory()
-    outputs, error, seconds = call.run(chunk, index)
     fallback = None
-    if transport is not None:
-        outputs, fallback = encode(transport, outputs)
+    with lending(transport):  # fpipe's combiners make large arrays in shared memory at once
+        outputs, error, seconds = call.run(chunk, index)
+        if transport is not None:
+            outputs, fallback = encode(transport, outputs)
     return token, seq, outputs, error, seconds, slots, fallback
 
 

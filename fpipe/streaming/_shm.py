@@ -25,6 +25,7 @@ This module imports neither torch nor joblib; :mod:`fpipe.torch` registers torch
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import importlib
 import mmap
@@ -33,6 +34,7 @@ import secrets
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,6 +207,37 @@ class _Writer:
         self.owner, self.slabs, self.serial = owner, [], 0
         self.generation = 0
         self.retired: list[tuple] = []  # slabs the consumer may unmap, told with the next result
+        self.open: list[tuple[_Slab, int]] = []  # slabs lent to this task's arrays, generation
+        self.sent: set[tuple] = set()  # of those, the (key, generation) that a result holds
+
+    def lend(self, nbytes: int, budget: int) -> tuple[_Slab, int] | None:
+        """A slab reserved for an array of ``nbytes`` that the running task makes; None if
+        the budget or ``/dev/shm`` has no room."""
+        slab = self.slab_for(nbytes, budget)
+        if isinstance(slab, str):
+            return None
+        self.generation += 1
+        slab.state[0] = self.generation  # taken: slab_for passes it by
+        self.open.append((slab, self.generation))
+        return slab, self.generation
+
+    def lent_slab(self, array: np.ndarray) -> tuple[_Slab, int, int] | None:
+        """``(slab, offset, generation)`` if ``array`` lies whole in a slab lent to this task."""
+        if not self.open or not array.flags.c_contiguous:
+            return None
+        start = array.__array_interface__["data"][0]
+        for slab, generation in self.open:
+            base = slab.data.__array_interface__["data"][0]
+            if base + _HEADER <= start and start + array.nbytes <= base + len(slab.data):
+                return slab, start - base, generation
+        return None
+
+    def close_task(self) -> None:
+        """The task ended: its lent slabs whose arrays were not sent are free again."""
+        for slab, generation in self.open:
+            if (slab.key, generation) not in self.sent:
+                slab.state[0] = 0
+        self.open, self.sent = [], set()
 
     def slab_for(self, nbytes: int, budget: int) -> _Slab | str:
         """A free slab of at least ``nbytes``, or why there is none (``"budget"``, ``"full"``).
@@ -294,13 +327,27 @@ def encode(transport: Transport, value: Any) -> tuple[Any, str | None]:
     swapped = _swap(value, refs, transport)
     if not refs:
         return value, None
-    offsets, total = _layout(refs)
     writer = _writer(transport.owner)
-    slab = writer.slab_for(total, transport.budget)
-    if isinstance(slab, str):
-        return value, slab
-    _fill(writer, slab, refs, offsets)
+    lent = [ref for ref in refs if _in_lent_slab(writer, ref)]
+    copied = [ref for ref in refs if ref.slab is None]
+    if copied:
+        offsets, total = _layout(copied)
+        slab = writer.slab_for(total, transport.budget)
+        if isinstance(slab, str):
+            return value, slab  # the lent slabs are freed when the task ends
+        _fill(writer, slab, copied, offsets)
+    writer.sent.update((ref.slab.key, ref.generation) for ref in lent)
+    refs[0].retired, writer.retired = tuple(writer.retired), []
     return swapped, None
+
+
+def _in_lent_slab(writer: _Writer, ref: _Ref) -> bool:
+    """Point ``ref`` at its array's place if the array was made in a lent slab (no copy)."""
+    place = writer.lent_slab(ref.array)
+    if place is None:
+        return False
+    ref.slab, ref.offset, ref.generation = place
+    return True
 
 
 def _layout(refs: list[_Ref]) -> tuple[list[int], int]:
@@ -320,7 +367,6 @@ def _fill(writer: _Writer, slab: _Slab, refs: list[_Ref], offsets: list[int]) ->
         target = data[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
         np.copyto(target, array, casting="no")
         ref.slab, ref.offset, ref.generation = slab, start, writer.generation
-    refs[0].retired, writer.retired = tuple(writer.retired), []
     slab.state[0] = writer.generation  # reserved until the consumer drops the last array
 
 
@@ -368,6 +414,41 @@ def _swap_registered(value: Any, refs: list, transport: Transport) -> Any:
                 refs.append(ref := _Ref(array, codec))
                 return ref
     return value
+
+
+# --- arrays made in place by the task ----------------------------------------------------
+
+_task: list[Transport] = []  # the transport of the task this worker runs, while it runs
+
+
+@contextlib.contextmanager
+def lending(transport: Transport | None) -> Iterator[None]:
+    """While a worker runs a task (and encodes its outputs) for ``transport``, :func:`empty`
+    lends it slabs; at the end, the lent slabs that no sent array lies in are free again."""
+    if transport is None or os.getpid() == transport.owner:
+        yield
+        return
+    _task.append(transport)
+    try:
+        yield
+    finally:
+        _task.pop()
+        _writer(transport.owner).close_task()
+
+
+def empty(shape: Any, dtype: Any) -> np.ndarray:
+    """``np.empty(shape, dtype)``; in a process stage's worker whose results come back in
+    shared memory, the array lies in a slab already, so returning it costs no copy."""
+    dtype = np.dtype(dtype)
+    transport = _task[-1] if _task else None
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if transport is None or nbytes < transport.threshold or dtype.hasobject:
+        return np.empty(shape, dtype)
+    lent = _writer(transport.owner).lend(nbytes, transport.budget)
+    if lent is None:
+        return np.empty(shape, dtype)
+    slab, _ = lent
+    return slab.data[_HEADER:_HEADER + nbytes].view(dtype).reshape(shape)
 
 
 # --- a worker whose consumer died --------------------------------------------------------

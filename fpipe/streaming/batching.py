@@ -26,6 +26,7 @@ import numpy as np
 
 from ..functional import func_name
 from ._core import READ_SECONDS, Stage, Stream, as_stream
+from ._shm import empty as shared_empty
 
 __all__ = [
     "batch",
@@ -205,6 +206,10 @@ def _fields(item: Any, position: int, combiner: str) -> tuple:
 
 
 def _stack(field: int | str, values: Sequence) -> np.ndarray:
+    if _same_arrays(values):
+        # made in place: in a process stage's worker, in the shared memory it crosses in
+        first = values[0]
+        return np.stack(values, out=shared_empty((len(values), *first.shape), first.dtype))
     try:
         array = np.array(values)
     except ValueError as error:
@@ -214,6 +219,15 @@ def _stack(field: int | str, values: Sequence) -> np.ndarray:
     if array.dtype.kind == "f" and all(_is_integer(value) for value in values):
         return _exact_integers(values)
     return array
+
+
+def _same_arrays(values: Sequence) -> bool:
+    """Whether ``values`` are arrays of one shape and dtype (which ``np.stack`` keeps)."""
+    if not values or type(values[0]) is not np.ndarray:
+        return False
+    shape, dtype = values[0].shape, values[0].dtype
+    return all(type(value) is np.ndarray and value.shape == shape and value.dtype == dtype
+               for value in values)
 
 
 def _is_integer(value: Any) -> bool:

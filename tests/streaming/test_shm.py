@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import fpipe as fp
 from fpipe.streaming import _shm
 
 pytestmark = [pytest.mark.skipif(not _shm.available(), reason="no /dev/shm on this system"),
@@ -277,3 +278,46 @@ def test_the_default_budget_is_a_share_of_dev_shm_below_lokys_leak_alarm():
     one, four = _shm.default_budget(1), _shm.default_budget(4)
     assert four <= one <= max(stat.f_blocks * stat.f_frsize // 4, 1 << 20) and four >= 1 << 20
     assert one <= 256 << 20  # loky restarts a worker whose memory grew by 300 MB
+
+
+def combined_in_place(transport, count, keep=True):
+    """A worker's task that stacks a batch with fpipe's combiner: what it sends, whether the
+    batch lay in a lent slab (so encoding copied nothing), and how many more of the worker's
+    slabs are taken after the task than before it."""
+    writer = _shm._writer(transport.owner)
+    taken_before = sum(slab.state[0] != 0 for slab in writer.slabs)
+    with _shm.lending(transport):
+        images, labels = fp.combine_to_arrays([(image(i), i) for i in range(count)])
+        in_place = writer.lent_slab(images) is not None
+        value, reason = _shm.encode(transport, [images, labels] if keep else [labels])
+    taken = sum(slab.state[0] != 0 for slab in writer.slabs) - taken_before
+    return value, reason, in_place, taken
+
+
+def test_a_batch_stacked_by_fpipe_in_a_worker_crosses_without_a_copy(executor):
+    transport = _shm.Transport.for_consumer(2)
+    (images, labels), reason, in_place, taken = executor.submit(
+        combined_in_place, transport, 8).result()
+    assert reason is None and in_place and _shm.is_shared(images) and taken == 1
+    np.testing.assert_array_equal(images, np.stack([image(i) for i in range(8)]))
+    assert labels.tolist() == list(range(8)) and own_names() == []
+
+
+def test_a_lent_slab_that_is_not_sent_is_free_again_after_the_task(executor):
+    transport = _shm.Transport.for_consumer(2)
+    for _ in range(6):
+        [labels], reason, in_place, taken = executor.submit(
+            combined_in_place, transport, 8, False).result()
+        assert reason is None and in_place and taken == 0 and labels.tolist() == list(range(8))
+
+
+def test_without_room_for_a_lent_slab_the_batch_goes_through_the_pipe(executor):
+    transport = _shm.Transport.for_consumer(2, budget=1 << 20)  # the batch needs 1.5 MiB
+    (images, _), reason, in_place, taken = executor.submit(combined_in_place, transport, 8).result()
+    assert reason == "budget" and not in_place and taken == 0 and not _shm.is_shared(images)
+    np.testing.assert_array_equal(images, np.stack([image(i) for i in range(8)]))
+
+
+def test_outside_a_task_the_combiner_makes_plain_arrays():
+    images, _ = fp.combine_to_arrays([(image(i), i) for i in range(4)])
+    assert not _shm.is_shared(images) and images.base is None
