@@ -191,10 +191,11 @@ atexit.register(lambda: release_owner() if os.getpid() in _swept else None)
 class _Slab:
     """One shared-memory segment: a header (the state) and the data."""
 
-    __slots__ = ("capacity", "data", "key", "mm", "name", "state")
+    __slots__ = ("capacity", "data", "key", "mm", "name", "state", "unnamed")
 
     def __init__(self, key: tuple, name: str, mm: mmap.mmap) -> None:
         self.key, self.name, self.mm = key, name, mm
+        self.unnamed = False  # once a result in it was sent: the consumer removes the name
         self.data = np.frombuffer(mm, np.uint8)
         self.state = self.data[:8].view(np.int64)
         self.capacity = len(mm) - _HEADER
@@ -210,12 +211,16 @@ class _Writer:
         self.open: list[tuple[_Slab, int]] = []  # slabs lent to this task's arrays, generation
         self.sent: set[tuple] = set()  # of those, the (key, generation) that a result holds
 
-    def lend(self, nbytes: int, budget: int) -> tuple[_Slab, int] | None:
-        """A slab reserved for an array of ``nbytes`` that the running task makes; None if
-        the budget or ``/dev/shm`` has no room."""
-        slab = self.slab_for(nbytes, budget)
-        if isinstance(slab, str):
+    def lend(self, nbytes: int) -> tuple[_Slab, int] | None:
+        """A free slab of at least ``nbytes``, reserved for an array that the running task
+        makes; None if there is none. Only slabs that have carried a result are lent: their
+        names are gone, so a lent slab that the task does not send leaves nothing in
+        ``/dev/shm``. (The first results of a worker make its slabs, with a copy.)"""
+        fitting = [slab for slab in self.slabs
+                   if slab.unnamed and slab.state[0] == 0 and slab.capacity >= nbytes]
+        if not fitting:
             return None
+        slab = min(fitting, key=lambda slab: slab.capacity)
         self.generation += 1
         slab.state[0] = self.generation  # taken: slab_for passes it by
         self.open.append((slab, self.generation))
@@ -337,6 +342,8 @@ def encode(transport: Transport, value: Any) -> tuple[Any, str | None]:
             return value, slab  # the lent slabs are freed when the task ends
         _fill(writer, slab, copied, offsets)
     writer.sent.update((ref.slab.key, ref.generation) for ref in lent)
+    for ref in refs:
+        ref.slab.unnamed = True  # the consumer removes the name when it maps the slab
     refs[0].retired, writer.retired = tuple(writer.retired), []
     return swapped, None
 
@@ -444,7 +451,7 @@ def empty(shape: Any, dtype: Any) -> np.ndarray:
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if transport is None or nbytes < transport.threshold or dtype.hasobject:
         return np.empty(shape, dtype)
-    lent = _writer(transport.owner).lend(nbytes, transport.budget)
+    lent = _writer(transport.owner).lend(nbytes)
     if lent is None:
         return np.empty(shape, dtype)
     slab, _ = lent

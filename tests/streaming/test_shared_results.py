@@ -19,7 +19,7 @@ import fpipe as fp
 from fpipe.streaming import _shm
 
 from .helpers import exit_worker
-from .test_shm import ROOT, alive, wait_until
+from .test_shm import ROOT, alive, settled_names, wait_until
 
 pytestmark = [pytest.mark.skipif(not _shm.available(), reason="no /dev/shm on this system"),
               pytest.mark.timeout(300)]
@@ -78,7 +78,7 @@ def test_a_small_budget_falls_back_to_the_pipe_with_one_warning():
 
 
 def test_a_dead_worker_leaves_no_segment():
-    before = own_names()
+    before = settled_names()
     with pytest.raises(Exception, match="(?i)terminated|killed|exit"):
         list(fp.processes(_picture_then_exit, n_workers=2)(range(8)))
     assert own_names() == before == []
