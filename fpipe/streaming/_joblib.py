@@ -40,28 +40,47 @@ _exit_hook = threading.Lock()
 
 _loky: dict[str, Any] = {"executor": None, "size": 0, "running": 0}
 _loky_lock = threading.Lock()
+_exiting = False
 
 
 def _loky_submit(n_workers: int, task: tuple) -> tuple[concurrent.futures.Future, Any]:
     """Submit ``task`` to joblib's loky executor. Its size follows the stage while no stage
     has a task running there; then a stage that starts adopts the size it has, because a
-    resize waits for every running task."""
-    with _loky_lock:
-        if _loky["executor"] is None or not _loky["running"] and _loky["size"] != n_workers:
-            _loky["executor"], _loky["size"] = _loky_executor(n_workers), n_workers
+    resize waits for every running task. No lock is held while loky works: its thread runs
+    the futures' callbacks, which take the lock."""
+    executor = _reserve_executor(n_workers, renew=False)
+    try:
+        future = executor.submit(_run_task, *task)
+    except RuntimeError:  # shut down, or broken by a killed worker: joblib makes another
+        _loky_done(None)
+        if _exiting:
+            raise
+        executor = _reserve_executor(n_workers, renew=True)
         try:
-            future = _loky["executor"].submit(_run_task, *task)
-        except RuntimeError:  # shut down, or broken by a killed worker: joblib makes another
-            _loky["executor"] = _loky_executor(_loky["size"])
-            future = _loky["executor"].submit(_run_task, *task)
-        _loky["running"] += 1
-        executor = _loky["executor"]
+            future = executor.submit(_run_task, *task)
+        except BaseException:
+            _loky_done(None)
+            raise
     _set_exit_hook()  # loky sets its own at the first submit (see there)
     future.add_done_callback(_loky_done)
     return future, executor
 
 
-def _loky_done(future: concurrent.futures.Future) -> None:
+def _reserve_executor(n_workers: int, renew: bool) -> Any:
+    """The executor to submit to, counted as running one more task."""
+    with _loky_lock:
+        executor, size = _loky["executor"], _loky["size"] if _loky["running"] else n_workers
+        if not renew and executor is not None and size == _loky["size"]:
+            _loky["running"] += 1
+            return executor
+    executor = _loky_executor(size)  # joblib's own lock keeps it one executor
+    with _loky_lock:
+        _loky["executor"], _loky["size"] = executor, size
+        _loky["running"] += 1
+    return executor
+
+
+def _loky_done(future: concurrent.futures.Future | None) -> None:
     with _loky_lock:
         _loky["running"] -= 1
 
@@ -368,6 +387,8 @@ def _fail_broken(executor: Any, results: queue.SimpleQueue, error: CapturedError
 
 def _shutdown_pools() -> None:
     # at exit: stop every pool, give running tasks a moment, then kill what still runs
+    global _exiting
+    _exiting = True  # no new executor for a submit that loky refuses now
     pools = list(_POOLS)
     for pool in pools:
         pool.shutdown()
