@@ -530,6 +530,12 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     with one ``RuntimeWarning``. ``shared_memory=False`` sends everything through the pipe, as
     do the other backends (``dask``'s workers may be on other machines).
 
+    Inside a worker, :func:`fpipe.combine_to_arrays` stacks a batch straight into a slab, so a
+    batch made in the workers crosses without any copy. Workers of this machine's pool keep
+    the memory they free for their next task (glibc's ``mallopt``: arrays up to 32 MiB come
+    from the heap, which gives memory back past 64 MiB free), as page-faulting every new batch
+    in anew costs image pipelines a quarter of their time on virtual machines.
+
     Order, seeds, ``epoch``, errors and ``on_error`` behave as in :func:`threads` (a callable
     ``on_error`` runs in the worker process, so it must pickle).
 
