@@ -1,11 +1,12 @@
-"""The one module that touches joblib (imported when a process stage first runs) and the
-private APIs its shutdown needs: joblib's ``Parallel._abort`` and threading's
-``_register_atexit``. On loky (the default backend) a process stage sends its tasks straight
-to joblib's one shared loky executor, the one every ``Parallel`` call uses; on any other
-backend it keeps one joblib generator per stage. It also keeps the size of the loky pool,
-and the exit hook that ends the stages' work before loky's executor stops. Worker processes
-send large arrays back through :mod:`._shm` (shared memory), and watch that their consumer is
-alive.
+"""The one module that touches joblib (imported when a process stage first runs), with the
+private APIs it needs: ``Parallel._initialize_backend`` and ``Parallel._backend._workers``
+(joblib's own configuration of its shared loky executor), ``Parallel._abort`` and threading's
+``_register_atexit`` (for the shutdown). On loky (the default backend) a process stage sends
+its tasks straight to that executor; on any other backend it keeps one joblib generator per
+stage. It also keeps the size of the loky pool, and the exit hook that ends the stages' work
+before loky's executor stops. Worker processes send large arrays back through :mod:`._shm`
+(shared memory), keep the memory they free for their next task, and watch that their
+consumer is alive.
 """
 
 from __future__ import annotations
@@ -52,17 +53,17 @@ def _loky_submit(n_workers: int, task: tuple) -> tuple[concurrent.futures.Future
     try:
         future = executor.submit(_run_task, *task)
     except RuntimeError:  # shut down, or broken by a killed worker: joblib makes another
-        _loky_done(None)
+        _task_ended()
         if _exiting:
             raise
         executor = _reserve_executor(n_workers, renew=True)
         try:
             future = executor.submit(_run_task, *task)
         except BaseException:
-            _loky_done(None)
+            _task_ended()
             raise
     _set_exit_hook()  # loky sets its own at the first submit (see there)
-    future.add_done_callback(_loky_done)
+    future.add_done_callback(_task_ended)
     return future, executor
 
 
@@ -80,7 +81,8 @@ def _reserve_executor(n_workers: int, renew: bool) -> Any:
     return executor
 
 
-def _loky_done(future: concurrent.futures.Future | None) -> None:
+def _task_ended(_future: concurrent.futures.Future | None = None) -> None:
+    """One task fewer runs on the executor (a future's callback, or a submit that failed)."""
     with _loky_lock:
         _loky["running"] -= 1
 
