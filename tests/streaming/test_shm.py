@@ -21,6 +21,8 @@ import pytest
 import fpipe as fp
 from fpipe.streaming import _shm
 
+from ..signals import check_interruptible, start_interruptible
+
 pytestmark = [pytest.mark.skipif(not _shm.available(), reason="no /dev/shm on this system"),
               pytest.mark.timeout(300)]
 
@@ -225,8 +227,10 @@ def worker_pid(transport):
 
 def start_consumer() -> tuple[subprocess.Popen, list[int]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(CONSUMER)], cwd=ROOT,
-                               env=env, stdout=subprocess.PIPE, text=True)
+    # SIGINT at its default disposition, whatever this process ignores (a background job of a
+    # shell script ignores it), so that the consumer can be interrupted
+    process = start_interruptible([sys.executable, "-c", textwrap.dedent(CONSUMER)], cwd=ROOT,
+                                  env=env, stdout=subprocess.PIPE, text=True)
     pids = [int(pid) for pid in process.stdout.readline().split()]
     assert pids, "the consumer did not start"
     return process, pids
@@ -260,6 +264,7 @@ def test_a_killed_consumers_workers_exit_and_leave_no_segment(record_property):
 
 def test_ctrl_c_leaves_no_segment():
     process, pids = start_consumer()
+    check_interruptible(process.pid)
     process.send_signal(signal.SIGINT)
     assert process.wait(DEADLINE) != 0
     process.stdout.close()
