@@ -264,9 +264,14 @@ def test_a_killed_consumers_workers_exit_and_leave_no_segment(record_property):
 
 def test_ctrl_c_leaves_no_segment():
     process, pids = start_consumer()
-    check_interruptible(process.pid)
-    process.send_signal(signal.SIGINT)
-    assert process.wait(DEADLINE) != 0
+    try:
+        check_interruptible(process.pid)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(DEADLINE) != 0
+    finally:
+        if process.poll() is None:  # a failed check: no victim left running for ever
+            process.kill()
+            process.wait()
     process.stdout.close()
     wait_until(lambda: not any(alive(pid) for pid in pids))
     assert _shm.names(process.pid) == []
