@@ -49,19 +49,16 @@ def _loky_submit(n_workers: int, task: tuple) -> tuple[concurrent.futures.Future
     has a task running there; then a stage that starts adopts the size it has, because a
     resize waits for every running task. No lock is held while loky works: its thread runs
     the futures' callbacks, which take the lock."""
-    executor = _reserve_executor(n_workers, renew=False)
-    try:
-        future = executor.submit(_run_task, *task)
-    except RuntimeError:  # shut down, or broken by a killed worker: joblib makes another
-        _task_ended()
-        if _exiting:
-            raise
-        executor = _reserve_executor(n_workers, renew=True)
+    for renew in (False, True):
+        executor = _reserve_executor(n_workers, renew)
         try:
             future = executor.submit(_run_task, *task)
-        except BaseException:
+            break
+        except BaseException as error:
             _task_ended()
-            raise
+            # shut down, or broken by a killed worker: joblib makes another, once
+            if renew or _exiting or not isinstance(error, RuntimeError):
+                raise
     _set_exit_hook()  # loky sets its own at the first submit (see there)
     future.add_done_callback(_task_ended)
     return future, executor
@@ -70,7 +67,8 @@ def _loky_submit(n_workers: int, task: tuple) -> tuple[concurrent.futures.Future
 def _reserve_executor(n_workers: int, renew: bool) -> Any:
     """The executor to submit to, counted as running one more task."""
     with _loky_lock:
-        executor, size = _loky["executor"], _loky["size"] if _loky["running"] else n_workers
+        executor = _loky["executor"]
+        size = _loky["size"] if _loky["running"] else n_workers
         if not renew and executor is not None and size == _loky["size"]:
             _loky["running"] += 1
             return executor
@@ -106,7 +104,7 @@ _FALLBACKS = {"budget": "each worker's shared_memory_budget is used",
 def _run_task(call: ItemCall, token: int, seq: int, index: int, chunk: list, slots: int,
               owner: int, transport: Transport | None) -> tuple:
     watch_owner(owner)  # a worker whose consumer is killed exits, not idles for minutes
-    if os.getppid() == owner:  # a worker of this machine's pool, not a dask cluster's
+    if not _kept and os.getppid() == owner:  # a worker of this machine's pool, not dask's
         _keep_freed_memory()
     fallback = None
     with lending(transport):  # fpipe's combiners make large arrays in shared memory at once

@@ -31,8 +31,7 @@ DEADLINE = 20.0  # generous: nothing waits on a sleep, this only catches a hang
 Pair = collections.namedtuple("Pair", "image label")
 
 
-@pytest.fixture(scope="module")
-def executor():
+def loky_pool():
     # loky's workers, but not joblib's shared pool: a plain loky pool there would break
     # joblib's next call (it expects its own kind of executor)
     from joblib.externals.loky import ProcessPoolExecutor
@@ -42,14 +41,8 @@ def executor():
     pool.shutdown(wait=True)
 
 
-@pytest.fixture
-def fresh_executor():
-    """Workers with no slab yet."""
-    from joblib.externals.loky import ProcessPoolExecutor
-
-    pool = ProcessPoolExecutor(max_workers=2)
-    yield pool
-    pool.shutdown(wait=True)
+executor = pytest.fixture(loky_pool, scope="module", name="executor")
+fresh_executor = pytest.fixture(loky_pool, name="fresh_executor")  # workers with no slab yet
 
 
 def image(value: int, shape=(128, 128, 3), dtype=np.float32) -> np.ndarray:
