@@ -97,12 +97,51 @@ def _loky_executor(n_workers: int) -> Any:
     return parallel._backend._workers
 
 
+class ShippedCall:
+    """A run's call as its tasks carry it: pickled once in the consumer (at the first task),
+    unpickled once in each worker, which keeps it for the run's later tasks. A function that
+    holds a reader, a table or a model is then rebuilt once per worker and run, not once per
+    chunk; like a DataLoader's dataset in its workers, it keeps its state between chunks."""
+
+    __slots__ = ("call", "key", "_pickled")
+
+    def __init__(self, call: ItemCall) -> None:
+        self.call, self.key, self._pickled = call, (os.getpid(), next(_shipped)), None
+
+    def __reduce__(self):
+        if self._pickled is None:  # in loky's (one) feeder thread: at worst pickled twice
+            import cloudpickle
+
+            self._pickled = cloudpickle.dumps(self.call)
+        return _unshipped, (self.key, self._pickled)
+
+
+_shipped = itertools.count()
+_KEPT_CALLS = 4  # runs whose calls a worker keeps (stages running at once, epochs in turn)
+_calls: collections.OrderedDict = collections.OrderedDict()
+
+
+def _unshipped(key: tuple, pickled: bytes) -> ItemCall:
+    """In a worker: the call that ``key`` names, unpickled at its first task."""
+    call = _calls.get(key)
+    if call is None:
+        import pickle
+
+        call = _calls[key] = pickle.loads(pickled)
+        while len(_calls) > _KEPT_CALLS:
+            _calls.popitem(last=False)
+    _calls.move_to_end(key)
+    return call
+
+
 _FALLBACKS = {"budget": "each worker's shared_memory_budget is used",
               "full": "/dev/shm is full"}
 
 
-def _run_task(call: ItemCall, token: int, seq: int, index: int, chunk: list, slots: int,
-              owner: int, transport: Transport | None) -> tuple:
+def _run_task(call: ItemCall | ShippedCall, token: int, seq: int, index: int, chunk: list,
+              slots: int, owner: int, transport: Transport | None) -> tuple:
+    if isinstance(call, ShippedCall):  # a backend that runs tasks in this process
+        call = call.call
     watch_owner(owner)  # a worker whose consumer is killed exits, not idles for minutes
     if not _kept and os.getppid() == owner:  # a worker of this machine's pool, not dask's
         _keep_freed_memory()

@@ -25,7 +25,7 @@ from ..errors import capture, check_bool, check_callable, check_integer, check_w
 from ..random import Seed, optional_entropy
 from ..skipping import OnError, SkipLog, check_max_errors, check_on_error
 from ._core import JOIN_SECONDS, Stage, Stream, as_stream, next_chunk_size
-from ._joblib import process_pool
+from ._joblib import ShippedCall, process_pool
 from ._messages import Message
 from ._shm import Transport
 from ._shm import available as shared_memory_available
@@ -425,7 +425,7 @@ class _ProcessWorkers:
     """The executor of one run of :func:`processes`: its tasks go to the stage's pool."""
 
     def __init__(self, pool: Any, call: ItemCall, transport: Transport | None) -> None:
-        self._pool, self._call, self._token = pool, call, None
+        self._pool, self._call, self._token = pool, ShippedCall(call), None
         self._transport = transport
 
     def begin(self, results: queue.SimpleQueue) -> None:
@@ -501,7 +501,10 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
 
     ``backend`` is passed to joblib: ``"loky"`` (the default), ``"threading"``, ``"dask"``
     (with a ``dask.distributed`` client), or any registered joblib backend. Functions travel
-    with cloudpickle, so lambdas work. Items travel in chunks of at most ``chunk_size`` (about
+    with cloudpickle, so lambdas work. ``func`` is pickled once per run and unpickled once in
+    each worker, which keeps that copy for the run's chunks: as a DataLoader's dataset in its
+    workers, it keeps its state (an open file, a cache) from chunk to chunk, and each run starts
+    again from the consumer's copy. Items travel in chunks of at most ``chunk_size`` (about
     20 ms of work each); at most ``2 * n_workers + buffer_size`` chunks are in the stage at
     once (two per worker: one in work, one waiting, as joblib sends a worker its next task only
     when one completes).

@@ -34,6 +34,17 @@ def pid(_):
     return os.getpid()
 
 
+class Tally:
+    """Counts its own calls: (the worker's pid, how many calls this copy has had so far)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, _):
+        self.calls += 1
+        return os.getpid(), self.calls
+
+
 def exit_worker(x):
     os._exit(3)
 

@@ -17,7 +17,7 @@ from toolz import pipe
 import fpipe as fp
 from fpipe.streaming import _joblib
 
-from .helpers import double, exit_worker, fail_at, jitter, logged_sleep, noisy, pid, slow_double
+from .helpers import Tally, double, exit_worker, fail_at, jitter, logged_sleep, noisy, pid, slow_double
 
 
 def loky(func, *args, **kwargs):
@@ -40,6 +40,16 @@ def test_workers_are_other_processes_and_stay_warm_across_epochs():
     assert os.getpid() not in first
     second = set(stage(range(200)))
     assert second <= first | second and len(first | second) <= 2  # the same two workers
+
+
+def test_a_worker_keeps_the_function_for_the_run_and_gets_a_fresh_one_next_run():
+    stage = loky(Tally(), chunk_size=4)
+    for _ in range(2):  # each run starts from the consumer's copy again
+        calls = list(stage(range(200)))
+        items = Counter(worker for worker, _ in calls)
+        # one copy per worker saw every item that worker ran, across its chunks of 4
+        assert {worker: max(n for w, n in calls if w == worker) for worker in items} == items
+        assert sorted(n for _, n in calls) == sorted(n for c in items.values() for n in range(1, c + 1))
 
 
 def test_an_early_close_keeps_the_workers_and_leaves_no_leftovers():
