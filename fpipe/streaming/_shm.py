@@ -28,6 +28,7 @@ import atexit
 import contextlib
 import errno
 import importlib
+import math
 import mmap
 import os
 import secrets
@@ -565,7 +566,7 @@ def _attach(key: tuple, name: str, generation: int, offset: int, dtype: np.dtype
             shape: tuple, codec: str | None, retired: tuple) -> Any:
     """The array (or registered object) that a worker put in a slab, viewing it."""
     lease = _reader().lease(key, name, generation, retired)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     array = np.asarray(lease)[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
     return array if codec is None else _codec(codec).from_array(array)
 
