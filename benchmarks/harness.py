@@ -11,6 +11,8 @@ argument and returns either
 * ``Value(value=..., unit=...)``: a measured figure with no reference (memory growth, say).
 
 Targets are written as ``">= 1.5"`` or ``"<= 0.5"`` and checked against the ratio (or value).
+Each workload starts once the machine is quiet (:func:`wait_until_quiet`), so that what the one
+before it left winding down is not timed with it.
 """
 
 from __future__ import annotations
@@ -111,6 +113,35 @@ def _time_pair(result: Result, pair: Pair, repetitions: int) -> None:
                     else reference_median / fpipe_median)
 
 
+_QUIET_SHARE = 0.15  # of the machine's CPU time, over one window
+_QUIET_WINDOW = 0.2  # seconds
+_QUIET_DEADLINE = 10.0  # seconds: past it the workload runs anyway
+
+
+def _busy_and_total() -> tuple[int, int]:
+    """The machine's busy and total CPU time so far, in clock ticks (from /proc/stat)."""
+    with open("/proc/stat") as file:
+        ticks = [int(field) for field in file.readline().split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # less idle and iowait
+
+
+def wait_until_quiet() -> float:
+    """Wait until the whole machine used at most 15 % of its CPU time over 0.2 s (at most
+    10 s; not on systems without /proc/stat), and return the seconds waited. A dpipe pipeline
+    goes on working for a while after it is closed, and would otherwise be timed with the
+    next workload."""
+    began = time.monotonic()
+    if not os.path.exists("/proc/stat"):
+        return 0.0
+    while time.monotonic() - began < _QUIET_DEADLINE:
+        busy, total = _busy_and_total()
+        time.sleep(_QUIET_WINDOW)
+        busy_after, total_after = _busy_and_total()
+        if busy_after - busy <= _QUIET_SHARE * max(1, total_after - total):
+            break
+    return time.monotonic() - began
+
+
 def run_one(load: Workload, repetitions: int) -> Result:
     result = Result(load.name, load.description, load.reference, load.target, load.kind)
     built = load.build()
@@ -145,6 +176,7 @@ def run(names: list[str], repetitions: int = 5, output: str | None = None) -> li
         raise SystemExit(f"unknown workload(s) {unknown}; known: {sorted(WORKLOADS)}")
     results = []
     for name in names:
+        wait_until_quiet()
         try:
             result = run_one(WORKLOADS[name], repetitions)
         except ModuleNotFoundError as error:  # a reference that is not installed here

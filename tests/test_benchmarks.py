@@ -14,6 +14,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 @pytest.fixture
 def workloads(monkeypatch):
     monkeypatch.setattr(harness, "WORKLOADS", {})
+    waits = []
+    monkeypatch.setattr(harness, "wait_until_quiet", lambda: waits.append(1))
 
     @harness.workload("X1", description="sum", reference="builtin", target=">= 0.01")
     def _pair():
@@ -23,10 +25,13 @@ def workloads(monkeypatch):
     def _value():
         return harness.Value(2.0, "MiB")
 
+    return waits
+
 
 def test_run_times_alternately_and_writes_json(workloads, tmp_path, capsys):
     output = tmp_path / "out.json"
     results = harness.run(["X1", "X2"], repetitions=5, output=str(output))
+    assert workloads == [1, 1]  # each workload waited for a quiet machine first
     first, second = results
     assert len(first.fpipe_seconds) == len(first.reference_seconds) == 5
     assert first.met and first.ratio > 0
@@ -39,6 +44,19 @@ def test_run_times_alternately_and_writes_json(workloads, tmp_path, capsys):
     assert "| X2 | memory | - |" in table and "**missed**" in table
     plot(saved, tmp_path / "fig.png")
     assert (tmp_path / "fig.png").stat().st_size > 1000
+
+
+def test_a_workload_waits_until_the_machine_is_quiet_or_the_deadline(monkeypatch):
+    # cumulative (busy, total) ticks: two busy windows (20 of 40 ticks), then a quiet one
+    readings = iter([(0, 0), (20, 40), (20, 40), (40, 80), (40, 80), (42, 120)])
+    monkeypatch.setattr(harness, "_busy_and_total", lambda: next(readings))
+    monkeypatch.setattr(harness, "_QUIET_WINDOW", 0.0)
+    harness.wait_until_quiet()
+    assert next(readings, "all read") == "all read"
+    counter = iter(range(0, 10**9, 10))  # every tick busy
+    monkeypatch.setattr(harness, "_busy_and_total", lambda: (next(counter), next(counter)))
+    monkeypatch.setattr(harness, "_QUIET_DEADLINE", 0.05)
+    assert 0.05 <= harness.wait_until_quiet() < 5  # gives up at the deadline
 
 
 def test_unknown_workload_and_bad_kind_are_refused(workloads):
