@@ -4,7 +4,8 @@ private APIs it needs: ``Parallel._initialize_backend`` and ``Parallel._backend.
 ``_register_atexit`` (for the shutdown). On loky (the default backend) a process stage sends
 its tasks straight to that executor; on any other backend it keeps one joblib generator per
 stage. It also keeps the size of the loky pool, and the exit hook that ends the stages' work
-before loky's executor stops. Worker processes send large arrays back through :mod:`._shm`
+before loky's executor stops. A run's function reaches each worker once
+(:class:`ShippedCall`). Worker processes send large arrays back through :mod:`._shm`
 (shared memory), keep the memory they free for their next task, and watch that their
 consumer is alive.
 """
@@ -18,6 +19,7 @@ import functools
 import itertools
 import os
 import queue
+import secrets
 import threading
 import time
 import warnings
@@ -106,7 +108,8 @@ class ShippedCall:
     __slots__ = ("call", "key", "_pickled")
 
     def __init__(self, call: ItemCall) -> None:
-        self.call, self.key, self._pickled = call, (os.getpid(), next(_shipped)), None
+        # random, not a count: a dask worker may serve clients on other machines
+        self.call, self.key, self._pickled = call, secrets.token_bytes(16), None
 
     def __reduce__(self):
         if self._pickled is None:  # in loky's (one) feeder thread: at worst pickled twice
@@ -116,12 +119,11 @@ class ShippedCall:
         return _unshipped, (self.key, self._pickled)
 
 
-_shipped = itertools.count()
 _KEPT_CALLS = 4  # runs whose calls a worker keeps (stages running at once, epochs in turn)
 _calls: collections.OrderedDict = collections.OrderedDict()
 
 
-def _unshipped(key: tuple, pickled: bytes) -> ItemCall:
+def _unshipped(key: bytes, pickled: bytes) -> ItemCall:
     """In a worker: the call that ``key`` names, unpickled at its first task."""
     call = _calls.get(key)
     if call is None:
