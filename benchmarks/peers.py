@@ -11,9 +11,9 @@ flip, and ends in float32 CHW in [0, 1] (T5f) or uint8 HWC (T5u); the consumer g
 
 * ``serial``: one process does the work and stacks the batches; the two-core limit is twice its
   rate;
-* ``two processes``: two processes do the serial work at once, half the images each, and nothing
-  crosses between them: what the two cores give with no loader at all (memory, caches and the
-  host are shared), the ceiling any system can reach;
+* ``two processes``: two processes do the serial work at once, on alternate images, and nothing
+  crosses between them: what two cores give when both work at once with no loader at all
+  (they share the memory, the last-level cache and the host);
 * ``DataLoader``: torch's, map-style dataset, ``batch_size=32``, 2 persistent workers (the
   default collate, which hands the batch over in shared memory);
 * ``fpipe item``: ``processes(augment, n_workers=2)`` then ``batch(32)`` and
@@ -105,8 +105,8 @@ def _serial(augment: Augment, order: list) -> Callable[[], int]:
 
 
 def _two_processes(augment: Augment, order: list) -> Callable[[], int]:
-    """Each epoch, two persistent processes (started by the first) do the serial work on half
-    the images each, at the same time."""
+    """Each epoch, two persistent processes (started by the first) do the serial work on
+    alternate images, at the same time."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
