@@ -4,7 +4,8 @@ Docstrings carry runnable examples in plain doctest form; in Markdown a line sta
 ``>`` is a block quote. One Markdown preprocessor fences each run of doctest lines (up to the
 next blank line) as a ``pycon`` code block, outside existing fences. Another turns Sphinx
 cross-reference roles (``:class:`~fpipe.errors.FormatError```) into code: a link to the API
-reference for a full ``fpipe.`` path, plain code for other names.
+reference for a full ``fpipe.`` path (where the object is defined, so ``fpipe.threads`` links to
+``fpipe.streaming.parallel.threads``), plain code for other names.
 """
 
 from __future__ import annotations
@@ -42,7 +43,27 @@ _ROLE = re.compile(r":(?:attr|class|data|exc|func|meth|mod|obj):`(~?)([\w.]+)`")
 def _role_as_code(match: re.Match) -> str:
     short, target = match.groups()
     shown = target.rsplit(".", 1)[-1] if short else target
-    return f"[`{shown}`][{target}]" if target.startswith("fpipe.") else f"`{shown}`"
+    return f"[`{shown}`][{defined_at(target)}]" if target.startswith("fpipe.") else f"`{shown}`"
+
+
+def defined_at(path: str) -> str:
+    """Where the API reference documents ``path``: the module that defines the object, as
+    ``fpipe.threads`` is documented as ``fpipe.streaming.parallel.threads``. A path that does
+    not resolve to a class or function is kept as it is."""
+    import importlib
+
+    module, _, rest = path.partition(".")
+    obj = importlib.import_module(module)
+    try:
+        for name in rest.split("."):
+            obj = getattr(obj, name)
+    except AttributeError:
+        return path
+    owner = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not (isinstance(owner, str) and isinstance(qualname, str) and owner.startswith("fpipe")):
+        return path
+    return f"{owner}.{qualname}"
 
 
 class _SphinxRoles(Preprocessor):

@@ -28,3 +28,10 @@ def test_sphinx_roles_become_code_and_fpipe_paths_become_reference_links():
     # a full fpipe path is left as an autorefs reference, which mkdocs-autorefs resolves
     assert "[<code>FormatError</code>][fpipe.errors.FormatError]" in html
     assert "<code>threads</code>" in html and "<code>dict.get</code>" in html
+
+
+def test_a_name_that_fpipe_re_exports_links_to_the_module_that_documents_it():
+    html = _render("Use :func:`fpipe.threads`, :meth:`fpipe.Stream.start` or :data:`fpipe.nothing`.")
+    assert "[<code>fpipe.threads</code>][fpipe.streaming.parallel.threads]" in html
+    assert "[<code>fpipe.Stream.start</code>][fpipe.streaming._core.Stream.start]" in html
+    assert "[<code>fpipe.nothing</code>][fpipe.nothing]" in html  # unknown: left to autorefs
