@@ -101,9 +101,10 @@ def _loky_executor(n_workers: int) -> Any:
 
 class ShippedCall:
     """A run's call as its tasks carry it: pickled once in the consumer (at the first task),
-    unpickled once in each worker, which keeps it for the run's later tasks. A function that
-    holds a reader, a table or a model is then rebuilt once per worker and run, not once per
-    chunk; like a DataLoader's dataset in its workers, it keeps its state between chunks."""
+    its bytes sent with every task, unpickled once in each worker, which keeps it for the run's
+    later tasks. A function that holds a reader, a table or a model is then rebuilt once per
+    worker and run, not once per chunk; like a DataLoader's dataset in its workers, it keeps
+    its state between chunks."""
 
     __slots__ = ("call", "key", "_pickled")
 

@@ -501,11 +501,11 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
 
     ``backend`` is passed to joblib: ``"loky"`` (the default), ``"threading"``, ``"dask"``
     (with a ``dask.distributed`` client), or any registered joblib backend. Functions travel
-    with cloudpickle, so lambdas work. ``func`` is pickled once per run and unpickled once in
-    each worker, which keeps that copy for the run's chunks: as a DataLoader's dataset in its
-    workers, it keeps its state (an open file, a cache) from chunk to chunk, and each run starts
-    again from the consumer's copy (a worker keeps the functions of its last four runs). Items
-    travel in chunks of at most ``chunk_size`` (about 20 ms of work each); at most
+    with cloudpickle, so lambdas work. ``func`` is pickled once per run; its bytes go with every
+    chunk, and each worker unpickles them once and keeps that copy for the run's chunks. As a
+    DataLoader's dataset in its workers, it keeps its state (an open file, a cache) from chunk
+    to chunk, and each run starts again from the consumer's copy (a worker keeps the functions
+    of its last four runs). Items travel in chunks of at most ``chunk_size`` (about 20 ms of work each); at most
     ``2 * n_workers + buffer_size`` chunks are in the stage at once (two per worker: one in
     work, one waiting, as joblib sends a worker its next task only when one completes).
 
