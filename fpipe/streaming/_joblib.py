@@ -104,7 +104,9 @@ class ShippedCall:
     its bytes sent with every task, unpickled once in each worker, which keeps it for the run's
     later tasks. A function that holds a reader, a table or a model is then rebuilt once per
     worker and run, not once per chunk; like a DataLoader's dataset in its workers, it keeps
-    its state between chunks."""
+    its state between chunks. A call that pickles to more than 1 MiB goes with every task
+    through loky's own pickler instead, as joblib memory-maps the large arrays in it; the
+    worker still keeps its first copy."""
 
     __slots__ = ("call", "key", "_pickled")
 
@@ -116,25 +118,32 @@ class ShippedCall:
         if self._pickled is None:  # in loky's (one) feeder thread: at worst pickled twice
             import cloudpickle
 
-            self._pickled = cloudpickle.dumps(self.call)
+            pickled = cloudpickle.dumps(self.call)
+            self._pickled = pickled if len(pickled) <= _SHIPPED_BYTES else b""
+        if not self._pickled:
+            return _unshipped, (self.key, None, self.call)
         return _unshipped, (self.key, self._pickled)
 
 
+_SHIPPED_BYTES = 1 << 20  # joblib memory-maps arrays from 1 MB: larger calls go its way
 _KEPT_CALLS = 4  # runs whose calls a worker keeps (stages running at once, epochs in turn)
 _calls: collections.OrderedDict = collections.OrderedDict()
 
 
-def _unshipped(key: bytes, pickled: bytes) -> ItemCall:
-    """In a worker: the call that ``key`` names, unpickled at its first task."""
-    call = _calls.get(key)
-    if call is None:
-        import pickle
+def _unshipped(key: bytes, pickled: bytes | None, call: ItemCall | None = None) -> ItemCall:
+    """In a worker: the call that ``key`` names, kept from its first task (unpickled from
+    ``pickled`` then, or ``call`` as loky's pickler sent it)."""
+    kept = _calls.get(key)
+    if kept is None:
+        if call is None:
+            import pickle
 
-        call = _calls[key] = pickle.loads(pickled)
+            call = pickle.loads(pickled)
+        kept = _calls[key] = call
         while len(_calls) > _KEPT_CALLS:
             _calls.popitem(last=False)
     _calls.move_to_end(key)
-    return call
+    return kept
 
 
 _FALLBACKS = {"budget": "each worker's shared_memory_budget is used",

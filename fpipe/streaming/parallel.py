@@ -505,10 +505,11 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     chunk, and each worker unpickles them once and keeps that copy for the run's chunks. As a
     DataLoader's dataset in its workers, it keeps its state (an open file, a cache) from chunk
     to chunk, and each run starts again from the consumer's copy (a worker keeps the functions
-    of its last four runs). Items travel in chunks of at most ``chunk_size`` (about 20 ms of
-    work each); at most ``2 * n_workers + buffer_size`` chunks are in the stage at once (two per
-    worker: one in work, one waiting, as joblib sends a worker its next task only when one
-    completes).
+    of its last four runs). A function that pickles to more than 1 MiB goes with every chunk
+    through joblib's pickler instead, which memory-maps its large numpy arrays. Items travel
+    in chunks of at most ``chunk_size`` (about 20 ms of work each); at most
+    ``2 * n_workers + buffer_size`` chunks are in the stage at once (two per worker: one in
+    work, one waiting, as joblib sends a worker its next task only when one completes).
 
     The workers are started at the first ``next()`` and kept for every later run of this stage
     object (epochs, other pipelines). On ``loky`` each chunk goes straight to joblib's shared

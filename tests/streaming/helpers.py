@@ -4,6 +4,8 @@ import os
 import threading
 import time
 
+import numpy as np
+
 from fpipe import random_apply, sample_args, uniform
 
 
@@ -43,6 +45,17 @@ class Tally:
     def __call__(self, _):
         self.calls += 1
         return os.getpid(), self.calls
+
+
+class TallyWithTable(Tally):
+    """A Tally that holds a 2 MB array: (pid, calls so far, whether the array is memory-mapped)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = np.zeros(1 << 18)
+
+    def __call__(self, item):
+        return (*super().__call__(item), getattr(self.table, "filename", None) is not None)
 
 
 def exit_worker(x):

@@ -17,7 +17,18 @@ from toolz import pipe
 import fpipe as fp
 from fpipe.streaming import _joblib
 
-from .helpers import Tally, double, exit_worker, fail_at, jitter, logged_sleep, noisy, pid, slow_double
+from .helpers import (
+    Tally,
+    TallyWithTable,
+    double,
+    exit_worker,
+    fail_at,
+    jitter,
+    logged_sleep,
+    noisy,
+    pid,
+    slow_double,
+)
 
 
 def loky(func, *args, **kwargs):
@@ -50,6 +61,13 @@ def test_a_worker_keeps_the_function_for_the_run_and_gets_a_fresh_one_next_run()
         # one copy per worker saw every item that worker ran, across its chunks of 4
         assert {worker: max(n for w, n in calls if w == worker) for worker in items} == items
         assert sorted(n for _, n in calls) == sorted(n for c in items.values() for n in range(1, c + 1))
+
+
+def test_a_function_with_a_large_array_gets_it_memory_mapped_and_is_kept_too():
+    calls = list(loky(TallyWithTable(), chunk_size=4)(range(100)))
+    assert all(mapped for _, _, mapped in calls)  # joblib's memory map, not 2 MB a chunk
+    items = Counter(worker for worker, _, _ in calls)
+    assert {worker: max(n for w, n, _ in calls if w == worker) for worker in items} == items
 
 
 def test_an_early_close_keeps_the_workers_and_leaves_no_leftovers():
