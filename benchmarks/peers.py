@@ -261,7 +261,7 @@ def plot(runs: list[dict], output: str) -> None:
     for ax, (k, kind) in zip(np.atleast_1d(axes), enumerate(kinds)):
         shares = [[run["results"][k]["images_per_second"][name] / run["results"][k]["limit"]
                    for run in runs] for name in names]
-        colours = [_COLOURS.get(name.split()[0], "#868e96") for name in names]
+        colours = [_COLOURS.get(name, "#868e96") for name in names]
         ax.bar(names, [statistics.median(s) for s in shares], color=colours)
         for x, share in enumerate(shares):
             ax.scatter([x] * len(share), share, color="black", s=8, zorder=3)
@@ -274,7 +274,7 @@ def plot(runs: list[dict], output: str) -> None:
     plt.close(fig)
 
 
-_COLOURS = {"fpipe": "#1c7ed6", "two": "#ced4da"}  # fpipe's systems, the no-loader ceiling
+_COLOURS = {"fpipe item": "#1c7ed6", "fpipe batch": "#1c7ed6", "two processes": "#ced4da"}
 OUTPUT_NAMES = {"T5f": "float32 CHW", "T5u": "uint8 HWC"}
 _BEGIN, _END = "<!-- peers:", "<!-- /peers -->"
 

@@ -108,21 +108,20 @@ class ShippedCall:
     through loky's own pickler instead, as joblib memory-maps the large arrays in it; the
     worker still keeps its first copy."""
 
-    __slots__ = ("call", "key", "_pickled")
+    __slots__ = ("call", "key", "_sent")
 
     def __init__(self, call: ItemCall) -> None:
         # random, not a count: a dask worker may serve clients on other machines
-        self.call, self.key, self._pickled = call, secrets.token_bytes(16), None
+        self.call, self.key, self._sent = call, secrets.token_bytes(16), None
 
     def __reduce__(self):
-        if self._pickled is None:  # in loky's (one) feeder thread: at worst pickled twice
+        if self._sent is None:  # in loky's (one) feeder thread: at worst pickled twice
             import cloudpickle
 
             pickled = cloudpickle.dumps(self.call)
-            self._pickled = pickled if len(pickled) <= _SHIPPED_BYTES else b""
-        if not self._pickled:
-            return _unshipped, (self.key, None, self.call)
-        return _unshipped, (self.key, self._pickled)
+            self._sent = ((self.key, pickled) if len(pickled) <= _SHIPPED_BYTES
+                          else (self.key, None, self.call))
+        return _unshipped, self._sent
 
 
 _SHIPPED_BYTES = 1 << 20  # joblib memory-maps arrays from 1 MB: larger calls go its way

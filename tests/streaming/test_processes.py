@@ -53,21 +53,27 @@ def test_workers_are_other_processes_and_stay_warm_across_epochs():
     assert second <= first | second and len(first | second) <= 2  # the same two workers
 
 
+def _items_and_last_counts(calls: list) -> tuple[Counter, dict]:
+    """From a Tally's results: the items each worker ran, and the last count its copy gave."""
+    items = Counter(worker for worker, n, *_ in calls)
+    return items, {worker: max(n for w, n, *_ in calls if w == worker) for worker in items}
+
+
 def test_a_worker_keeps_the_function_for_the_run_and_gets_a_fresh_one_next_run():
     stage = loky(Tally(), chunk_size=4)
     for _ in range(2):  # each run starts from the consumer's copy again
         calls = list(stage(range(200)))
-        items = Counter(worker for worker, _ in calls)
+        items, last_counts = _items_and_last_counts(calls)
         # one copy per worker saw every item that worker ran, across its chunks of 4
-        assert {worker: max(n for w, n in calls if w == worker) for worker in items} == items
+        assert last_counts == items
         assert sorted(n for _, n in calls) == sorted(n for c in items.values() for n in range(1, c + 1))
 
 
 def test_a_function_with_a_large_array_gets_it_memory_mapped_and_is_kept_too():
     calls = list(loky(TallyWithTable(), chunk_size=4)(range(100)))
     assert all(mapped for _, _, mapped in calls)  # joblib's memory map, not 2 MB a chunk
-    items = Counter(worker for worker, _, _ in calls)
-    assert {worker: max(n for w, n, _ in calls if w == worker) for worker in items} == items
+    items, last_counts = _items_and_last_counts(calls)
+    assert last_counts == items
 
 
 def test_an_early_close_keeps_the_workers_and_leaves_no_leftovers():
