@@ -181,14 +181,15 @@ class _EpochClock:
 
 class _SkipBoard:
     """The samples a dataset skipped (``on_error``), counted in shared memory like the epoch:
-    per worker id, a count and the first indices, so that the main process sees what every
-    DataLoader worker skipped and ``max_errors`` holds across them."""
+    per worker id, a count of the skips and the first distinct indices, so that the main
+    process sees what every DataLoader worker skipped and ``max_errors`` holds across them.
+    A row is ``[skips, distinct indices kept, index, index, ...]``."""
 
     __slots__ = ("_rows", "_tensor")
 
     def __init__(self, tensor: torch.Tensor | None = None) -> None:
         if tensor is None:
-            tensor = torch.zeros((_SLOTS, 1 + _KEPT_INDICES), dtype=torch.int64).share_memory_()
+            tensor = torch.zeros((_SLOTS, 2 + _KEPT_INDICES), dtype=torch.int64).share_memory_()
         self._tensor, self._rows = tensor, tensor.numpy()
 
     def __reduce__(self):
@@ -197,8 +198,10 @@ class _SkipBoard:
     def add(self, index: int) -> int:
         """Record sample ``index`` as skipped by this worker; the count over every worker."""
         row = self._rows[_worker()[0]]
-        if row[0] < _KEPT_INDICES:
-            row[1 + row[0]] = index
+        kept = row[1]
+        if kept < _KEPT_INDICES and index not in row[2:2 + kept]:  # once, whatever the epochs
+            row[2 + kept] = index
+            row[1] += 1
         row[0] += 1
         return self.count
 
@@ -208,9 +211,7 @@ class _SkipBoard:
 
     @property
     def indices(self) -> list[int]:
-        rows = self._rows
-        kept = np.minimum(rows[:, 0], _KEPT_INDICES)
-        return sorted(int(i) for row, n in zip(rows, kept) for i in row[1:1 + n])
+        return sorted({int(i) for row in self._rows for i in row[2:2 + row[1]]})
 
 
 class DatasetBase:
@@ -227,9 +228,11 @@ class DatasetBase:
 
     ``on_error="skip"`` (or a callable ``on_error(error, sample, index)``, called in the
     worker; see :mod:`fpipe.skipping`) leaves out the samples whose transforms raise (a
-    corrupt image, say): :attr:`skipped` counts them over every DataLoader worker and
-    :attr:`skipped_indices` lists their indices (the first 32 per worker). ``max_errors``
-    raises :class:`~fpipe.skipping.TooManyErrors` once more samples than that were skipped.
+    corrupt image, say): :attr:`skipped` counts the skips over every DataLoader worker and
+    every epoch (a sample skipped in three epochs counts three times), and
+    :attr:`skipped_indices` lists the index of each skipped sample once (the first 32 distinct
+    of each worker). ``max_errors`` raises :class:`~fpipe.skipping.TooManyErrors` once more
+    skips than that were counted.
 
     >>> from fpipe.storage import ListReader
     >>> base = DatasetBase(ListReader([{"x": 1}, {"x": 2}]), seed=7)
@@ -259,12 +262,14 @@ class DatasetBase:
 
     @property
     def skipped(self) -> int:
-        """How many samples ``on_error`` skipped so far, in this process and every worker."""
+        """How many times ``on_error`` skipped a sample so far, in this process and every
+        worker, over every epoch."""
         return self._skips.count
 
     @property
     def skipped_indices(self) -> list[int]:
-        """The indices of the skipped samples (the first 32 of each worker), sorted."""
+        """The index of each sample skipped so far, once however many epochs skipped it
+        (the first 32 distinct of each worker), sorted."""
         return self._skips.indices
 
     def _apply_or_skip(self, sample: Any, index: int, epoch: int) -> Any:

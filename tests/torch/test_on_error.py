@@ -50,6 +50,16 @@ def test_dataloader_with_two_workers_skips_the_corrupt_images_in_order(tmp_path)
     assert dataset.skipped == 4
 
 
+def test_skipped_counts_every_epoch_and_skipped_indices_names_each_sample_once(tmp_path):
+    dataset = Dataset(write_images(tmp_path / "images.msgpack"), decode, on_error="skip")
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        assert labels(DataLoader(dataset, batch_size=4, num_workers=2)) == [
+            i for i in range(20) if i not in BAD]
+    assert dataset.skipped == 3 * len(BAD)
+    assert dataset.skipped_indices == list(BAD)  # not [7, 7, 7, 13, 13, 13]
+
+
 def test_iterable_dataset_with_two_workers_skips_the_corrupt_images(tmp_path):
     dataset = IterableDataset(write_images(tmp_path / "images.msgpack"), decode, on_error="skip")
     loader = DataLoader(dataset, batch_size=3, num_workers=2)
