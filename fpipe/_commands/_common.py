@@ -7,7 +7,7 @@ import json
 import shutil
 import sys
 import textwrap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ __all__ = [
     "UsageError",
     "add_command",
     "add_output_options",
+    "chosen_seed",
     "copy_classes",
     "dataset_keys",
     "fraction",
@@ -28,6 +29,7 @@ __all__ = [
     "open_dataset",
     "positive_int",
     "progress_bar",
+    "refuse_options",
     "say",
     "shows_progress",
 ]
@@ -117,6 +119,30 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer; got {text!r}") from None
 
 
+def refuse_options(options: Mapping[str, Any], reason: str) -> None:
+    """Raise :class:`UsageError` naming each of ``options`` (option name -> parsed value) that
+    was given (its value is not None, False or empty), since it has no effect ``reason``: an
+    option that would be silently ignored is a mistake worth one line.
+
+    >>> refuse_options({"--seed": None}, "without --shuffle")
+    >>> refuse_options({"--seed": 3, "--buf-size": None}, "without --shuffle")
+    Traceback (most recent call last):
+    ...
+    fpipe._commands._common.UsageError: --seed has no effect without --shuffle
+    """
+    given = [name for name, value in options.items()
+             if not (value is None or value is False or value in ([], ()))]
+    if given:
+        verb = "has" if len(given) == 1 else "have"
+        raise UsageError(f"{', '.join(given)} {verb} no effect {reason}")
+
+
+def chosen_seed(args: argparse.Namespace) -> int:
+    """``args.seed``, or 0 when the option was not given (its default is None, so that
+    :func:`refuse_options` can tell a seed given where nothing is drawn)."""
+    return 0 if args.seed is None else args.seed
+
+
 def shows_progress(args: argparse.Namespace) -> bool:
     """Whether to draw progress bars: not ``--quiet``, and stderr is a terminal."""
     return not getattr(args, "quiet", False) and sys.stderr.isatty()
@@ -177,17 +203,12 @@ def load_classes(path: str | Path) -> dict | None:
         raise FpipeError(f"{file}: not valid JSON ({error})") from error
 
 
-def copy_classes(sources: Sequence[Path], targets: Sequence[Path]) -> None:
-    """Copy the class names of ``sources`` beside each staged target, if they all agree."""
-    stored = [load_classes(source) for source in sources]
-    if all(item is None for item in stored):
-        return
-    if any(item is None or item.get("classes") != stored[0].get("classes") for item in stored):
-        print("fpipe: note: the inputs' class lists differ (or some have none); "
-              "no class list is written", file=sys.stderr)
+def copy_classes(source: Path, targets: Sequence[Path]) -> None:
+    """Copy the class names stored beside ``source``, if any, beside each staged target."""
+    if load_classes(source) is None:
         return
     for target in targets:
-        shutil.copyfile(str(sources[0]) + CLASSES_SUFFIX, str(target) + CLASSES_SUFFIX)
+        shutil.copyfile(str(source) + CLASSES_SUFFIX, str(target) + CLASSES_SUFFIX)
 
 
 def dataset_keys(reader: Any) -> list[str]:

@@ -5,9 +5,12 @@ a file to read (``path``) or a ready sample, plus the label names. Labels are nu
 *natural order* of their names (digit runs compare as numbers, so ``class2`` comes before
 ``class10``), the order in which fpipe's :class:`~fpipe.storage.ListReader` and datadings
 number them; files found in folders and by patterns are taken in natural order of their paths.
+A pattern's file suffix matches in either case, as the suffixes of images in class folders do.
 
 >>> natural_order(["b10", "b2", "a"])
 ['a', 'b2', 'b10']
+>>> either_case_suffix("photos/*/*.jpg")
+'photos/*/*.[jJ][pP][gG]'
 """
 
 from __future__ import annotations
@@ -27,15 +30,19 @@ from ..errors import FpipeError
 from ..storage.unpacked import natural_key
 from ._common import UsageError
 
-__all__ = ["IMAGE_SUFFIXES", "Entry", "Listing", "list_source", "natural_order"]
+__all__ = ["IMAGE_SUFFIXES", "JSON_LINES", "LIST_FILE", "Entry", "Listing", "either_case_suffix",
+           "list_source", "natural_order"]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _FOLDER_LAYOUT = "folder (ImageFolder layout)"
+LIST_FILE, JSON_LINES = "list file", "JSON lines"  # the kinds of listing whose options differ
 #: What a file in a class folder must end with to be taken as an image (case ignored).
 IMAGE_SUFFIXES = frozenset((".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff",
                             ".ppm", ".pgm", ".pbm", ".jp2", ".avif", ".heic"))
 _NAMED = 3  # files named in a one-line notice
+# A list file's first line is a header if its path column is a column name, not a file's path.
+_COLUMN_NAME = re.compile(r"[^\W\d][\w -]*")
 
 
 @dataclass(frozen=True)
@@ -52,12 +59,16 @@ class Entry:
 @dataclass
 class Listing:
     """The entries of a source, what kind of source it was, the label names in label order
-    (empty when unlabelled) and a note about files that were left out."""
+    (empty when unlabelled), a note about files that were left out, whether its labels are
+    class folders (an ImageFolder tree or a ``{LABEL}`` pattern), and the labels that lost
+    every sample to ``--include``/``--exclude`` or to the image filter (``emptied``)."""
 
     kind: str
     entries: list[Entry]
     labels: list = field(default_factory=list)
     note: str = ""
+    class_folders: bool = False
+    emptied: list = field(default_factory=list)
 
 
 def natural_order(names: Any) -> list:
@@ -71,13 +82,18 @@ def list_source(source: str, separator: str | None = None, include: Sequence[str
     folder), a JSON-lines file, or a list file of ``path[,label]`` lines.
 
     Only samples whose key (a file's relative path) matches one of the ``include`` globs, if
-    any, and none of the ``exclude`` globs are kept. In a folder of class folders, files that
-    are not images (by their suffix) are left out, and the listing's note names them; with
-    ``strict`` they are an error instead.
+    any, and none of the ``exclude`` globs are kept (a glob's file suffix matches in either
+    case). In class folders, files that are not images (by their suffix) are left out, and the
+    listing's note names them; with ``strict`` they are an error instead, and ``strict`` on a
+    source without class folders is a usage error.
     """
     listing = _select(_list_all(source, separator), include, exclude)
-    if listing.kind == _FOLDER_LAYOUT:
+    if listing.class_folders:
         listing = _images_only(source, listing, strict)
+    elif strict:
+        raise UsageError(f"--strict is for class folders (an ImageFolder tree or a {{LABEL}} "
+                         f"pattern), where it refuses files that are not images; {source} is a "
+                         f"{listing.kind}")
     if not listing.entries:
         raise UsageError(f"{source}: no samples found"
                          + (" (after --include/--exclude)" if include or exclude else ""))
@@ -101,17 +117,35 @@ def _list_all(source: str, separator: str | None) -> Listing:
 def _select(listing: Listing, include: Sequence[str], exclude: Sequence[str]) -> Listing:
     if not include and not exclude:
         return listing
+    include, exclude = [*map(either_case_suffix, include)], [*map(either_case_suffix, exclude)]
     kept = [entry for entry in listing.entries
             if (not include or any(fnmatchcase(entry.key, glob) for glob in include))
             and not any(fnmatchcase(entry.key, glob) for glob in exclude)]
     return _with_entries(listing, kept)
 
 
+def either_case_suffix(pattern: str) -> str:
+    """``pattern`` with the letters of its file suffix (``.jpg`` in ``*/*.jpg``) matching either
+    case, as files in class folders are told apart by their suffix in any case."""
+    cut = max(pattern.rfind("/"), pattern.rfind(os.sep)) + 1
+    stem, dot, suffix = pattern[cut:].rpartition(".")
+    if not stem or not suffix or _GLOB_CHARS.search(suffix):
+        return pattern
+    return pattern[:cut] + stem + dot + "".join(map(_either_case, suffix))
+
+
+def _either_case(char: str) -> str:
+    lower, upper = char.lower(), char.upper()
+    return f"[{lower}{upper}]" if lower != upper and len(lower) == len(upper) == 1 else char
+
+
 def _with_entries(listing: Listing, entries: list[Entry]) -> Listing:
     """``listing`` with fewer entries, and the labels that are left."""
     present = {entry.label for entry in entries}
-    return replace(listing, entries=entries, labels=[label for label in listing.labels
-                                                     if label in present])
+    return replace(listing, entries=entries,
+                   labels=[label for label in listing.labels if label in present],
+                   emptied=[*listing.emptied, *(label for label in listing.labels
+                                                if label not in present)])
 
 
 def _images_only(source: str, listing: Listing, strict: bool) -> Listing:
@@ -129,12 +163,13 @@ def _images_only(source: str, listing: Listing, strict: bool) -> Listing:
     return replace(left, note="; ".join(filter(None, (listing.note, f"left out {what}"))))
 
 
-def _labelled(kind: str, entries: list[Entry], note: str = "") -> Listing:
+def _labelled(kind: str, entries: list[Entry], note: str = "", class_folders: bool = False
+              ) -> Listing:
     names = {entry.label for entry in entries if entry.label is not None}
     unlabelled = next((entry.key for entry in entries if entry.label is None), None)
     if names and unlabelled is not None:
         raise UsageError(f"{unlabelled} has no label but other samples have one")
-    return Listing(kind, entries, natural_order(names), note)
+    return Listing(kind, entries, natural_order(names), note, class_folders)
 
 
 def _visible_files(folder: Path) -> list[Path]:
@@ -156,7 +191,7 @@ def _folder_listing(root: Path) -> Listing:
             f"(e.g. {sorted(loose)[0]})" if loose else "")
     entries = [Entry(p.relative_to(root).as_posix(), str(p), name)
                for name in classes for p in _visible_files(root / name)]
-    return _labelled(_FOLDER_LAYOUT, entries, note)
+    return _labelled(_FOLDER_LAYOUT, entries, note, class_folders=True)
 
 
 def _glob_listing(pattern: str) -> Listing:
@@ -167,16 +202,18 @@ def _glob_listing(pattern: str) -> Listing:
     labelled = "{LABEL}" in parts
     at = parts.index("{LABEL}") if labelled else _first_glob_part(parts)
     base = Path(*parts[:at]) if at else Path(".")
-    matches = natural_order(glob.glob(pattern.replace("{LABEL}", "*", 1), recursive=True))
+    if not base.is_dir():
+        raise FileNotFoundError(f"{base}: no such folder (in the pattern {pattern})")
+    found = glob.glob(either_case_suffix(pattern.replace("{LABEL}", "*", 1)), recursive=True)
     entries = [Entry(Path(match).relative_to(base).as_posix(), match,
                      Path(match).parts[at] if labelled else None)
-               for match in matches if os.path.isfile(match)
+               for match in natural_order(found) if os.path.isfile(match)
                and (not labelled or len(Path(match).parts) > at + 1)]
     if not entries:
         raise UsageError(f"{pattern}: the pattern matches no files"
                          + (" (end it with /** to take the files in each label folder)"
                             if pattern.rstrip("/\\").endswith("{LABEL}") else ""))
-    return _labelled("glob pattern", entries)
+    return _labelled("glob pattern", entries, class_folders=labelled)
 
 
 def _first_glob_part(parts: tuple[str, ...]) -> int:
@@ -199,10 +236,22 @@ def _list_listing(path: Path, separator: str | None) -> Listing:
     if separator is None:
         separator = "\t" if lines and "\t" in lines[0][1] else ","
     rows = [(number, next(csv.reader([line], delimiter=separator))) for number, line in lines]
-    if rows and rows[0][1][0].strip().lower() == "path":
-        rows = rows[1:]  # a header line
+    note = ""
+    if rows and _is_header(path, rows[0][1]):
+        if rows[0][1][0].strip().lower() != "path":  # the documented header needs no note
+            note = f"took line {rows[0][0]} of {path} ({separator.join(rows[0][1])}) as a header"
+        rows = rows[1:]
     entries = [_list_entry(path, number, row) for number, row in rows]
-    return _labelled("list file", entries)
+    return _labelled(LIST_FILE, entries, note)
+
+
+def _is_header(list_file: Path, row: list[str]) -> bool:
+    """Whether the first line of a list file names its columns: its first cell is ``path``, or
+    another column name (``filename``, ``image path``: no dot, no slash) that names no file."""
+    name = row[0].strip()
+    if name.lower() == "path":
+        return True
+    return bool(_COLUMN_NAME.fullmatch(name)) and not (list_file.parent / name).exists()
 
 
 def _list_entry(list_file: Path, number: int, row: list[str]) -> Entry:
@@ -226,7 +275,7 @@ def _json_listing(path: Path) -> Listing:
     labels = {entry.label for entry in entries if isinstance(entry.label, str)}
     if labels and any(not isinstance(e.label, str) for e in entries if "label" in e.sample):
         raise UsageError(f"{path}: some labels are strings and some are not; use one kind")
-    return Listing("JSON lines", entries, natural_order(labels))
+    return Listing(JSON_LINES, entries, natural_order(labels))
 
 
 def _json_entry(path: Path, number: int, line: str, index: int) -> Entry:

@@ -9,16 +9,26 @@ from typing import Any
 
 import numpy as np
 
-from ..image import decode_image
+from ..image import ImageDecodeError, decode_image, with_sample_named
 from ..storage import QuasiShuffler, Shuffler, unpack_sample
 from ..streaming import batch, processes, stats
-from ._common import UsageError, add_command, open_dataset, positive_int, progress_bar
+from ._common import (
+    UsageError,
+    add_command,
+    chosen_seed,
+    open_dataset,
+    positive_int,
+    progress_bar,
+    refuse_options,
+)
+from ._images import encoded_image
 
 __all__ = ["add_parsers", "decode_sample"]
 
 _MODES = ("sequential", "random", "quasi")
+_SHUFFLED = frozenset(("random", "quasi"))
 _CHECK_EVERY = 64
-_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")
+_WORKERS, _BATCH_SIZE = 2, 32  # of --pipeline
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -29,8 +39,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "reads), random (a true shuffle: every sample once, one read each) and quasi (a "
         "QuasiShuffler: chunks in a shuffled order through a buffer). Samples are decoded "
         "(msgpack) unless --raw. With --pipeline, it also reads through a pipeline of "
-        "process workers that decode samples and their JPEG/PNG images, into batches, and "
-        "prints the per-stage table. Each measurement stops after one pass or --seconds. "
+        "process workers that decode samples and their images (JPEG, PNG, GIF, WebP), into "
+        "batches, and prints the per-stage table; a sample that does not decode stops it, "
+        "named by its index and key. Each measurement stops after one pass or --seconds. "
         "Figures reflect the page cache: a dataset read just before comes from memory.",
         "  fpipe bench train.msgpack\n  fpipe bench train.msgpack --modes random --seconds 10\n"
         "  fpipe bench train.msgpack --pipeline --workers 4 --batch-size 64", _run_bench)
@@ -40,13 +51,14 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seconds", type=float, default=5.0,
                         help="stop each measurement after this long (5)")
     parser.add_argument("--raw", action="store_true", help="do not decode the samples")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled reads (0)")
+    parser.add_argument("--seed", type=int, help="seed of the shuffled reads (0)")
     pipeline = parser.add_argument_group("pipeline")
     pipeline.add_argument("--pipeline", action="store_true",
                           help="also read through a pipeline and print the per-stage table")
-    pipeline.add_argument("--workers", type=positive_int, default=2,
-                          help="decoding processes of the pipeline (2)")
-    pipeline.add_argument("--batch-size", type=positive_int, default=32, help="batch size (32)")
+    pipeline.add_argument("--workers", type=positive_int,
+                          help=f"decoding processes of the pipeline ({_WORKERS})")
+    pipeline.add_argument("--batch-size", type=positive_int,
+                          help=f"batch size ({_BATCH_SIZE})")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
 
@@ -58,6 +70,7 @@ def _run_bench(args: argparse.Namespace) -> int:
                          f"got {args.modes!r}")
     if args.seconds <= 0:
         raise UsageError(f"--seconds must be > 0; got {args.seconds}")
+    _check_unused_options(args, modes)
     with open_dataset(args.dataset) as reader:
         if not len(reader):
             raise UsageError(f"{args.dataset} is empty: nothing to measure")
@@ -65,11 +78,22 @@ def _run_bench(args: argparse.Namespace) -> int:
               f"{'raw' if args.raw else 'decoded'}")
         print(f"{'read':<12}{'samples':>10}{'seconds':>10}{'samples/s':>12}{'MB/s':>10}")
         for mode in modes:
-            count, size, seconds = _measure(_reads(reader, mode, args.seed), args, mode, len(reader))
+            count, size, seconds = _measure(_reads(reader, mode, chosen_seed(args)), args, mode,
+                                            len(reader))
             print(_row(mode, count, size, seconds), flush=True)
         if args.pipeline:
             _bench_pipeline(reader, args)
     return 0
+
+
+def _check_unused_options(args: argparse.Namespace, modes: list[str]) -> None:
+    if not args.pipeline:
+        refuse_options({"--workers": args.workers, "--batch-size": args.batch_size},
+                       "without --pipeline")
+    if not _SHUFFLED & set(modes):
+        refuse_options({"--seed": args.seed}, "without a shuffled read (--modes random or quasi)")
+    if not modes:
+        refuse_options({"--raw": args.raw}, "without --modes: the pipeline always decodes")
 
 
 def _reads(reader: Any, mode: str, seed: int) -> Iterator[bytes]:
@@ -106,37 +130,51 @@ def _row(name: str, count: int, size: int, seconds: float) -> str:
             f"{size / 1e6 / seconds:>10,.1f}")
 
 
-def decode_sample(data: bytes) -> dict:
-    """Decode a packed sample and every JPEG or PNG image in it (to an RGB uint8 array).
+def decode_sample(data: bytes, index: int | None = None) -> dict:
+    """Decode a packed sample and every JPEG, PNG, GIF or WebP image in it (to an RGB uint8
+    array). With its ``index``, an error names the sample (index and key) and the field.
 
     >>> from fpipe.storage import pack_sample
     >>> decode_sample(pack_sample({"key": "a", "label": 1}))
     {'key': 'a', 'label': 1}
+    >>> decode_sample(pack_sample({"key": "a", "image": b"\\xff\\xd8\\xff cut"}), 6)
+    Traceback (most recent call last):
+    ...
+    fpipe.image.ImageDecodeError: sample 6 (key 'a'), field 'image': cannot decode 7 bytes ...
     """
-    sample = unpack_sample(data)
+    sample = unpack_sample(data, index=index)
     if isinstance(sample, dict):
         for name, value in sample.items():
-            if isinstance(value, bytes) and value.startswith(_IMAGE_MAGIC):
-                sample[name] = _image_array(value)
+            if encoded_image(value):
+                sample[name] = _image_array(value, index, sample, name)
     return sample
 
 
-def _image_array(data: bytes) -> np.ndarray:
-    return np.asarray(decode_image(data))
+def _image_array(data: bytes, index: int | None, sample: dict, field: str) -> np.ndarray:
+    try:
+        return np.asarray(decode_image(data))
+    except ImageDecodeError as error:
+        if index is None:
+            raise
+        raise with_sample_named(error, index, sample, field) from None
+
+
+def _decode_numbered(item: tuple[int, bytes]) -> dict:
+    """:func:`decode_sample` of an ``(index, packed sample)`` pair."""
+    return decode_sample(item[1], item[0])
 
 
 def _bench_pipeline(reader: Any, args: argparse.Namespace) -> None:
     from toolz import pipe
 
-
-    stream = pipe(reader.iter(raw=True),
-                  processes(decode_sample, n_workers=args.workers, backend="loky"),
-                  batch(args.batch_size))
+    workers, size = args.workers or _WORKERS, args.batch_size or _BATCH_SIZE
+    stream = pipe(enumerate(reader.iter(raw=True)),
+                  processes(_decode_numbered, n_workers=workers, backend="loky"),
+                  batch(size))
     with stream:
         startup, count, seconds = _consume(stream, args, len(reader))
         table = stats(stream)
-    print(f"\npipeline: read -> processes(decode_sample, n_workers={args.workers}) -> "
-          f"batch({args.batch_size})")
+    print(f"\npipeline: read -> processes(decode_sample, n_workers={workers}) -> batch({size})")
     print(f"first batch after {startup:.2f} s (starting the workers); then {count} samples in "
           f"{seconds:.2f} s: {count / max(seconds, 1e-9):,.0f} samples/s\n")
     print(table)

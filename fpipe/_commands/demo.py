@@ -38,10 +38,13 @@ from ._common import (
     non_negative_int,
     positive_int,
     progress_bar,
+    refuse_options,
     say,
 )
 
 __all__ = ["Augment", "add_parsers", "make_images"]
+
+_IMAGES, _CLASSES = 512, 4  # what the demo makes unless --images, --classes
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220),
            "yellow": (230, 210, 40), "magenta": (200, 50, 200), "cyan": (40, 200, 210),
@@ -74,10 +77,10 @@ def _add_data_options(parser: argparse.ArgumentParser) -> None:
                              "'fpipe write' reads) instead of generated images")
     parser.add_argument("--keep", metavar="DIR",
                         help="write the images and the packed dataset into DIR and keep them")
-    parser.add_argument("--images", type=positive_int, default=512,
-                        help="how many images to generate (512)")
-    parser.add_argument("--classes", type=positive_int, default=4,
-                        help=f"how many classes to generate, at most {len(COLOURS)} (4)")
+    parser.add_argument("--images", type=positive_int,
+                        help=f"how many images to generate ({_IMAGES})")
+    parser.add_argument("--classes", type=positive_int,
+                        help=f"how many classes to generate, at most {len(COLOURS)} ({_CLASSES})")
 
 
 def _add_training_options(parser: argparse.ArgumentParser) -> None:
@@ -94,15 +97,14 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    if args.classes > len(COLOURS):
-        raise UsageError(f"--classes must be at most {len(COLOURS)}; got {args.classes}")
+    _check_options(args)
     if args.data is not None and not Path(args.data).exists():
         raise FileNotFoundError(f"--data {args.data}: no such file or folder")
     use_torch = args.torch and importlib.util.find_spec("torch") is not None
     started = time.perf_counter()
     with _workspace(args.keep) as folder:
-        source = args.data or make_images(folder / "images", args.images, args.classes,
-                                          args.seed, args)
+        source = args.data or make_images(folder / "images", args.images or _IMAGES,
+                                          args.classes or _CLASSES, args.seed, args)
         dataset = folder / "demo.msgpack"
         _pack(source, dataset, args)
         classes = _class_count(dataset)
@@ -113,6 +115,17 @@ def _run_demo(args: argparse.Namespace) -> int:
               "(worker start-up included)"
         + (f"; the files are in {args.keep}" if args.keep else "; nothing was left behind"))
     return 0
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if args.classes is not None and args.classes > len(COLOURS):
+        raise UsageError(f"--classes must be at most {len(COLOURS)}; got {args.classes}")
+    if args.data is not None:
+        refuse_options({"--images": args.images, "--classes": args.classes},
+                       "with --data: they describe the images the demo makes")
+    if args.keep is None:
+        refuse_options({"-y/--overwrite": args.overwrite},
+                       "without --keep: the demo works in a new temporary folder")
 
 
 @contextlib.contextmanager

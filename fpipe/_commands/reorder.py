@@ -2,13 +2,17 @@
 
 All of them copy the packed bytes of each sample (no decoding), write through a staging
 folder (nothing appears under an output name unless the run succeeds), and copy the class
-names stored beside the input.
+names stored beside the input. ``merge`` renumbers the labels of inputs whose class lists
+differ to the union of the lists (see :mod:`fpipe._commands._labels`), changing only the bytes
+of the label.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,22 +24,27 @@ from ..random import item_rng
 from ..storage import MsgpackReader, QuasiShuffler, RawWriter, Shuffler
 from ..storage._staging import staged_datasets
 from ._common import (
+    CLASSES_SUFFIX,
     UsageError,
     add_command,
     add_output_options,
+    chosen_seed,
     copy_classes,
     dataset_keys,
     human_bytes,
     non_negative_int,
     open_dataset,
     positive_int,
+    refuse_options,
     say,
     shows_progress,
 )
+from ._labels import class_lists, merged_classes, renumbered
 
 __all__ = ["add_parsers", "part_bounds"]
 
 _BLOCK = 4096
+_QUASI_BUFFER, _QUASI_CHUNK = 0.01, 16  # fpipe shuffle --mode quasi's --buf-size, --chunk-size
 _SHOWN_DUPLICATES = 5
 
 
@@ -48,7 +57,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 
 
 def _seed_option(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--seed", type=non_negative_int, default=0,
+    # None when not given, so that a seed given where nothing is drawn can be refused
+    parser.add_argument("--seed", type=non_negative_int,
                         help=f"seed of the {what} (0); the same seed gives the same output")
 
 
@@ -67,10 +77,10 @@ def _add_shuffle(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--mode", choices=("true", "quasi"), default="true",
                         help="true: a uniform permutation (default); quasi: chunked and buffered")
     _seed_option(parser, "shuffle")
-    parser.add_argument("--buf-size", type=float, default=0.01, metavar="F",
+    parser.add_argument("--buf-size", type=float, metavar="F",
                         help="quasi: buffer size, a fraction of IN below 1 or a number of "
                              "samples (0.01)")
-    parser.add_argument("--chunk-size", type=positive_int, default=16, metavar="N",
+    parser.add_argument("--chunk-size", type=positive_int, metavar="N",
                         help="quasi: samples per contiguous read (16)")
     add_output_options(parser)
 
@@ -82,7 +92,11 @@ def _add_merge(commands: argparse._SubParsersAction) -> None:
         "the other; --strategy random interleaves them at random, each next sample taken from "
         "an input with probability proportional to the samples it has left (so every input is "
         "spread evenly over OUT, in its own order). Keys must be unique across the inputs: "
-        "duplicates are listed and nothing is written.",
+        "duplicates are listed and nothing is written. Labels are matched by class name: when "
+        "the inputs' class lists (X.msgpack.classes.json) differ, OUT's list is their union "
+        "(the first input's names, then each name a later input adds, in its order) and the "
+        "labels of the inputs whose numbers change are renumbered; inputs some of which have no "
+        "class list are refused.",
         "  fpipe merge part-0.msgpack part-1.msgpack all.msgpack\n"
         "  fpipe merge a.msgpack b.msgpack mixed.msgpack --strategy random --seed 3",
         _run_merge)
@@ -145,13 +159,13 @@ def _copy(pairs: Iterable[tuple[str, Any]], path: Path, total: int, name: str,
             write(key, data)
 
 
-def _write_copy(args: argparse.Namespace, sources: Sequence[Path], target: Path,
+def _write_copy(args: argparse.Namespace, source: Path, target: Path,
                 pairs: Iterable[tuple[str, Any]], total: int) -> None:
     """Write ``(key, packed bytes)`` pairs to the dataset ``target`` through a staging folder,
-    with the class names stored beside ``sources``."""
+    with the class names stored beside ``source``."""
     with staged_datasets([target], args.overwrite) as (staged,):
         _copy(pairs, staged, total, target.name, args)
-        copy_classes(sources, [staged])
+        copy_classes(source, [staged])
 
 
 def _written(args: argparse.Namespace, outputs: Sequence[Path]) -> None:
@@ -171,14 +185,18 @@ def _in_blocks(reader: Any, indices: np.ndarray) -> Iterator[tuple[str, Any]]:
 
 
 def _run_shuffle(args: argparse.Namespace) -> int:
-    if args.buf_size <= 0:
+    if args.mode == "true":
+        refuse_options({"--buf-size": args.buf_size, "--chunk-size": args.chunk_size},
+                       "with --mode true (they set --mode quasi's reads)")
+    buf_size = _QUASI_BUFFER if args.buf_size is None else args.buf_size
+    if buf_size <= 0:
         raise UsageError(f"--buf-size must be > 0; got {args.buf_size}")
     source, target = Path(args.input), Path(args.output)
     with open_dataset(source) as reader:
-        order = (Shuffler(reader, seed=args.seed) if args.mode == "true" else
-                 QuasiShuffler(reader, buf_size=_buffer(args.buf_size), chunk_size=args.chunk_size,
-                               seed=args.seed))
-        _write_copy(args, [source], target, order.iter(yield_key=True, raw=True), len(reader))
+        order = (Shuffler(reader, seed=chosen_seed(args)) if args.mode == "true" else
+                 QuasiShuffler(reader, buf_size=_buffer(buf_size),
+                               chunk_size=args.chunk_size or _QUASI_CHUNK, seed=chosen_seed(args)))
+        _write_copy(args, source, target, order.iter(yield_key=True, raw=True), len(reader))
     _written(args, [target])
     return 0
 
@@ -191,20 +209,51 @@ def _buffer(value: float) -> float | int:
 
 
 def _run_merge(args: argparse.Namespace) -> int:
+    if args.strategy == "concat":
+        refuse_options({"--seed": args.seed}, "with --strategy concat, which draws nothing")
     sources, target = [Path(p) for p in args.inputs], Path(args.output)
     readers = [open_dataset(source) for source in sources]
     try:
         _check_unique_keys(sources, readers)
+        classes, tables = merged_classes(sources)
         lengths = [len(reader) for reader in readers]
-        pairs = (_interleaved(readers, lengths, args.seed) if args.strategy == "random"
-                 else itertools.chain.from_iterable(
-                     reader.iter(yield_key=True, raw=True) for reader in readers))
-        _write_copy(args, sources, target, pairs, sum(lengths))
+        streams = [_merged_samples(*inputs) for inputs in zip(readers, tables, sources)]
+        pairs = (_interleaved(streams, lengths, chosen_seed(args)) if args.strategy == "random"
+                 else itertools.chain.from_iterable(streams))
+        with staged_datasets([target], args.overwrite) as (staged,):
+            _copy(pairs, staged, sum(lengths), target.name, args)
+            _store_merged_classes(args, sources, staged, classes, tables)
     finally:
         for reader in readers:
             reader.close()
     _written(args, [target])
     return 0
+
+
+def _merged_samples(reader: Any, table: dict, source: Path) -> Iterator[tuple[str, Any]]:
+    """The raw ``(key, bytes)`` of an input, with its labels renumbered if ``table`` says so."""
+    pairs = reader.iter(yield_key=True, raw=True)
+    return renumbered(pairs, table, source) if table else pairs
+
+
+def _store_merged_classes(args: argparse.Namespace, sources: list[Path], staged: Path,
+                          classes: dict | None, tables: list[dict]) -> None:
+    """The inputs' class list beside the merged dataset: copied when they all have the same,
+    else their union, with a note naming the inputs whose labels were renumbered."""
+    if classes is None:
+        return
+    if all(class_lists(source) == classes for source in sources):
+        copy_classes(sources[0], [staged])  # with whatever else the file holds
+        return
+    content = {"dataset": f"merge of {', '.join(map(str, sources))}", "classes": classes}
+    Path(f"{staged}{CLASSES_SUFFIX}").write_text(
+        json.dumps(content, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    changed = [str(source) for source, table in zip(sources, tables) if table]
+    if changed and not args.quiet:
+        sizes = ", ".join(f"{field}: {len(names)} names" for field, names in classes.items())
+        print(f"fpipe merge: note: the inputs' class lists differ; the merged list is their "
+              f"union ({sizes}) and the labels of {', '.join(changed)} were renumbered to it",
+              file=sys.stderr)
 
 
 def _check_unique_keys(sources: list[Path], readers: list) -> None:
@@ -223,12 +272,12 @@ def _check_unique_keys(sources: list[Path], readers: list) -> None:
         raise FpipeError(f"{len(duplicates)} duplicate key(s), nothing was written: {shown}{more}")
 
 
-def _interleaved(readers: list, lengths: list[int], seed: int) -> Iterator[tuple[str, Any]]:
+def _interleaved(streams: list[Iterator], lengths: list[int], seed: int
+                 ) -> Iterator[tuple[str, Any]]:
     """Each next sample from a random input, chosen with probability proportional to the
     samples it has left: a uniformly random interleaving that keeps every input's order."""
-    picks = np.repeat(np.arange(len(readers), dtype=np.int32), lengths)
+    picks = np.repeat(np.arange(len(streams), dtype=np.int32), lengths)
     item_rng(seed, 0, 0).shuffle(picks)
-    streams = [reader.iter(yield_key=True, raw=True) for reader in readers]
     return (next(streams[pick]) for pick in picks.tolist())
 
 
@@ -287,6 +336,8 @@ def _fraction_bounds(n: int, fractions: Sequence[float], parts: int) -> list[int
 
 
 def _run_split(args: argparse.Namespace) -> int:
+    if not args.shuffle:
+        refuse_options({"--seed": args.seed}, "without --shuffle, which draws the parts")
     source, targets = Path(args.input), [Path(p) for p in args.outputs]
     if len({target.resolve() for target in targets}) < len(targets):
         raise UsageError(f"an output is given twice: {' '.join(args.outputs)}")
@@ -298,7 +349,7 @@ def _run_split(args: argparse.Namespace) -> int:
             for target, path, low, high in zip(targets, staged, bounds, bounds[1:]):
                 part = np.sort(order[low:high]) if args.shuffle else order[low:high]
                 _copy(_in_blocks(reader, part), path, high - low, target.name, args)
-            copy_classes([source], staged)
+            copy_classes(source, staged)
     _written(args, targets)
     return 0
 
@@ -307,7 +358,7 @@ def _split_order(n: int, args: argparse.Namespace) -> np.ndarray:
     if not args.shuffle:
         return np.arange(n, dtype=np.int64)
 
-    return item_rng(args.seed, 0, 0).permutation(n)
+    return item_rng(chosen_seed(args), 0, 0).permutation(n)
 
 
 # --- sample -----------------------------------------------------------------------------
@@ -318,7 +369,7 @@ def _run_sample(args: argparse.Namespace) -> int:
     with open_dataset(source) as reader:
         if args.count > len(reader):
             raise UsageError(f"N is {args.count} but {source} has only {len(reader)} samples")
-        chosen = np.sort(item_rng(args.seed, 0, 0).choice(len(reader), args.count, replace=False))
-        _write_copy(args, [source], target, _in_blocks(reader, chosen), args.count)
+        chosen = np.sort(item_rng(chosen_seed(args), 0, 0).choice(len(reader), args.count, replace=False))
+        _write_copy(args, source, target, _in_blocks(reader, chosen), args.count)
     _written(args, [target])
     return 0

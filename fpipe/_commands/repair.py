@@ -26,7 +26,8 @@ from ..storage import (
 )
 from ..storage._staging import staging_folder
 from ..storage.format import hash_key
-from ._common import add_command, human_bytes, progress_bar, say, shows_progress
+from ._common import add_command, human_bytes, progress_bar, refuse_options, say, shows_progress
+from ._images import image_problems
 
 __all__ = ["add_parsers", "check_dataset"]
 
@@ -53,6 +54,9 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
                         help="dataset files (X.msgpack), or URLs (fetched to a temporary folder)")
     verify.add_argument("--quick", action="store_true",
                         help="check checksums and the index, not every sample")
+    verify.add_argument("--images", action="store_true",
+                        help="also decode every image (JPEG, PNG, GIF, WebP bytes) and report "
+                             "those that do not decode (slower: a full decode of each)")
     verify.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar; print only problems")
 
@@ -80,6 +84,8 @@ def _add_index(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
+    if args.quick:
+        refuse_options({"--images": args.images}, "with --quick, which reads no sample")
     failed = False
     for dataset in args.datasets:
         problems, checked = _check_any(dataset, args)
@@ -119,6 +125,10 @@ def check_dataset(path: Path, args: argparse.Namespace) -> tuple[list[str], str]
     if index is not None and not args.quick:
         problems += _check_samples(files, index, args)
         checked += f", {len(index[0])} samples"
+    if index is not None and getattr(args, "images", False):
+        found, decoded = image_problems(files.data, args)
+        problems += found
+        checked += f", {decoded} images decoded"
     return problems, checked
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import io
 import json
+import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,14 +18,17 @@ from ._common import (
     CLASSES_SUFFIX,
     UsageError,
     add_command,
+    chosen_seed,
     human_bytes,
-    load_classes,
     non_negative_int,
     positive_int,
+    refuse_options,
     say,
     shows_progress,
 )
-from ._inputs import Entry, Listing, list_source
+from ._images import checked_suffixes, damage, decode_failure
+from ._inputs import IMAGE_SUFFIXES, JSON_LINES, LIST_FILE, Entry, Listing, list_source
+from ._labels import class_file, class_lists
 
 if TYPE_CHECKING:
     from ..sets import KnownDataset
@@ -51,23 +57,28 @@ For files, OUT is the dataset's file (e.g. train.msgpack); each sample is
 {{"key": the file's relative path, "image" (--field): the file's bytes, "label": number}}.
 Images are stored as their original bytes unless --resize or --encode is given.
 Labels are numbered in natural order of their names (digit runs compare as numbers, so
-'class2' < 'class10'), and the names are stored beside the dataset, in
-OUT.classes.json. In a folder of class folders, files that are not images (by suffix:
-.jpg, .png, .webp, ...) are left out with a one-line note (--strict: an error).
---include/--exclude choose files by their key, --check decodes every image before it is
-written. Nothing appears under OUT unless the whole run succeeds; --append adds the samples
-to an existing OUT instead (its index and .md5 are replaced whole at the end; a failed run
-leaves OUT as it was)."""
+'class2' < 'class10'), or as in the class list of --classes FILE; the names are stored
+beside the dataset, in OUT.classes.json. In class folders, files that are not images (by
+suffix, in any case: .jpg, .JPG, .png, .webp, ...) are left out with a one-line note
+(--strict: an error). --include/--exclude choose files by their key.
+Every image gets a cheap look (its header, and the end of a JPEG, PNG, WebP or GIF): one
+that looks damaged is named on stderr and packed as it is; --check decodes every image and
+stops at one that does not decode, --skip-bad decodes every image and leaves out those that
+do not, naming each. Nothing appears under OUT unless the whole run succeeds; --append adds
+the samples to an existing OUT instead (its index and .md5 are replaced whole at the end; a
+failed run leaves OUT as it was)."""
 
 _EXAMPLE = """\
   fpipe write photos/ photos.msgpack --workers 4 --shuffle --seed 1
   fpipe write 'photos/{LABEL}/*.jpg' small.msgpack --resize 128 --encode jpeg
   fpipe write train.csv train.msgpack
-  fpipe write photos/ photos.msgpack --exclude '*/thumbs/*' --check
+  fpipe write photos/ photos.msgpack --exclude '*/thumbs/*' --skip-bad
+  fpipe write val-photos/ val.msgpack --classes train.msgpack
   fpipe write more-photos/ photos.msgpack --append
   fpipe write cifar10 data/cifar10 --download"""
 
 _FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
+_NAMED_LABELS = 5  # label names shown in one message
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -89,26 +100,34 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=positive_int, default=1,
                         help="threads that read and encode files (the output order does not change)")
     parser.add_argument("--shuffle", action="store_true", help="shuffle the samples by --seed")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of --shuffle (0)")
+    parser.add_argument("--seed", type=non_negative_int, help="seed of --shuffle (0)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")
     _add_file_options(parser.add_argument_group("files (folders, patterns, list files)"))
     _add_known_options(parser.add_argument_group("well-known datasets"))
 
 
 def _add_file_options(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--field", default="image", metavar="NAME",
+    group.add_argument("--field", metavar="NAME",
                        help="the field that holds a file's bytes (default image)")
     group.add_argument("--include", action="append", default=[], metavar="GLOB",
                        help="take only files whose key (relative path) matches GLOB "
                             "(repeatable; fnmatch, '*' crosses folders)")
     group.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                        help="leave out files whose key matches GLOB (repeatable)")
+    group.add_argument("--classes", metavar="FILE",
+                       help="number the labels as the class list FILE does (a .classes.json, "
+                            "or a dataset beside which one is stored), so that these samples "
+                            "share another dataset's numbering; a label not in it is an error")
     group.add_argument("--strict", action="store_true",
                        help="a file in a class folder that is not an image is an error, not "
                             "left out")
-    group.add_argument("--check", action="store_true",
-                       help="decode every image before writing it; one that does not decode "
-                            "stops the run, naming the file")
+    checks = group.add_mutually_exclusive_group()
+    checks.add_argument("--check", action="store_true",
+                        help="decode every image before writing it; one that does not decode "
+                             "stops the run, naming the file")
+    checks.add_argument("--skip-bad", action="store_true",
+                        help="decode every image before writing it; leave out those that do not "
+                             "decode, naming each on stderr")
     group.add_argument("--separator", metavar="SEP",
                        help="column separator of a list file (default: tab if the first line "
                             "has one, else comma)")
@@ -117,7 +136,7 @@ def _add_file_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--encode", choices=sorted(_FORMATS),
                        help="re-encode images in this format (default: keep the original bytes, "
                             "or with --resize the original format)")
-    group.add_argument("--quality", type=positive_int, default=90,
+    group.add_argument("--quality", type=positive_int,
                        help="JPEG/WebP quality of re-encoded images (default 90)")
 
 
@@ -136,21 +155,34 @@ def _add_known_options(group: argparse._ArgumentGroup) -> None:
 def _run_write(args: argparse.Namespace) -> int:
     from .. import sets
 
+    if not args.shuffle:
+        refuse_options({"--seed": args.seed}, "without --shuffle")
     if args.source in sets.names():
-        if (args.resize or args.encode or args.separator or args.field != "image"
-                or args.include or args.exclude or args.strict or args.check or args.append):
-            raise UsageError("--field, --separator, --resize, --encode, --include, --exclude, "
-                             "--strict, --check and --append are for files, not for the "
-                             f"well-known dataset {args.source}")
+        _check_known_set_options(args)
         return _write_known_set(sets.get(args.source), args)
-    source = Path(args.source)
-    if not source.exists() and not any(c in args.source for c in "*?[{"):
-        if len(source.parts) > 1 or source.suffix:
-            raise FileNotFoundError(f"{args.source}: no such file or folder")
-        return _fail(EXIT_USAGE_ERROR, f"unknown dataset {args.source!r}; known: "
-                     f"{', '.join(sets.names())}; or give a folder, glob pattern, list file or "
-                     f".jsonl file")
+    if not Path(args.source).exists() and not any(c in args.source for c in "*?[{"):
+        raise _missing(args.source, sets.names())
     return _write_files(args)
+
+
+def _missing(source: str, known: list[str]) -> FileNotFoundError:
+    """The error for a SOURCE that is no file, folder or pattern: a path, or a name that may be
+    a misspelt well-known dataset."""
+    if "/" in source or os.sep in source or Path(source).suffix:
+        return FileNotFoundError(f"{source}: no such file or folder")
+    close = difflib.get_close_matches(source, known, n=1)
+    return FileNotFoundError(f"{source}: no such file or folder, and no well-known dataset of "
+                             f"that name" + (f" (did you mean {close[0]}?)" if close else "")
+                             + f"; known: {', '.join(known)}")
+
+
+def _check_known_set_options(args: argparse.Namespace) -> None:
+    refuse_options({"--append": args.append, "--field": args.field, "--include": args.include,
+                    "--exclude": args.exclude, "--classes": args.classes, "--strict": args.strict,
+                    "--check": args.check, "--skip-bad": args.skip_bad,
+                    "--separator": args.separator, "--resize": args.resize,
+                    "--encode": args.encode, "--quality": args.quality},
+                   f"with the well-known dataset {args.source}, which is read from its archives")
 
 
 def _fail(status: int, error: object) -> int:
@@ -172,7 +204,7 @@ def _write_known_set(dataset: KnownDataset, args: argparse.Namespace) -> int:
         written = dataset.write(
             args.out, args.origin, splits=args.splits, download=args.download,
             base_url=args.base_url, verify=args.verify, overwrite=args.overwrite,
-            workers=args.workers, shuffle=args.shuffle, seed=args.seed,
+            workers=args.workers, shuffle=args.shuffle, seed=chosen_seed(args),
             progress=False if args.quiet else None)
     except (ArchiveError, DownloadError, ModuleNotFoundError) as error:
         return _fail(EXIT_DATA_ERROR, error)
@@ -199,43 +231,119 @@ def _print_written(written: dict) -> None:
 
 
 def _write_files(args: argparse.Namespace) -> int:
-    if args.origin or args.download or args.base_url or args.splits:
-        raise UsageError("--from, --download, --base-url and --split are for well-known datasets")
-    if len(args.separator or ",") != 1:
-        raise UsageError(f"--separator must be one character; got {args.separator!r}")
-    if args.append and args.overwrite:
-        raise UsageError("--append adds to OUT, -y/--overwrite replaces it: pass one of them")
+    _check_file_options(args)
     listing = list_source(args.source, args.separator, args.include, args.exclude, args.strict)
-    if listing.note and not args.quiet:
-        print(f"fpipe write: note: {listing.note}", file=sys.stderr)
+    _check_source_options(listing, args)
+    for note in _notes(listing, args):
+        print(f"fpipe write: note: {note}", file=sys.stderr)
     entries = _ordered(listing.entries, args)
     out = Path(args.out)
-    labels = _appended_labels(out, listing) if args.append else listing.labels
-    make = SampleMaker(args.field, {name: i for i, name in enumerate(labels)}, _recoder(args),
-                       args.check)
-    if args.append:
-        _append_files(out, entries, make, listing, args)
+    labels = _label_names(out, listing, args)
+    screen = ImageScreen("skip" if args.skip_bad else "stop" if args.check else "look")
+    make = SampleMaker(args.field or "image", {name: i for i, name in enumerate(labels)},
+                       _recoder(args), screen)
+    if args.append:  # OUT has the class list that numbers the labels (or none is needed)
+        written = _write_samples(out, entries, make, args, append=True)
     else:
         with staged_datasets([out], args.overwrite) as (staged,):
-            _write_samples(staged, entries, make, args)
-            if listing.labels:
-                _write_labels(staged, args.source, listing)
-    say(args, f"{'appended' if args.append else 'wrote'} {len(entries)} samples from "
+            written = _write_samples(staged, entries, make, args)
+            if labels:
+                _write_labels(staged, labels, args)
+    _report_images(screen, entries, args)
+    say(args, f"{'appended' if args.append else 'wrote'} {written} samples from "
               f"{listing.kind} {args.source} to {out} ({human_bytes(out.stat().st_size)})"
         + (f", {len(labels)} labels in {out}{CLASSES_SUFFIX}" if labels else ""))
     return 0
 
 
+def _check_file_options(args: argparse.Namespace) -> None:
+    refuse_options({"--from": args.origin, "--download": args.download,
+                    "--base-url": args.base_url, "--no-verify": not args.verify,
+                    "--split": args.splits}, "with files (only with a well-known dataset)")
+    if len(args.separator or ",") != 1:
+        raise UsageError(f"--separator must be one character; got {args.separator!r}")
+    if args.append:
+        if args.overwrite:
+            raise UsageError("--append adds to OUT, -y/--overwrite replaces it: pass one of them")
+        refuse_options({"--classes": args.classes},
+                       "with --append, which numbers the labels as OUT's class list does")
+        if not Path(args.out).is_file():
+            raise FileNotFoundError(f"--append: {args.out} does not exist; leave out --append "
+                                    "to write a new dataset")
+    if args.quality is not None:
+        if args.resize is None and args.encode is None:
+            refuse_options({"--quality": args.quality}, "without --encode or --resize: the "
+                           "images are packed as they are")
+        if args.encode == "png":
+            refuse_options({"--quality": args.quality}, "with --encode png (PNG is lossless)")
+
+
+def _check_source_options(listing: Listing, args: argparse.Namespace) -> None:
+    if listing.kind != LIST_FILE:
+        refuse_options({"--separator": args.separator}, f"on a {listing.kind}: it is for list "
+                       "files")
+    if listing.kind == JSON_LINES:
+        refuse_options({"--field": args.field, "--resize": args.resize, "--encode": args.encode,
+                        "--quality": args.quality, "--check": args.check,
+                        "--skip-bad": args.skip_bad},
+                       "on JSON lines: their samples are written as they are, with no files")
+    if args.classes is not None and not listing.labels:
+        raise UsageError(f"--classes: {args.source} has no label names to number")
+
+
+def _notes(listing: Listing, args: argparse.Namespace) -> list[str]:
+    """What the user should know about the listing: files left out, a header taken as one,
+    and classes left without samples that the numbering skips."""
+    if args.quiet:
+        return []
+    notes = [listing.note] if listing.note else []
+    if listing.emptied and args.classes is None and not args.append:
+        named = ", ".join(map(str, listing.emptied[:_NAMED_LABELS]))
+        more = "..." if len(listing.emptied) > _NAMED_LABELS else ""
+        notes.append(f"no sample is left in {len(listing.emptied)} class(es) ({named}{more}), so "
+                     f"the labels are numbered among the {len(listing.labels)} that are; "
+                     "--classes FILE keeps another dataset's numbering")
+    return notes
+
+
+def _label_names(out: Path, listing: Listing, args: argparse.Namespace) -> list:
+    """The label names, numbered in their order: OUT's (--append), those of --classes FILE,
+    or the source's."""
+    if args.append:
+        return _appended_labels(out, listing)
+    if args.classes is not None:
+        return _given_labels(args.classes, listing)
+    return listing.labels
+
+
+def _given_labels(source: str, listing: Listing) -> list:
+    """The class list of --classes ``source``, which must hold every label of ``listing``."""
+    lists = class_lists(source)
+    if lists is None:
+        raise FileNotFoundError(f"--classes {source}: {class_file(source)} not found")
+    if "label" not in lists:
+        raise UsageError(f"--classes {source}: {class_file(source)} has no class list for the "
+                         f"field 'label' (it has {', '.join(lists) or 'none'})")
+    names = lists["label"]
+    known = set(names)
+    unknown = [label for label in listing.labels if label not in known]
+    if unknown:
+        raise UsageError(f"--classes {source}: {len(unknown)} label(s) are not among its "
+                         f"{len(names)} classes: {', '.join(map(str, unknown[:_NAMED_LABELS]))}"
+                         + ("..." if len(unknown) > _NAMED_LABELS else ""))
+    return names
+
+
 def _appended_labels(out: Path, listing: Listing) -> list:
     """The label names of dataset ``out``, which the appended samples must use."""
-    stored = load_classes(out)
+    stored = class_lists(out)
     if stored is None:
-        if listing.labels and out.exists():
+        if listing.labels:
             raise UsageError(f"--append: {out} has no {CLASSES_SUFFIX}, so the labels "
                              f"{', '.join(map(str, listing.labels[:3]))}... cannot be numbered "
                              "as its samples are")
         return listing.labels
-    names = (stored.get("classes") or {}).get("label") or []
+    names = stored.get("label") or []
     unknown = [label for label in listing.labels if label not in names]
     if unknown:
         raise UsageError(f"--append: label(s) {', '.join(map(str, unknown[:5]))} are not among "
@@ -243,24 +351,19 @@ def _appended_labels(out: Path, listing: Listing) -> list:
     return names
 
 
-def _append_files(out: Path, entries: list[Entry], make: SampleMaker, listing: Listing,
-                  args: argparse.Namespace) -> None:
-    fresh = not out.exists()
-    _write_samples(out, entries, make, args, append=True)
-    if fresh and listing.labels:
-        _write_labels(out, args.source, listing)
-
-
 def _ordered(entries: list[Entry], args: argparse.Namespace) -> list[Entry]:
     if not args.shuffle:
         return entries
     from ..random import item_rng
 
-    return [entries[i] for i in item_rng(args.seed, 0, 0).permutation(len(entries)).tolist()]
+    order = item_rng(chosen_seed(args), 0, 0).permutation(len(entries))
+    return [entries[i] for i in order.tolist()]
 
 
 def _write_samples(path: Path, entries: list[Entry], make: SampleMaker,
-                   args: argparse.Namespace, append: bool = False) -> None:
+                   args: argparse.Namespace, append: bool = False) -> int:
+    """Write the samples of ``entries`` to ``path``; how many were written (--skip-bad leaves
+    out images that do not decode)."""
     from ..storage import FileWriter
 
     shown = shows_progress(args)
@@ -272,8 +375,7 @@ def _write_samples(path: Path, entries: list[Entry], make: SampleMaker,
     with FileWriter(path, append=append, progress=shown, disable=not shown, total=len(entries),
                     desc=Path(args.out).name, unit=" samples") as writer:
         try:
-            for sample in samples:
-                writer.write(sample)
+            return _written(samples, writer, len(entries))
         except BaseException:
             if append:  # a staged new dataset goes with its staging folder; this one is cut back
                 writer.abandon()
@@ -282,55 +384,132 @@ def _write_samples(path: Path, entries: list[Entry], make: SampleMaker,
             getattr(samples, "close", lambda: None)()
 
 
-def _write_labels(path: Path, source: str, listing: Listing) -> None:
-    content = {"dataset": source, "classes": {"label": listing.labels}, "label_order": "natural"}
+def _written(samples: Iterable[dict | None], writer: Any, total: int) -> int:
+    """Write the samples that are not None; how many were written (not none)."""
+    written = 0
+    for sample in samples:
+        if sample is not None:
+            writer.write(sample)
+            written += 1
+    if not written:
+        raise FpipeError(f"none of the {total} images decodes (--skip-bad left out every one); "
+                         "nothing was written")
+    return written
+
+
+def _write_labels(path: Path, labels: list, args: argparse.Namespace) -> None:
+    order = "natural" if args.classes is None else f"as in {class_file(args.classes)}"
+    content = {"dataset": args.source, "classes": {"label": labels}, "label_order": order}
     Path(str(path) + CLASSES_SUFFIX).write_text(
         json.dumps(content, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+class ImageScreen:
+    """What becomes of image files that are damaged. ``"look"`` (the default) gives each the
+    cheap look of :func:`~fpipe._commands._images.damage` and packs it whatever it finds;
+    ``"stop"`` (--check) decodes each and stops the run at one that does not decode;
+    ``"skip"`` (--skip-bad) decodes each and leaves out those that do not. The damaged files
+    are collected in ``found`` as ``(path, reason)``, and the image files that Pillow cannot
+    read here in ``unchecked``; worker threads share the lists."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.found: list[tuple[str, str]] = []
+        self.unchecked: list[str] = []
+
+    def passes(self, data: bytes, path: str) -> bool:
+        """Whether to pack the file ``path`` (files that are not images always pass)."""
+        suffix = Path(path).suffix.lower()
+        if suffix not in checked_suffixes():
+            if suffix in IMAGE_SUFFIXES:
+                self.unchecked.append(suffix)
+            return True
+        reason = damage(data) if self.mode == "look" else decode_failure(data)
+        return reason is None or self.failed(path, reason)
+
+    def failed(self, path: str, reason: str, packable: bool = True) -> bool:
+        """Take the image ``path`` that is damaged (``reason``): whether to pack it anyway.
+        One that cannot be packed as it is (not ``packable``: it was to be re-encoded) stops
+        the run unless --skip-bad."""
+        if self.mode == "stop" or (self.mode == "look" and not packable):
+            hint = " (--check)" if self.mode == "stop" else \
+                "; --skip-bad leaves out the images that do not decode"
+            raise FpipeError(f"{path}: {reason}{hint}")
+        self.found.append((path, reason))
+        return self.mode == "look"
+
+
+def _report_images(screen: ImageScreen, entries: list[Entry], args: argparse.Namespace) -> None:
+    """Name on stderr each damaged image that was packed or left out, in the order of the
+    samples, then their count (even with --quiet); and the image files that were not checked."""
+    if screen.unchecked and not args.quiet:
+        kinds = ", ".join(sorted(set(screen.unchecked)))
+        print(f"fpipe write: note: {len(screen.unchecked)} image file(s) ({kinds}) were not "
+              "checked: Pillow cannot read them here", file=sys.stderr)
+    if not screen.found:
+        return
+    position = {entry.path: i for i, entry in enumerate(entries)}
+    found = sorted(screen.found, key=lambda item: position.get(item[0], 0))
+    left_out = screen.mode == "skip"
+    for path, reason in found:
+        print(f"fpipe write: {'left out' if left_out else 'warning:'} {path}: {reason}",
+              file=sys.stderr)
+    print(f"fpipe write: left out {len(found)} image(s) that do not decode (--skip-bad)"
+          if left_out else
+          f"fpipe write: warning: {len(found)} image(s) look damaged and were packed as they "
+          "are; --skip-bad leaves out the images that do not decode, --check stops at the first",
+          file=sys.stderr)
+
+
 class SampleMaker:
-    """Turn an :class:`Entry` into the sample to write: read its file (and re-encode it),
-    number its label. A plain class, so that worker threads share nothing but it."""
+    """Turn an :class:`Entry` into the sample to write, or None to leave it out: read its file
+    (and re-encode it, or screen it), number its label. A plain class, so that worker threads
+    share nothing but it."""
 
     def __init__(self, field: str, labels: dict, recode: ImageRecoder | None,
-                 check: bool = False) -> None:
-        self.field, self.labels, self.recode, self.check = field, labels, recode, check
+                 screen: ImageScreen) -> None:
+        self.field, self.labels, self.recode, self.screen = field, labels, recode, screen
 
-    def __call__(self, entry: Entry) -> dict:
+    def __call__(self, entry: Entry) -> dict | None:
         if entry.sample is not None:
             sample = dict(entry.sample)
             if isinstance(sample.get("label"), str):
                 sample["label"] = self.labels[sample["label"]]
             return sample
-        try:
-            data = Path(entry.path).read_bytes()
-        except OSError as error:
-            raise FpipeError(f"cannot read {entry.path}: {error.strerror or error}") from None
-        if self.recode is not None:
-            data = self.recode(data, entry.path)
-        if self.check:
-            _check_image(data, entry.path)
+        data = self._packed_bytes(entry.path)
+        if data is None:
+            return None
         sample = {"key": entry.key, self.field: data}
         if entry.label is not None:
             sample["label"] = self.labels[entry.label]
         return sample
 
-
-def _check_image(data: bytes, name: str) -> None:
-    from ..image import ImageDecodeError, decode_image
-
-    try:
-        decode_image(data)
-    except ImageDecodeError as error:
-        raise FpipeError(f"{name}: {error.reason} (--check)") from None
+    def _packed_bytes(self, path: str) -> bytes | None:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as error:
+            raise FpipeError(f"cannot read {path}: {error.strerror or error}") from None
+        if self.recode is None:
+            return data if self.screen.passes(data, path) else None
+        try:
+            return self.recode(data)
+        except NotAnImage as error:
+            self.screen.failed(path, f"cannot re-encode as an image ({error})", packable=False)
+            return None
 
 
 def _recoder(args: argparse.Namespace) -> ImageRecoder | None:
     if args.resize is None and args.encode is None:
         return None
-    if args.quality > 100:
-        raise UsageError(f"--quality must be between 1 and 100; got {args.quality}")
-    return ImageRecoder(args.resize, _FORMATS.get(args.encode), args.quality)
+    quality = 90 if args.quality is None else args.quality
+    if quality > 100:
+        raise UsageError(f"--quality must be between 1 and 100; got {quality}")
+    return ImageRecoder(args.resize, _FORMATS.get(args.encode), quality)
+
+
+class NotAnImage(ValueError):
+    """Bytes that Pillow cannot open or decode, so that :class:`ImageRecoder` cannot re-encode
+    them."""
 
 
 class ImageRecoder:
@@ -340,7 +519,7 @@ class ImageRecoder:
     def __init__(self, size: int | None, encoding: str | None, quality: int) -> None:
         self.size, self.encoding, self.quality = size, encoding, quality
 
-    def __call__(self, data: bytes, name: str) -> bytes:
+    def __call__(self, data: bytes) -> bytes:
         from PIL import Image, UnidentifiedImageError
 
         try:
@@ -348,8 +527,8 @@ class ImageRecoder:
                 encoding = self.encoding or (image.format if image.format in ("JPEG", "WEBP")
                                              else "PNG")
                 return self._encode(self._resized(image), encoding)
-        except (UnidentifiedImageError, OSError, ValueError) as error:
-            raise FpipeError(f"{name}: cannot re-encode as an image ({error})") from None
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
+            raise NotAnImage(str(error)) from None
 
     def _resized(self, image: Any) -> Any:
         image.load()

@@ -74,14 +74,17 @@ def test_list_files_and_json_lines(image_folder, tmp_path):
 def test_user_mistakes_exit_2_and_write_nothing(image_folder, tmp_path, capsys):
     out = tmp_path / "out.msgpack"
     assert "no such file or folder" in fails(2, "write", tmp_path / "missing", out)
-    assert "unknown dataset 'svhn'" in mistake(capsys, 2, "write", "svhn", out)
+    assert "svhn: no such file or folder, and no well-known dataset of that name" in mistake(
+        capsys, 2, "write", "svhn", out)
     assert "matches no files" in mistake(capsys, 2, "write", f"{image_folder}/{{LABEL}}", out)
     assert "--quality must be between 1 and 100" in mistake(
         capsys, 2, "write", image_folder, out, "--resize", "4", "--quality", "101")
-    assert "for well-known datasets" in mistake(capsys, 2, "write", image_folder, out, "--download")
+    assert "--download has no effect with files (only with a well-known dataset)" in mistake(
+        capsys, 2, "write", image_folder, out, "--download")
     assert "must be >= 1" in mistake(capsys, 2, "write", image_folder, out, "--workers", "0")
     assert "is a folder" in mistake(capsys, 2, "write", image_folder, tmp_path)
-    assert "are for files" in mistake(capsys, 2, "write", "mnist", tmp_path, "--resize", "8")
+    assert "--resize has no effect with the well-known dataset mnist" in mistake(
+        capsys, 2, "write", "mnist", tmp_path, "--resize", "8")
     assert not out.exists() and leftovers(tmp_path) == []
 
 

@@ -45,7 +45,8 @@ def test_an_existing_dataset_needs_overwrite(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["svhn", "out"], "unknown dataset 'svhn'; known: cifar10, cifar100, mnist, fashion-mnist"),
+    (["svhn", "out"], "svhn: no such file or folder, and no well-known dataset of that name; "
+                      "known: cifar10, cifar100, mnist, fashion-mnist"),
     (["mnist", "out", "--split", "val"], "--split must be one of train, test for mnist; got val"),
     (["mnist", "out"], "train-images-idx3-ubyte.gz not found in out; download it from https://"),
     (["mnist", "out", "--base-url", "ftp://x/"], "base_url must be an http:// or https:// URL"),

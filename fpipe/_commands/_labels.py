@@ -1,0 +1,181 @@
+"""Class lists and label fields for the commands: read a class list whole and checked, find a
+field in a packed sample without decoding the rest, and renumber labels by their names.
+
+A class list is the ``X.msgpack.classes.json`` beside a dataset, ``{"classes": {field: [name,
+...]}}``: ``sample[field] == i`` means the class ``names[i]``. When datasets with different
+lists are merged, the merged list is the *union*: the first input's names in its order, then
+each name that a later input adds, in that input's order; so the first input keeps its numbers.
+
+>>> union_of([["apple", "banana"], ["banana", "cherry"]])
+['apple', 'banana', 'cherry']
+>>> renumbering(["banana", "cherry"], ["apple", "banana", "cherry"])
+[1, 2]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from ..errors import FormatError, FpipeError
+from ..storage import corrupt_reason, unpack_sample
+from ..storage.format import DECODE_ERRORS
+from ._common import CLASSES_SUFFIX
+
+__all__ = ["class_file", "class_lists", "field_span", "field_value", "merged_classes",
+           "renumbered", "renumbering", "union_of"]
+
+_MAP_TYPES = frozenset((*range(0x80, 0x90), 0xDE, 0xDF))  # fixmap, map 16, map 32
+
+
+def class_file(source: str | Path) -> Path:
+    """The class-list file that ``source`` names: itself if it is a ``.json`` file, else the
+    ``.classes.json`` beside the dataset ``source``.
+
+    >>> class_file("train.msgpack").name, class_file("names.json").name
+    ('train.msgpack.classes.json', 'names.json')
+    """
+    return Path(source) if str(source).endswith(".json") else Path(str(source) + CLASSES_SUFFIX)
+
+
+def class_lists(source: str | Path) -> dict[str, list[str]] | None:
+    """The class lists of ``source`` (a dataset or a ``.json`` class-list file, see
+    :func:`class_file`), per label field; None when there is no such file. A file that is not
+    a class list raises :class:`~fpipe.errors.FpipeError` naming it."""
+    file = class_file(source)
+    if not file.is_file():
+        return None
+    try:
+        stored = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise FpipeError(f"{file}: not valid JSON ({error})") from None
+    classes = stored.get("classes") if isinstance(stored, dict) else None
+    if not isinstance(classes, dict):
+        raise FpipeError(f"{file}: not a class list: it must be a JSON object "
+                         '{"classes": {"label": [names...]}}')
+    for field, names in classes.items():
+        _check_names(file, field, names)
+    return classes
+
+
+def _check_names(file: Path, field: str, names: Any) -> None:
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise FpipeError(f"{file}: the classes of {field!r} must be a list of names (strings); "
+                         f"got {json.dumps(names)[:60]}")
+    seen: set[str] = set()
+    twice = [name for name in names if name in seen or seen.add(name)]
+    if twice:
+        raise FpipeError(f"{file}: the classes of {field!r} name {twice[0]!r} twice")
+
+
+def union_of(lists: Iterable[Sequence[str]]) -> list[str]:
+    """Every name of ``lists``, once: the first list's names in its order, then the names each
+    later list adds, in its order."""
+    return list(dict.fromkeys(name for names in lists for name in names))
+
+
+def renumbering(names: Sequence[str], merged: Sequence[str]) -> list[int]:
+    """For each number of ``names``, the number of the same name in ``merged``."""
+    position = {name: number for number, name in enumerate(merged)}
+    return [position[name] for name in names]
+
+
+def merged_classes(sources: Sequence[Path]) -> tuple[dict[str, list[str]] | None, list[dict]]:
+    """The class lists of the merge of ``sources`` (per field, the :func:`union_of` the inputs'
+    lists; None when no input has one), and for each input the new number of each of its
+    labels, per field whose numbers change. Inputs whose labels cannot be matched by name (some
+    with a class list and some without, or lists of different fields) raise
+    :class:`~fpipe.errors.FpipeError`."""
+    lists = [class_lists(source) for source in sources]
+    if all(item is None for item in lists):
+        return None, [{} for _ in sources]
+    _check_comparable(sources, lists)
+    merged = {field: union_of(item[field] for item in lists) for field in lists[0]}
+    tables = [{field: renumbering(names, merged[field]) for field, names in item.items()
+               if names != merged[field][:len(names)]} for item in lists]
+    return merged, tables
+
+
+def _check_comparable(sources: Sequence[Path], lists: list) -> None:
+    with_list = next(source for source, item in zip(sources, lists) if item is not None)
+    for source, item in zip(sources, lists):
+        if item is None:
+            raise FpipeError(f"{source} has no class list ({source}{CLASSES_SUFFIX}) but "
+                             f"{with_list} has one: the labels cannot be matched by name; "
+                             "nothing was written")
+        if set(item) != set(lists[0]):
+            raise FpipeError(f"the class lists of {sources[0]} and {source} are for different "
+                             f"fields ({', '.join(lists[0])}; {', '.join(item)}); nothing was "
+                             "written")
+
+
+def field_span(data: bytes, name: str) -> tuple[int, int] | None:
+    """Where the value of field ``name`` lies in the packed sample ``data``, found without
+    decoding the other values; None when ``data`` is not a map or has no such field. Bytes
+    that are not msgpack raise the msgpack error.
+
+    >>> data = msgpack.packb({"key": "a", "image": b"xyz", "label": 7})
+    >>> start, stop = field_span(data, "label")
+    >>> msgpack.unpackb(data[start:stop])
+    7
+    """
+    if not data or data[0] not in _MAP_TYPES:
+        return None
+    unpacker = msgpack.Unpacker(max_buffer_size=len(data), strict_map_key=False)
+    unpacker.feed(data)
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        start = unpacker.tell()
+        unpacker.skip()
+        if key == name:
+            return start, unpacker.tell()
+    return None
+
+
+def field_value(data: bytes, name: str, default: Any = None, *, path: Any = None,
+                index: int | None = None) -> Any:
+    """The value of field ``name`` of the packed sample ``data`` (``default`` when it has
+    none), decoding nothing else; corrupt bytes raise :class:`~fpipe.errors.FormatError`
+    naming ``path`` and ``index``.
+
+    >>> field_value(msgpack.packb({"key": "a", "image": b"xyz", "label": 7}), "label")
+    7
+    """
+    span = _checked_span(data, name, path, index)
+    if span is None:
+        return default
+    return unpack_sample(data[span[0]:span[1]], path=path, index=index)
+
+
+def _checked_span(data: bytes, name: str, path: Any, index: int) -> tuple[int, int] | None:
+    try:
+        return field_span(data, name)
+    except DECODE_ERRORS as error:
+        raise FormatError(corrupt_reason(error, data), path=path, index=index) from None
+
+
+def renumbered(pairs: Iterable[tuple[str, Any]], tables: dict[str, list[int]],
+               source: Path) -> Iterator[tuple[str, Any]]:
+    """The ``(key, packed sample)`` pairs of dataset ``source`` with the label of each field
+    in ``tables`` renumbered (``table[old] == new``); every other byte stays as it was."""
+    for index, (key, data) in enumerate(pairs):
+        for field, table in tables.items():
+            data = _renumbered_sample(bytes(data), field, table, source, index, key)
+        yield key, data
+
+
+def _renumbered_sample(data: bytes, field: str, table: list[int], source: Path, index: int,
+                       key: str) -> bytes:
+    span = _checked_span(data, field, source, index)
+    if span is None:
+        return data
+    value = unpack_sample(data[span[0]:span[1]], path=source, index=index)
+    if type(value) is not int or not 0 <= value < len(table):
+        raise FpipeError(f"{source}: sample {index} (key {key!r}): {field} is {value!r}, not a "
+                         f"class number of its class list ({len(table)} names); nothing was "
+                         "written")
+    return data[:span[0]] + msgpack.packb(table[value]) + data[span[1]:]
