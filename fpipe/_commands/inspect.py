@@ -32,6 +32,7 @@ _MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF8", "G
 _LIST_ITEMS = 8
 _BAR_WIDTH = 40
 _SAMPLES = 1000  # fpipe info examines this many samples unless --samples or --all
+_LABEL = "label"  # the field of fpipe info's histogram unless --label
 _MAX_STRING = 40  # fpipe cat shortens longer bytes and strings
 # fpipe info counts the labels of every sample of a local data file this large at most. Reading
 # only the label costs reading the file: 0.34 s for 668 MB from the page cache, seconds from disk
@@ -76,7 +77,7 @@ def _add_info(commands: argparse._SubParsersAction) -> None:
     info.add_argument("--samples", type=positive_int, metavar="N",
                       help=f"examine N samples spread evenly over the dataset ({_SAMPLES})")
     info.add_argument("--all", action="store_true", help="examine every sample")
-    info.add_argument("--label", default="label", metavar="FIELD",
+    info.add_argument("--label", metavar="FIELD",
                       help="the field to count in the histogram (label)")
     info.add_argument("--json", action="store_true", help="print the summary as JSON")
     info.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -164,6 +165,7 @@ def short_repr(value: Any, width: int = 40) -> str:
 def _run_info(args: argparse.Namespace) -> int:
     if args.all:
         refuse_options({"--samples": args.samples}, "with --all, which examines every sample")
+    asked, args.label = args.label is not None, args.label or _LABEL
     with open_dataset(args.dataset) as reader:
         summary = _file_summary(reader)
         indices = _examined(len(reader), None if args.all else args.samples or _SAMPLES)
@@ -175,6 +177,9 @@ def _run_info(args: argparse.Namespace) -> int:
     summary["examined"] = len(indices)
     summary["fields"] = {name: field.as_dict() for name, field in fields.items()}
     summary["labels"] = _label_summary(args, labels, counted)
+    if asked and not labels:
+        print(f"fpipe info: note: no sample of the {counted} counted has the field "
+              f"{args.label!r}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary, indent=1, ensure_ascii=False))
     else:

@@ -135,6 +135,8 @@ def test_info_counts_every_label_and_says_how_many(tmp_path, capsys, monkeypatch
     assert summary["labels"]["counted"] == 3000
     assert [row["count"] for row in summary["labels"]["counts"]] == [1000, 1000, 1000]
     assert "labels       label: 3 values, counted in all 3000 samples" in ok("info", path)
+    assert main(["info", str(path), "--label", "class"]) == 0
+    assert "no sample of the 3000 counted has the field 'class'" in capsys.readouterr().err
     # Above the size limit (or for a URL) the histogram counts the examined samples, and says so.
     monkeypatch.setattr(inspect, "_LABEL_SCAN_BYTES", 0)
     assert main(["info", str(path), "--samples", "7"]) == 0
