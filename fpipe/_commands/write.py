@@ -263,19 +263,25 @@ def _check_file_options(args: argparse.Namespace) -> None:
     if len(args.separator or ",") != 1:
         raise UsageError(f"--separator must be one character; got {args.separator!r}")
     if args.append:
-        if args.overwrite:
-            raise UsageError("--append adds to OUT, -y/--overwrite replaces it: pass one of them")
-        refuse_options({"--classes": args.classes},
-                       "with --append, which numbers the labels as OUT's class list does")
-        if not Path(args.out).is_file():
-            raise FileNotFoundError(f"--append: {args.out} does not exist; leave out --append "
-                                    "to write a new dataset")
+        _check_append(args)
     if args.quality is not None:
         if args.resize is None and args.encode is None:
             refuse_options({"--quality": args.quality}, "without --encode or --resize: the "
                            "images are packed as they are")
         if args.encode == "png":
             refuse_options({"--quality": args.quality}, "with --encode png (PNG is lossless)")
+
+
+def _check_append(args: argparse.Namespace) -> None:
+    if args.overwrite:
+        raise UsageError("--append adds to OUT, -y/--overwrite replaces it: pass one of them")
+    refuse_options({"--classes": args.classes},
+                   "with --append, which numbers the labels as OUT's class list does")
+    if Path(args.out).is_dir():
+        raise UsageError(f"--append: {args.out} is a folder, not a dataset")
+    if not Path(args.out).exists():
+        raise FileNotFoundError(f"--append: {args.out} does not exist; leave out --append to "
+                                "write a new dataset")
 
 
 def _check_source_options(listing: Listing, args: argparse.Namespace) -> None:

@@ -22,6 +22,7 @@ CASES = [
     (["write", "{images}", "{out}", "--quality", "50", "--encode", "png"],
      "--quality has no effect with --encode png"),
     (["write", "{images}", "{out}", "--append"], "--append: {out} does not exist"),
+    (["write", "{images}", "{tmp}", "--append"], "--append: {tmp} is a folder, not a dataset"),
     (["write", "{images}", "{out}", "--separator", ";"],
      "--separator has no effect on a folder (ImageFolder layout)"),
     (["write", "{jsonl}", "{out}", "--field", "pixels", "--check"],
