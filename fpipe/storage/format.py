@@ -37,6 +37,7 @@ from ..errors import FormatError
 __all__ = [
     "BloomFilter",
     "DatasetFiles",
+    "MAX_EMPTY_ITEMS",
     "corrupt_reason",
     "decode_numpy",
     "decode_numpy_copy",
@@ -63,8 +64,14 @@ PathLike = Union[str, "os.PathLike[str]"]
 DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException, OverflowError, IndexError,
                  SyntaxError)
 
+#: The most items an array of zero-byte items (dtype ``V0``, a structured dtype without fields)
+#: may hold. Its data is empty whatever the count, so no byte count bounds it; a claimed
+#: ``2**62`` would take years to copy.
+MAX_EMPTY_ITEMS = 1024
+
 _OFFSET = np.dtype(">u8")
 _MAX_DTYPE_DEPTH = 32  # structured dtypes of real data nest a few levels deep
+_MAX_DIMS = 64  # numpy 2's limit (numpy 1 allows 32, and refuses more itself)
 _MASK64 = (1 << 64) - 1
 
 
@@ -153,6 +160,9 @@ def encode_numpy(obj: Any) -> Any:
 def _encode_array(array: np.ndarray) -> dict:
     if array.dtype.hasobject:
         raise TypeError(f"cannot pack an array of dtype {array.dtype}: object arrays need pickle")
+    if array.dtype.itemsize == 0 and array.size > MAX_EMPTY_ITEMS:
+        raise ValueError(f"cannot pack an array of {array.size} items of zero bytes (dtype "
+                         f"{array.dtype}): the format allows at most {MAX_EMPTY_ITEMS}")
     if array.dtype.names is not None:
         kind, descr = b"V", array.dtype.descr
     else:
@@ -200,13 +210,53 @@ def _decode_numpy_value(obj: dict) -> Any:
     if b"type" not in obj or b"data" not in obj:
         return obj
     if obj[b"nd"] is not True:
-        return np.frombuffer(obj[b"data"], dtype=_dtype(obj[b"type"]))[0]
+        return _decode_scalar(_dtype(obj[b"type"]), obj[b"data"])
     kind = obj.get(b"kind", b"")
     if kind == b"O":
         raise ValueError("object arrays are pickled by msgpack-numpy; fpipe does not unpickle")
     if b"shape" not in obj:
         raise ValueError("an array without a shape")
-    return np.ndarray(buffer=obj[b"data"], dtype=_dtype(obj[b"type"]), shape=obj[b"shape"])
+    dtype, shape, data = _dtype(obj[b"type"]), _shape(obj[b"shape"]), obj[b"data"]
+    _check_array_size(shape, dtype, _byte_count(data))
+    return np.ndarray(buffer=data, dtype=dtype, shape=shape)
+
+
+def _decode_scalar(dtype: np.dtype, data: Any) -> Any:
+    if not dtype.itemsize:
+        raise ValueError(f"a numpy scalar of dtype {dtype} would hold no bytes")
+    if _byte_count(data) != dtype.itemsize:
+        raise ValueError(f"a numpy scalar of dtype {dtype} has {dtype.itemsize} bytes; "
+                         f"its data has {_byte_count(data)}")
+    return np.frombuffer(data, dtype=dtype)[0]
+
+
+def _byte_count(data: Any) -> int:
+    try:
+        return memoryview(data).nbytes
+    except TypeError:
+        raise ValueError(f"numpy data is bytes (msgpack bin); got {type(data).__name__}") from None
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, (list, tuple)) or not all(type(size) is int for size in shape):
+        raise ValueError(f"an array's shape is a list of ints; got {shape!r:.80}")
+    if len(shape) > _MAX_DIMS:  # before the product of a million sizes is taken
+        raise ValueError(f"an array of {len(shape)} dimensions; numpy allows {_MAX_DIMS}")
+    if any(size < 0 for size in shape):
+        raise ValueError(f"an array's shape has a negative size: {list(shape)!r:.80}")
+    return tuple(shape)
+
+
+def _check_array_size(shape: tuple[int, ...], dtype: np.dtype, size: int) -> None:
+    """The array's data must hold exactly its items, before numpy sees the shape: a claimed
+    size is checked against the bytes present, and zero-byte items against the format's bound."""
+    count = math.prod(shape)  # Python ints: no overflow
+    if dtype.itemsize == 0 and count > MAX_EMPTY_ITEMS:
+        raise ValueError(f"an array of {count} items of zero bytes (dtype {dtype}); the format "
+                         f"allows at most {MAX_EMPTY_ITEMS}")
+    if count * dtype.itemsize != size:
+        raise ValueError(f"an array of shape {list(shape)!r:.80} and dtype {dtype} holds "
+                         f"{count * dtype.itemsize} bytes; its data has {size}")
 
 
 def _dtype(descr: Any, depth: int = 0) -> np.dtype:

@@ -9,7 +9,10 @@ The ``soak`` variants run the same fuzzers thirty times longer.
 
 from __future__ import annotations
 
+import hashlib
 import struct
+import subprocess
+import sys
 import tracemalloc
 
 import msgpack
@@ -20,7 +23,7 @@ from hypothesis import strategies as st
 
 from fpipe.errors import FormatError
 from fpipe.storage import MsgpackReader, unpack_sample
-from fpipe.storage.format import write_index
+from fpipe.storage.format import MAX_EMPTY_ITEMS, pack_sample, write_index
 
 from .files import (
     MSGPACK_DEPTH,
@@ -210,7 +213,7 @@ def test_random_index_files(good, tmp_path, record, count):
 # --- hostile samples: maps that claim to be numpy values -----------------------------------
 
 dtype_texts = st.one_of(
-    st.sampled_from(["<f4", "<i2", "|u1", "O", "|O", "V0", "V3", "<M8[s]", "S3", "<U2", "(2,)f4",
+    st.sampled_from(["<f4", "<i2", "|u1", "O", "|O", "V0", "(0,)u1", "V3", "<M8[s]", "S3", "<U2", "(2,)f4",
                      "(100000000000,)f8", "xx", "", "b1", "<c8", "(3,)O", ",f4", "(3,", "05"]),
     st.text(max_size=6), st.binary(max_size=6), st.integers(-2, 300), st.none())
 fields = st.one_of(
@@ -223,7 +226,9 @@ numpy_maps = st.fixed_dictionaries(
     {b"nd": st.one_of(st.booleans(), st.none(), st.integers(0, 1))},
     optional={b"type": descriptions, b"kind": st.sampled_from([b"", b"V", b"O", b"x"]),
               b"data": st.one_of(st.binary(max_size=40), st.text(max_size=4), st.integers(-9, 9)),
-              b"shape": st.one_of(st.lists(st.integers(-2, 2**63 - 1), max_size=4),
+              b"shape": st.one_of(st.lists(st.one_of(st.integers(-2, 2**63 - 1),
+                                                     st.sampled_from([0, 1, 2**33, 2**62])),
+                                           max_size=4),
                                   st.integers(-2, 10), st.text(max_size=2), st.none())})
 complex_maps = st.fixed_dictionaries(
     {b"complex": st.booleans()},
@@ -464,3 +469,64 @@ def test_the_same_key_twice_raises_format_error_at_once(two, index):
         (two.parent / "x.msgpack.keys").write_bytes(msgpack.packb(["a", "a"]))
     with pytest.raises(FormatError, match="'a' is there twice"):
         MsgpackReader(two).find_index("a")
+
+
+# --- array maps whose shape claims more than their bytes hold ----------------------------------
+
+
+def _array_map(type_, shape, data=b"", kind=b"") -> dict:
+    return {b"nd": True, b"type": type_, b"kind": kind, b"shape": shape, b"data": data}
+
+
+CLAIMED_SHAPES = {
+    "2**62 items of V0 (the 58-byte sample)": _array_map("V0", [2**62]),
+    "2**62 items of an empty structured dtype": _array_map([], [2**62], kind=b"V"),
+    "2**62 items of a zero-size field": _array_map([["a", "V0"]], [2**62], kind=b"V"),
+    "2**62 zero-length subarrays": _array_map("(0,)<f4", [2**62]),
+    "a shape whose product overflows int64": _array_map("V0", [2**33, 2**33]),
+    "1025 items of V0, one past the bound": _array_map("V0", [1025]),
+    "a shape that is an int": _array_map("V0", 2**62),
+    "a shape of floats": _array_map("<f4", [2.0], b"\0" * 8),
+    "a shape of bools": _array_map("<f4", [True, True], b"\0" * 4),
+    "a shape of 100,000 sizes": _array_map("V0", [2**62] * 100_000),
+    "negative sizes": _array_map("<f4", [-2, -1], b"\0" * 8),
+    "more bytes than the shape holds": _array_map("<f4", [1], b"\0" * 8),
+    "fewer bytes than the shape holds": _array_map("<f4", [3], b"\0" * 8),
+    "data that is text": _array_map("|u1", [2], "ab"),
+    "a scalar with more bytes than its dtype": {b"nd": False, b"type": "<i2", b"data": b"\1" * 4},
+}
+
+
+@pytest.mark.parametrize("value", CLAIMED_SHAPES.values(), ids=list(CLAIMED_SHAPES))
+def test_a_shape_is_checked_against_its_bytes_before_anything_is_made(value):
+    """Regression: an array of 2**62 items of zero bytes (58 bytes on disk) decoded as a view,
+    and its copy spun the CPU for ever, deaf to Ctrl-C; data longer than the shape gave the
+    array its first bytes. The view is refused as well as the copy, with the sample named."""
+    message = msgpack.packb({"key": "k0", "a": value})
+    for copy in (False, True):
+        with pytest.raises(FormatError, match=r"x.msgpack: sample 3 at byte 9: corrupt sample") as raised:
+            unpack_sample(message, path="x.msgpack", index=3, offset=9, copy=copy)
+        assert raised.value.index == 3
+
+
+def test_arrays_of_zero_byte_items_round_trip_up_to_the_bound_and_the_writer_refuses_more():
+    for dtype in ("V0", [], [("a", "V0")]):
+        array = np.zeros(MAX_EMPTY_ITEMS, dtype)
+        assert unpack_sample(pack_sample({"a": array}), copy=True)["a"].shape == array.shape
+        with pytest.raises(ValueError, match=f"at most {MAX_EMPTY_ITEMS}"):
+            pack_sample({"a": np.zeros(MAX_EMPTY_ITEMS + 1, dtype)})
+
+
+@pytest.mark.parametrize("command", ["cat", "info", "verify"])
+def test_the_commands_refuse_a_sample_that_claims_2_62_items(tmp_path, command):
+    """Regression: ``fpipe cat`` and ``fpipe info`` ran for ever on the 58-byte sample, and
+    ``fpipe verify`` called the dataset ok."""
+    path = tmp_path / "h.msgpack"
+    body = msgpack.packb({"key": "k0", "a": CLAIMED_SHAPES["2**62 items of V0 (the 58-byte sample)"]})
+    path.write_bytes(body)
+    write_index(path, ["k0"], [0, len(body)], hashlib.md5(body).hexdigest())
+    done = subprocess.run([sys.executable, "-m", "fpipe", command, str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "h.msgpack: sample 0 at byte 0: corrupt sample: an array of 4611686018427387904 items" \
+        in done.stdout + done.stderr
