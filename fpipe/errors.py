@@ -22,7 +22,9 @@ RemoteTraceback True
 
 from __future__ import annotations
 
+import inspect
 import numbers
+import os
 import pickle
 import traceback
 from collections.abc import Callable
@@ -199,6 +201,65 @@ def check_callable(name: str, value: Any) -> Callable:
     if not callable(value):
         raise TypeError(f"{name} must be callable; got {name}={value!r}")
     return value
+
+
+def check_not_path(kind: str, reader: Any) -> None:
+    """A ``TypeError`` for a path where a ``kind`` takes a reader, saying which reader to make.
+
+    >>> check_not_path("Dataset", "train.msgpack")
+    Traceback (most recent call last):
+    ...
+    TypeError: Dataset takes a reader, not a path; pass MsgpackReader('train.msgpack') ...
+    """
+    if isinstance(reader, (str, bytes, os.PathLike)):
+        raise TypeError(f"{kind} takes a reader, not a path; pass MsgpackReader({reader!r:.80}) "
+                        f"(from fpipe.storage); got reader={reader!r:.80}")
+
+
+_COMPOSE_HINT = ("wrap a function of the value alone in Compose: Compose(f) passes it only the "
+                 "params it names")
+
+
+def check_two_argument_call(name: str, value: Any, call: str) -> bool:
+    """Whether callable ``value``, called as ``name(*call)`` with two arguments (``call``
+    names them), was seen to take them: True, or a ``TypeError`` that says how to wrap it;
+    False when it has no signature to look at (``int``, say), so that the call will show.
+
+    >>> check_two_argument_call("transforms['image']", lambda image: image, "(value, params)")
+    Traceback (most recent call last):
+    ...
+    TypeError: transforms['image'] is called as f(value, params), but <function <lambda> ...
+    >>> check_two_argument_call("transforms['image']", int, "(value, params)")
+    False
+    """
+    check_callable(name, value)
+    try:
+        signature = inspect.signature(value)
+    except (ValueError, TypeError):
+        return False
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise TypeError(f"{name} is called as f{call}, but {value!r:.80} takes {signature}; "
+                        f"{_COMPOSE_HINT}") from None
+    return True
+
+
+def note_two_argument_call(error: Exception, name: str, call: str) -> None:
+    """Note on ``error`` how ``name`` is called, when the call itself failed with a
+    ``TypeError`` (no frame below the caller's: its arguments, not its body). Python 3.10
+    has no notes; the error is unchanged there.
+
+    >>> try:
+    ...     int(3, {})
+    ... except TypeError as error:
+    ...     note_two_argument_call(error, "transforms['n']", "(value, params)")
+    ...     print(error.__notes__[0][:45])
+    transforms['n'] is called as f(value, params)
+    """
+    if (isinstance(error, TypeError) and error.__traceback__.tb_next is None
+            and hasattr(error, "add_note")):
+        error.add_note(f"{name} is called as f{call}; {_COMPOSE_HINT}")
 
 
 def check_bool(name: str, value: Any) -> bool:

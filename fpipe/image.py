@@ -5,8 +5,10 @@ Packed datasets store images as their compressed bytes; a data-loader worker dec
 :mod:`fpipe.torch`): it decodes JPEG with simplejpeg when that is installed (several times
 faster than Pillow) and everything else with Pillow, and always returns an RGB image.
 
-Pillow is imported on first use, so importing this module costs nothing; ``import fpipe``
-does not import it at all.
+Pillow is imported when a :class:`CompressedToPIL` is made (or at the first decode), so
+importing this module costs nothing; ``import fpipe`` does not import it at all. Making the
+transform in the main process imports the decoders there, once, and DataLoader workers forked
+from it find them loaded instead of importing them at their first sample.
 
 >>> import io
 >>> from PIL import Image
@@ -99,6 +101,14 @@ def decode_image(data: bytes | bytearray | memoryview, mode: str = "RGB") -> Ima
     return _pillow_decode(view, mode)
 
 
+def _load_decoders() -> None:
+    """Import Pillow with all its format plugins, and simplejpeg when installed: what a decode
+    needs, loaded once in this process (and so in processes forked from it)."""
+    from PIL import Image
+    Image.init()
+    _jpeg_decoder()
+
+
 def _from_array(pixels: Any) -> Image:
     from PIL import Image
     return Image.fromarray(pixels)
@@ -108,8 +118,8 @@ def _pillow_decode(view: memoryview, mode: str) -> Image:
     from PIL import Image, UnidentifiedImageError
     try:
         with Image.open(io.BytesIO(view)) as image:
-            image.load()
-            return image if image.mode == mode else image.convert(mode)
+            # a plain Image, whatever the format (not a PngImageFile), as datadings gives
+            return image.convert(mode)
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         head = bytes(view[:17])
         raise ImageDecodeError(f"cannot decode {len(view)} bytes starting {head!r} as an image: "
@@ -132,6 +142,9 @@ class CompressedToPIL:
     >>> CompressedToPIL()
     CompressedToPIL()
     """
+
+    def __init__(self) -> None:
+        _load_decoders()
 
     def __call__(self, buf: bytes | bytearray | memoryview) -> Image:
         return decode_image(buf)

@@ -30,12 +30,21 @@ try:
     import torch
     import torch.distributed
     import torch.utils.data
+    from torch.utils.data import get_worker_info
 except ImportError as error:  # pragma: no cover - torch is in the test extra
     raise ImportError("fpipe.torch needs PyTorch; install it with: pip install 'fpipe[torch]'") from error
 
 import numpy as np
 
-from .errors import check_bool, check_callable, check_fraction_or_count, check_integer
+from .errors import (
+    check_bool,
+    check_callable,
+    check_fraction_or_count,
+    check_integer,
+    check_not_path,
+    check_two_argument_call,
+    note_two_argument_call,
+)
 from .functional import Compose, dict2tuple, no_rng
 from .image import CompressedToPIL, with_sample_named
 from .random import Seed, item_rng, optional_entropy, seed_entropy, set_active, shard_seed
@@ -61,6 +70,7 @@ __all__ = [
     "ElasticBatchSampler",
     "IterableDataset",
     "dict2tuple",
+    "get_worker_info",
     "no_rng",
     "worker_range",
 ]
@@ -247,6 +257,7 @@ class DatasetBase:
                  rng: Callable[[Any], Mapping] | None = None, *, seed: Seed = None,
                  epoch: int = 0, on_error: OnError = "raise",
                  max_errors: int | None = None) -> None:
+        check_not_path(type(self).__name__, reader)
         if not hasattr(reader, "__len__"):
             raise TypeError(f"reader must be a reader or an ordering (with len); got reader={reader!r:.80}")
         if rng is not None:
@@ -291,8 +302,9 @@ class DatasetBase:
         if transforms is None:
             return None
         if isinstance(transforms, Mapping):
-            for field, transform in transforms.items():
-                check_callable(f"transforms[{field!r}]", transform)
+            self._unchecked = frozenset(
+                field for field, transform in transforms.items()
+                if not check_two_argument_call(f"transforms[{field!r}]", transform, "(value, params)"))
             self._fields = tuple(transforms.items())
             return self._transform_fields
         if not callable(transforms):
@@ -336,6 +348,8 @@ class DatasetBase:
                 sample[field] = transform(sample[field], params)
             return sample
         except Exception as error:
+            if field in self._unchecked:
+                note_two_argument_call(error, f"transforms[{field!r}]", "(value, params)")
             located = with_sample_named(error, index, sample, field)
             if located is error:
                 raise
@@ -398,11 +412,11 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
                  rng: Callable[[Any], Mapping] | None = None, *, seed: Seed = None,
                  epoch: int = 0, on_error: OnError = "raise",
                  max_errors: int | None = None) -> None:
+        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch, on_error=on_error,
+                         max_errors=max_errors)
         if not callable(getattr(reader, "get", None)):
             raise TypeError(f"Dataset needs random access (a reader with get); got reader={reader!r:.80}; "
                             "iterate orderings without it (QuasiShuffler, Cycler) with IterableDataset")
-        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch, on_error=on_error,
-                         max_errors=max_errors)
 
     def __getitem__(self, index: int) -> Any:
         epoch = self._clock.base
@@ -589,10 +603,10 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                  seed: Seed = None, rank: int | None = None, world_size: int | None = None,
                  elastic: bool = False, on_error: OnError = "raise",
                  max_errors: int | None = None) -> None:
-        if not callable(getattr(reader, "iter", None)):
-            raise TypeError(f"reader must be a reader or an ordering (with iter); got reader={reader!r:.80}")
         super().__init__(reader, transforms, rng, seed=seed, epoch=epoch, on_error=on_error,
                          max_errors=max_errors)
+        if not callable(getattr(reader, "iter", None)):
+            raise TypeError(f"reader must be a reader or an ordering (with iter); got reader={reader!r:.80}")
         self.batch_size = None if batch_size is None else check_integer("batch_size", batch_size, 1)
         self.copy = bool(copy)
         self.chunk_size = check_integer("chunk_size", chunk_size, 1)

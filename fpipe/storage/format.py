@@ -38,6 +38,11 @@ __all__ = [
     "BloomFilter",
     "DatasetFiles",
     "MAX_EMPTY_ITEMS",
+    "SUFFIX_FILTER",
+    "SUFFIX_KEYS",
+    "SUFFIX_KEY_HASHES",
+    "SUFFIX_LEGACY_INDEX",
+    "SUFFIX_OFFSETS",
     "corrupt_reason",
     "decode_numpy",
     "decode_numpy_copy",
@@ -75,6 +80,14 @@ _MAX_DIMS = 64  # numpy 2's limit (numpy 1 allows 32, and refuses more itself)
 _MASK64 = (1 << 64) - 1
 
 
+#: What the index files' names add to the data file's (datadings's ``datadings.index`` names).
+SUFFIX_OFFSETS = ".offsets"
+SUFFIX_KEYS = ".keys"
+SUFFIX_KEY_HASHES = ".key_hashes"
+SUFFIX_FILTER = ".filter"
+SUFFIX_LEGACY_INDEX = ".index"
+
+
 @dataclass(frozen=True)
 class DatasetFiles:
     """The paths of one dataset's files, named after its data file.
@@ -97,22 +110,22 @@ class DatasetFiles:
     @property
     def offsets(self) -> Path:
         """``n + 1`` big-endian uint64 byte offsets of the samples."""
-        return self._sibling(".offsets")
+        return self._sibling(SUFFIX_OFFSETS)
 
     @property
     def keys(self) -> Path:
         """One msgpack array of the ``n`` keys."""
-        return self._sibling(".keys")
+        return self._sibling(SUFFIX_KEYS)
 
     @property
     def key_hashes(self) -> Path:
         """An 8-byte salt followed by ``n`` big-endian uint64 key hashes."""
-        return self._sibling(".key_hashes")
+        return self._sibling(SUFFIX_KEY_HASHES)
 
     @property
     def filter(self) -> Path:
         """A Bloom filter of the keys in the simplebloom format."""
-        return self._sibling(".filter")
+        return self._sibling(SUFFIX_FILTER)
 
     @property
     def md5(self) -> Path:
@@ -122,7 +135,7 @@ class DatasetFiles:
     @property
     def legacy_index(self) -> Path:
         """The pre-3.1 datadings index: one msgpack map from key to offset (read only)."""
-        return self._sibling(".index")
+        return self._sibling(SUFFIX_LEGACY_INDEX)
 
     @property
     def index_files(self) -> tuple[Path, Path, Path, Path]:

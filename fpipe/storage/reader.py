@@ -379,6 +379,10 @@ class MsgpackReader(Reader):
         """Let go of the open files (running iterators keep theirs); reopened when needed."""
         self._handle = None
 
+    def _close(self) -> None:
+        """:meth:`close` under datadings's name for it, which ported code calls."""
+        self.close()
+
     def _open(self) -> _Handle:
         if self._remote is not None:
             # the offsets file is a cached copy, fetched and checked once, in memory like a local one's

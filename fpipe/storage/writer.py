@@ -145,6 +145,29 @@ class Writer:
         where = self._upload.url if self._upload is not None else str(self.path)
         return f"{type(self).__name__}({where!r}, written={self.written}, {state})"
 
+    def write_packed(self, key: str, packed: bytes) -> None:
+        """Append one sample already packed into one msgpack message, under ``key``.
+
+        The hook for a subclass whose ``write`` chooses the key or packs the sample itself
+        (where one written for datadings called its private ``_write_data``): the writer keeps
+        its keys, offsets and checksum, so a subclass needs none of its attributes.
+
+        >>> import os, tempfile
+        >>> from fpipe.storage import FileWriter, MsgpackReader, pack_sample
+        >>> class KeyedWriter(FileWriter):
+        ...     def write(self, sample, key):
+        ...         self.write_packed(key, pack_sample(sample))
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+        >>> with KeyedWriter(path) as writer:
+        ...     writer.write({"label": 3}, "a")
+        >>> MsgpackReader(path).find_index("a"), MsgpackReader(path).get(0)
+        (0, {'label': 3})
+        """
+        packed = bytes(packed)
+        if not packed:
+            raise ValueError(f"data for key {key!r} is empty; a sample is one msgpack message")
+        self._add(key, packed)
+
     def _add(self, key: object, packed: bytes) -> None:
         if type(key) is not str and not isinstance(key, str):
             raise TypeError(f"keys must be str; got {type(key).__name__} {key!r:.80}")
@@ -485,11 +508,8 @@ class RawWriter(Writer):
     """
 
     def write(self, key: str, data: bytes) -> None:
-        """Append one packed sample under ``key``."""
-        packed = bytes(data)
-        if not packed:
-            raise ValueError(f"data for key {key!r} is empty; a sample is one msgpack message")
-        self._add(key, packed)
+        """Append one packed sample under ``key`` (as :meth:`~Writer.write_packed` does)."""
+        self.write_packed(key, data)
 
 
 def _create(files: DatasetFiles, overwrite: bool) -> int:

@@ -119,3 +119,58 @@ def test_empty_datasets_agree(tmp_path):
         ours, theirs = tmp_path / f"fp.msgpack{suffix}", tmp_path / f"dd.msgpack{suffix}"
         assert ours.read_bytes() == theirs.read_bytes(), suffix
     assert list(MsgpackReader(tmp_path / "dd.msgpack")) == []
+
+
+# --- what ported code calls besides the public API ---------------------------------------------
+
+
+def test_the_suffix_constants_are_datadings_s():
+    import datadings.index
+
+    import fpipe.storage
+
+    names = [name for name in vars(datadings.index) if name.startswith("SUFFIX_")]
+    assert len(names) == 5
+    assert {name: getattr(fpipe.storage, name) for name in names} == \
+        {name: getattr(datadings.index, name) for name in names}
+    files = DatasetFiles("x.msgpack")
+    assert [files.offsets.name, files.keys.name, files.legacy_index.name] == \
+        ["x.msgpack" + fpipe.SUFFIX_OFFSETS, "x.msgpack" + fpipe.SUFFIX_KEYS,
+         "x.msgpack" + fpipe.SUFFIX_LEGACY_INDEX]
+
+
+def test_close_has_datadings_s_private_name_too(both):
+    _, _, path = both
+    reader = MsgpackReader(path)
+    assert reader.get(0)["label"] == 0
+    reader._close()
+    assert reader._handle is None and reader.get(1)["label"] == 1  # reopened when needed
+
+
+class _KeyedWriter(FileWriter):
+    """A subclass in the manner of one written for datadings (torchfusion's): ``write`` takes
+    the key apart from the sample and counts the bytes, through the documented hook."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bytes_written = 0
+
+    def write(self, sample, key):
+        packed = pack_sample(sample)
+        self.write_packed(key, packed)
+        self.bytes_written += len(packed)
+
+
+def test_a_writer_subclass_that_chooses_the_key_uses_write_packed(tmp_path):
+    samples = _rich_samples(5)
+    with _KeyedWriter(tmp_path / "k.msgpack") as writer:
+        for i, sample in enumerate(samples):
+            writer.write({k: v for k, v in sample.items() if k != "key"}, f"id{i}")
+        with pytest.raises(ValueError, match="duplicate key 'id0'"):
+            writer.write(samples[0], "id0")
+        with pytest.raises(ValueError, match="empty"):
+            writer.write_packed("id9", b"")
+    assert writer.bytes_written == (tmp_path / "k.msgpack").stat().st_size
+    reader = DatadingsReader(tmp_path / "k.msgpack")
+    assert [reader.find_key(i) for i in range(len(reader))] == [f"id{i}" for i in range(5)]
+    assert MsgpackReader(tmp_path / "k.msgpack").verify_data()

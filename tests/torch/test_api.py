@@ -6,10 +6,13 @@ real ones.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import random
+import re
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +24,7 @@ from fpipe.storage import ListReader
 from fpipe.storage.order import QuasiShuffler, Range, Shuffler
 from fpipe.torch import (
     Compose,
+    CompressedToPIL,
     Dataset,
     DatasetBase,
     IterableDataset,
@@ -166,6 +170,53 @@ def test_readers_without_the_needed_access_are_refused():
         Dataset(QuasiShuffler(number_reader(5), seed=0))
     with pytest.raises(TypeError, match="with iter"):
         IterableDataset([1, 2, 3])
+
+
+@pytest.mark.parametrize("path", ["train.msgpack", b"train.msgpack", Path("train.msgpack"),
+                                  "s3://bucket/train.msgpack"])
+def test_a_path_for_the_reader_says_to_pass_a_msgpack_reader(path):
+    """Regression: ``Dataset("train.msgpack")`` suggested IterableDataset, and
+    ``IterableDataset("train.msgpack")`` said only that a reader needs ``iter``."""
+    for cls in (Dataset, IterableDataset, DatasetBase):
+        with pytest.raises(TypeError, match=rf"{cls.__name__} takes a reader, not a path; "
+                                            rf"pass MsgpackReader\({re.escape(repr(path))}\)"):
+            cls(path)
+
+
+def _one_argument(value):
+    return value
+
+
+@pytest.mark.parametrize("transform", [_one_argument, abs, lambda value: value,
+                                       functools.partial(divmod, 7), CompressedToPIL()])
+def test_a_field_transform_of_the_value_alone_is_refused_at_construction(transform):
+    """Regression: it failed at the first sample with "takes 1 positional argument but 2 were
+    given"; the message now says how field transforms are called, and to wrap in Compose."""
+    for cls in (Dataset, IterableDataset):
+        with pytest.raises(TypeError, match=r"transforms\['x'\] is called as f\(value, params\), "
+                                            r"but .* takes .*; wrap .* in Compose"):
+            cls(number_reader(2), transforms={"x": transform})
+    assert Dataset(number_reader(2), transforms={"x": Compose(transform)}) is not None
+
+
+def test_a_field_transform_without_a_signature_gets_the_hint_when_its_call_fails():
+    """``int`` has no signature to check: its call fails at the first sample, and the error
+    says how field transforms are called; an error inside a transform's body gets no hint."""
+    with pytest.raises(TypeError) as raised:
+        Dataset(number_reader(2), transforms={"x": int})[0]
+    assert "transforms['x'] is called as f(value, params); wrap" in "\n".join(raised.value.__notes__)
+
+    def broken(value, params):
+        return int(value, params)
+    with pytest.raises(TypeError) as raised:
+        Dataset(number_reader(2), transforms={"x": broken})[0]
+    assert not any("is called as" in note for note in raised.value.__notes__)
+
+
+def test_get_worker_info_is_torch_s_as_datadings_re_exports_it():
+    from fpipe.torch import get_worker_info
+
+    assert get_worker_info is torch.utils.data.get_worker_info and get_worker_info() is None
 
 
 def test_importing_without_torch_names_the_extra_to_install():
