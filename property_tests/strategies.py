@@ -421,6 +421,31 @@ def traced_sequences(lengths: list) -> list:
     return [{"origin": np.full(n, i), "offset": np.arange(n)} for i, n in enumerate(lengths)]
 
 
+TOKEN_DTYPES = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+                "float16", "float32", "float64"]
+
+
+@st.composite
+def typed_sequence(draw):
+    """A 1-D array of 0 to 12 values of any of ``TOKEN_DTYPES``, extremes, NaN and inf included."""
+    import numpy as np
+    from hypothesis.extra.numpy import arrays
+
+    return draw(arrays(np.dtype(draw(st.sampled_from(TOKEN_DTYPES))), st.integers(0, 12)))
+
+
+typed_sequences = st.lists(typed_sequence(), max_size=12)
+
+
+def traced_values(values: list) -> list:
+    """Dict samples of ``values`` (arrays) whose ``origin`` and ``offset`` fields say where
+    each value comes from, as in :func:`traced_sequences`."""
+    import numpy as np
+
+    return [{"origin": np.full(len(v), i), "offset": np.arange(len(v)), "value": v}
+            for i, v in enumerate(values)]
+
+
 def regroup_stage(spec: tuple):
     """A fresh variable-length stage for a spec of ``regroup_specs``."""
     from fpipe import batch_by_tokens, bucket_by_length, pack

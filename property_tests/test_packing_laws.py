@@ -1,10 +1,15 @@
 """Laws of the variable-length stages: packing conserves tokens (or truncates them as asked),
-rows have their length and consistent segment ids and positions, token batches keep their
-budget, buckets keep their lengths; every stage is deterministic and resumes exactly."""
+rows have their length and consistent segment ids and positions, and hold their samples' values
+exactly whatever their dtypes; token batches keep their budget, buckets keep their lengths;
+every stage is deterministic and resumes exactly, and a pack's state loads only into a pack
+built the same way."""
 
+import itertools
 import pickle
+import re
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +21,8 @@ from property_tests.strategies import (
     row_lengths,
     sequence_lengths,
     traced_sequences,
+    traced_values,
+    typed_sequences,
 )
 
 
@@ -114,3 +121,71 @@ def test_a_stream_resumed_from_its_state_gives_what_the_rest_would_have_been(spe
     resumed = regroup_stage(spec)
     resumed.load_state_dict(pickle.loads(pickle.dumps(stream.state_dict())))
     assert outputs(head) + outputs(resumed(samples)) == outputs(expected)
+
+
+def same_numbers(a: list, b: list) -> bool:
+    """Equal as Python numbers (exact across int and float), NaN equal to NaN."""
+    return len(a) == len(b) and all(x == y or (x != x and y != y) for x, y in zip(a, b))
+
+
+def holds_exactly(values: np.ndarray, dtype: np.dtype) -> bool:
+    with np.errstate(all="ignore"):
+        return same_numbers(values.astype(dtype).tolist(), values.tolist())
+
+
+@given(typed_sequences, row_lengths, pack_options)
+def test_packed_values_are_the_inputs_values_exactly_whatever_their_dtypes(values, length,
+                                                                             options):
+    """Each row holds its samples' values in the dtype numpy promotes theirs to; a sample whose
+    values that dtype cannot hold exactly is refused, named."""
+    try:
+        rows = list(fp.pack(length, **options)(traced_values(values)))
+    except ValueError as error:
+        item, dtype = re.match(r"item (\d+): field 'value' holds values that (\w+) ",
+                               str(error)).groups()
+        assert not holds_exactly(values[int(item)], np.dtype(dtype))
+        return
+    for row in rows:
+        ids = row["segment_ids"]
+        origins = sorted({int(o) for o in row["origin"][ids > 0]})
+        assert row["value"].dtype == np.result_type(*(values[o].dtype for o in origins))
+        for segment in range(1, int(ids.max(initial=0)) + 1):
+            where = ids == segment
+            expected = values[int(row["origin"][where][0])][row["offset"][where]]
+            assert same_numbers(row["value"][where].tolist(), expected.tolist())
+
+
+def exactly(row: dict) -> list:
+    return sorted((key, str(value.dtype), value.tobytes()) for key, value in row.items())
+
+
+@given(typed_sequences, row_lengths, pack_options, st.data())
+def test_a_resumed_pack_gives_the_uninterrupted_rows_dtypes_included(values, length, options,
+                                                                     data):
+    samples = traced_values(values)
+    try:
+        expected = list(fp.pack(length, **options)(samples))
+    except ValueError:
+        return  # values no row dtype holds: the law above
+    done = data.draw(st.integers(0, len(expected)), label="rows before the state")
+    stream = fp.pack(length, **options)(samples)
+    head = list(itertools.islice(stream, done))
+    resumed = fp.pack(length, **options)
+    resumed.load_state_dict(pickle.loads(pickle.dumps(stream.state_dict())))
+    assert [exactly(row) for row in head + list(resumed(samples))] == list(map(exactly, expected))
+
+
+@given(sequence_lengths, row_lengths, pack_options, row_lengths, pack_options,
+       st.integers(0, 3))
+def test_a_pack_state_loads_only_into_a_pack_built_the_same_way(lengths, length, options,
+                                                                other_length, other_options,
+                                                                done):
+    stream = fp.pack(length, **options)(traced_sequences(lengths))
+    list(itertools.islice(stream, done))
+    state = stream.state_dict()
+    other = fp.pack(other_length, **other_options)
+    if (other_length, other_options) == (length, options):
+        other.load_state_dict(state)
+    else:
+        with pytest.raises(ValueError, match="the state is of a stage built otherwise"):
+            other.load_state_dict(state)

@@ -24,246 +24,26 @@ stage's ``load_state_dict(state)`` makes its next application carry on from that
 
 from __future__ import annotations
 
-import abc
 import bisect
-import collections
-import copy
-import numbers
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..errors import check_integer
+from ..errors import check_bool, check_callable, check_choice, check_integer
 from ..random import Seed, seed_entropy
-from ._core import Stage, Stream, as_stream
+from ._core import Stage
+from ._regroup import Grouper, RegroupStage, length_of
 
 __all__ = ["batch_by_tokens", "bucket_by_length", "pack"]
 
-_CHUNK = 64  # input items read at a time
-_SKIP_CHUNK = 1024  # input items read at a time while a resumed stream finds its place
 _TOKENS_STREAM = 0x746F6B73  # keeps the batch-order draws apart from other seeded draws
-_STATE_KEYS = frozenset({"type", "seed", "epoch", "position", "consumed", "open", "ready"})
-
-
-# --- the stream that all three share ----------------------------------------------------
-
-
-class _Grouper(abc.ABC):
-    """The algorithm of one application: it takes input items one by one and makes outputs,
-    each with its *recipe*, the input indices (and spans) that it is made of. ``open_recipes``
-    describes what it holds, so that a resumed stream can rebuild it from the same items."""
-
-    @abc.abstractmethod
-    def feed(self, index: int, item: Any, out: list) -> None:
-        """Take input item ``index``; append the ``(recipe, output)`` pairs it completes to ``out``."""
-
-    @abc.abstractmethod
-    def finish(self, out: list) -> None:
-        """The input has ended: append what is still held to ``out``."""
-
-    @abc.abstractmethod
-    def open_recipes(self) -> list:
-        """The recipes of what is held, in an order that :meth:`restore` rebuilds."""
-
-    @abc.abstractmethod
-    def restore(self, recipes: list, items: dict) -> None:
-        """Hold again what ``recipes`` (from :meth:`open_recipes`) name; ``items`` by input index."""
-
-    @abc.abstractmethod
-    def build(self, recipe: list, items: dict) -> Any:
-        """The output that ``recipe`` names, made of ``items`` (by input index)."""
-
-    @staticmethod
-    def indices(recipe: list) -> Iterable[int]:
-        """The input indices that ``recipe`` names."""
-        return recipe
-
-
-class _Regrouped(Stream):
-    """The stream of a regrouping stage: it reads chunks of its input, feeds them to its
-    grouper, and hands out the outputs; it knows which input items the outputs not handed out
-    yet, and the grouper's open groups, are made of (:meth:`state_dict`)."""
-
-    def __init__(self, upstream: Stream, name: str, grouper: _Grouper, place: dict,
-                 start: int, resume: dict | None) -> None:
-        super().__init__(upstream, name)
-        self._grouper, self._place = grouper, place  # place: type, seed, epoch
-        self._index = start  # the input index of the next item read
-        self._resume = resume
-        self._made: collections.deque = collections.deque()  # (recipe, output), not pulled yet
-        self._pulled: list = []  # the recipes of the last pull, for the items next() holds
-        self._ended = False
-
-    def _pull(self, n: int) -> list:
-        if self._resume is not None:
-            self._restore(self._resume)
-        made = self._made
-        while not made and not self._ended:
-            self._read()
-        count = min(n, len(made))
-        pulled = [made.popleft() for _ in range(count)]
-        self._pulled = [recipe for recipe, _ in pulled]
-        return [output for _, output in pulled]
-
-    def _read(self) -> None:
-        out: list = []
-        try:
-            chunk = self.pull_upstream(_CHUNK)
-            if not chunk:
-                self._ended = True
-                self._grouper.finish(out)
-            feed, index = self._grouper.feed, self._index
-            for item in chunk:
-                feed(index, item, out)
-                index += 1
-                self._index = index
-        except Exception as error:
-            self._made.extend(out)
-            if not self.defer_error(error, self._made):
-                raise
-            self._ended = True  # the error is raised after the outputs made before it
-            return
-        self._made.extend(out)
-
-    def state_dict(self) -> dict:
-        """Where this stream stands, after the outputs it has handed out: a plain dict of
-        ints and lists of ints. ``position`` is the index of the first input item that a
-        resumed stream needs, ``consumed`` the number of input items read; ``open`` and
-        ``ready`` name the input items of what the stream holds and of the outputs it made
-        but has not handed out."""
-        if self._resume is not None:
-            return dict(self._resume)
-        held = self.read_ahead  # outputs next() read ahead, not handed out
-        ready = self._pulled[len(self._pulled) - held:] if held else []
-        ready = [*ready, *(recipe for recipe, _ in self._made)]
-        opened = self._grouper.open_recipes()
-        indices = [i for recipe in ready for i in self._grouper.indices(recipe)]
-        indices += [i for recipe in opened for i in self._grouper.indices(recipe)]
-        # a copy: the caller may change it, the recipes of the outputs to come must stay
-        return copy.deepcopy({**self._place, "position": min(indices, default=self._index),
-                              "consumed": self._index, "open": opened, "ready": ready})
-
-    def _restore(self, state: dict) -> None:
-        """Move to the place ``state`` names: skip the input up to its position, keep the
-        items it names up to the items it had read, and rebuild what it held."""
-        self._resume = None
-        position, consumed = state["position"], state["consumed"]
-        if position < self._index:
-            raise ValueError(f"the state needs the input from item {position}, but this input "
-                             f"begins at item {self._index} (start={self._index})")
-        wanted = {i for recipe in (*state["open"], *state["ready"])
-                  for i in self._grouper.indices(recipe)}
-        items = self._skip_to(consumed, wanted)
-        self._grouper.restore(state["open"], items)
-        self._made.extend((recipe, self._grouper.build(recipe, items)) for recipe in state["ready"])
-
-    def _skip_to(self, consumed: int, wanted: set) -> dict:
-        items = {}
-        while self._index < consumed:
-            chunk = self.upstream.pull(min(_SKIP_CHUNK, consumed - self._index))
-            if not chunk:
-                raise ValueError(f"the input ended at item {self._index}, before the "
-                                 f"{consumed} items that the state had read")
-            for index, item in enumerate(chunk, self._index):
-                if index in wanted:
-                    items[index] = item
-            self._index += len(chunk)
-        return items
-
-
-class _RegroupStage(Stage):
-    """What the three stages share: the streams they make, and their states."""
-
-    kind = ""
-    seed: int | None = None
-
-    def __init__(self) -> None:
-        self._resume: dict | None = None
-        self._latest: Any = None  # a weak reference to the latest stream
-
-    def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
-        resume, self._resume = self._resume, None
-        place = {"type": self.kind, "seed": self.seed, "epoch": epoch}
-        stream = _Regrouped(as_stream(iterable), repr(self), self._grouper(epoch), place, start,
-                            resume)
-        self._latest = weakref.ref(stream)
-        return stream
-
-    @abc.abstractmethod
-    def _grouper(self, epoch: int) -> _Grouper:
-        """The grouper of one application, in ``epoch``."""
-
-    def state_dict(self) -> dict:
-        """The state of the latest stream of this stage (see the module's docs), or the place
-        where the next application begins if none was made since :meth:`load_state_dict`."""
-        stream = self._latest() if self._latest is not None else None
-        if self._resume is not None or stream is None:
-            return dict(self._resume or {"type": self.kind, "seed": self.seed, "epoch": self.epoch,
-                                         "position": 0, "consumed": 0, "open": [], "ready": []})
-        return stream.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        """Make the next application begin where ``state`` (of a stage built the same way)
-        stood: in its epoch, with its seed, with the same outputs to come. That application
-        reads its input from the start (or from item ``start``, if :meth:`apply` says the
-        input begins there), skips to the items the state names, and rebuilds what the stream
-        held."""
-        self._resume = _checked_state(state, self.kind)
-        self.set_epoch(state["epoch"])
-        if self.seed is not None:
-            self.seed = check_integer("state['seed']", state["seed"], 0)
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_latest": None}  # a weak reference does not pickle
-
-
-def _checked_state(state: Any, kind: str) -> dict:
-    if not isinstance(state, dict) or set(state) != _STATE_KEYS:
-        raise TypeError(f"state must be a dict from state_dict(); got state={state!r}")
-    if state["type"] != kind:
-        raise ValueError(f"state is of a {state['type']!r} stage, not of {kind!r}")
-    for key in ("epoch", "position", "consumed"):
-        check_integer(f"state[{key!r}]", state[key], 0)
-    if state["position"] > state["consumed"]:
-        raise ValueError(f"state['position'] must be <= state['consumed']; got "
-                         f"{state['position']} > {state['consumed']}")
-    if not isinstance(state["open"], list) or not isinstance(state["ready"], list):
-        raise TypeError(f"state['open'] and state['ready'] must be lists; got state={state!r}")
-    return dict(state)
-
-
-def _length_of(length: Callable, index: int, item: Any) -> int:
-    value = length(item)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"length must give a non-negative integer; got {value!r} for item "
-                         f"{index}")
-    return int(value)
-
-
-def _check_callable(name: str, value: Any) -> None:
-    if not callable(value):
-        raise TypeError(f"{name} must be callable; got {name}={value!r}")
-
-
-def _check_choice(name: str, value: Any, choices: tuple) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; "
-                         f"got {name}={value!r}")
-    return value
-
-
-def _check_flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False; got {name}={value!r}")
-    return value
 
 
 # --- batch_by_tokens --------------------------------------------------------------------
 
 
-class _TokenBatcher(_Grouper):
+class _TokenBatcher(Grouper):
     """Windows of ``buffer_size`` items, each sorted by length and cut into batches within the
     budget; the batches of a window leave in an order drawn from ``(seed, epoch, window)``."""
 
@@ -273,7 +53,7 @@ class _TokenBatcher(_Grouper):
 
     def feed(self, index: int, item: Any, out: list) -> None:
         stage = self.stage
-        size = _length_of(stage.length, index, item)
+        size = length_of(stage.length, index, item)
         if size > stage.max_tokens and stage.overflow == "raise":
             raise ValueError(f"item {index} has length {size}, more than max_tokens="
                              f"{stage.max_tokens} (overflow='raise')")
@@ -296,7 +76,7 @@ class _TokenBatcher(_Grouper):
         return [[index for _, index, _ in self.window]] if self.window else []
 
     def restore(self, recipes: list, items: dict) -> None:
-        self.window = [(_length_of(self.stage.length, i, items[i]), i, items[i])
+        self.window = [(length_of(self.stage.length, i, items[i]), i, items[i])
                        for recipe in recipes for i in recipe]
 
     def build(self, recipe: list, items: dict) -> list:
@@ -317,21 +97,25 @@ def _cut(entries: list, max_tokens: int) -> list:
     return batches
 
 
-class _TokenBatchStage(_RegroupStage):
+class _TokenBatchStage(RegroupStage):
     kind = "batch_by_tokens"
 
     def __init__(self, max_tokens: int, length: Callable, buffer_size: int, seed: Seed | None,
                  overflow: str) -> None:
         super().__init__()
         self.max_tokens = check_integer("max_tokens", max_tokens, 1)
-        _check_callable("length", length)
+        check_callable("length", length)
         self.length = length
         self.buffer_size = check_integer("buffer_size", buffer_size, 1)
         self.seed = seed_entropy(seed)  # None: fresh entropy, kept here and in repr
-        self.overflow = _check_choice("overflow", overflow, ("alone", "raise"))
+        self.overflow = check_choice("overflow", overflow, ("alone", "raise"))
 
-    def _grouper(self, epoch: int) -> _Grouper:
+    def _grouper(self, epoch: int) -> Grouper:
         return _TokenBatcher(self, epoch)
+
+    def settings(self) -> dict:
+        return {"max_tokens": self.max_tokens, "buffer_size": self.buffer_size,
+                "overflow": self.overflow}
 
     def __repr__(self) -> str:
         return (f"batch_by_tokens({self.max_tokens}, buffer_size={self.buffer_size}, "
@@ -365,14 +149,14 @@ def batch_by_tokens(max_tokens: int, *, length: Callable[[Any], int] = len,
 # --- bucket_by_length -------------------------------------------------------------------
 
 
-class _Bucketer(_Grouper):
+class _Bucketer(Grouper):
     def __init__(self, stage: _BucketStage) -> None:
         self.stage = stage
         self.buckets: list[list] = [[] for _ in stage.batch_sizes]  # (index, item)
 
     def feed(self, index: int, item: Any, out: list) -> None:
         stage = self.stage
-        at = bisect.bisect_right(stage.boundaries, _length_of(stage.length, index, item))
+        at = bisect.bisect_right(stage.boundaries, length_of(stage.length, index, item))
         bucket = self.buckets[at]
         bucket.append((index, item))
         if len(bucket) == stage.batch_sizes[at]:
@@ -390,9 +174,6 @@ class _Bucketer(_Grouper):
         return [[index for index, _ in bucket] for bucket in self.buckets]
 
     def restore(self, recipes: list, items: dict) -> None:
-        if recipes and len(recipes) != len(self.buckets):
-            raise ValueError(f"state has {len(recipes)} buckets; this stage has "
-                             f"{len(self.buckets)}")
         for at, recipe in enumerate(recipes):
             self.buckets[at] = [(i, items[i]) for i in recipe]
 
@@ -404,7 +185,7 @@ def _batch_of(bucket: list) -> tuple:
     return [index for index, _ in bucket], [item for _, item in bucket]
 
 
-class _BucketStage(_RegroupStage):
+class _BucketStage(RegroupStage):
     kind = "bucket_by_length"
 
     def __init__(self, boundaries: Sequence[int], batch_sizes: Sequence[int], length: Callable,
@@ -419,11 +200,23 @@ class _BucketStage(_RegroupStage):
                              f"({len(self.boundaries) + 1}); got batch_sizes={batch_sizes!r}")
         self.batch_sizes = [check_integer(f"batch_sizes[{i}]", size, 1)
                             for i, size in enumerate(batch_sizes)]
-        _check_callable("length", length)
-        self.length, self.drop_last = length, _check_flag("drop_last", drop_last)
+        check_callable("length", length)
+        self.length, self.drop_last = length, check_bool("drop_last", drop_last)
 
-    def _grouper(self, epoch: int) -> _Grouper:
+    def _grouper(self, epoch: int) -> Grouper:
         return _Bucketer(self)
+
+    def settings(self) -> dict:
+        return {"boundaries": self.boundaries, "batch_sizes": self.batch_sizes,
+                "drop_last": self.drop_last}
+
+    def _check_recipes(self, state: dict) -> None:
+        super()._check_recipes(state)
+        buckets = state["open"]
+        if buckets and (len(buckets) != len(self.batch_sizes) or any(
+                len(bucket) >= size for bucket, size in zip(buckets, self.batch_sizes))):
+            raise ValueError(f"state['open'] must hold {len(self.batch_sizes)} buckets, each "
+                             f"short of its batch size {self.batch_sizes}; got {buckets!r:.80}")
 
     def __repr__(self) -> str:
         drop = ", drop_last=True" if self.drop_last else ""
@@ -469,7 +262,7 @@ class _Row:
         self.room, self.serial = room, serial
 
 
-class _Packer(_Grouper):
+class _Packer(Grouper):
     """Places the pieces of each sample in at most ``buffer_size`` open rows; a row leaves when
     it is full, when room is needed (the fullest row for best fit, the oldest for first fit),
     or at the end of the input (in the order the rows were opened)."""
@@ -479,7 +272,7 @@ class _Packer(_Grouper):
         self.rows: dict[int, _Row] = {}  # by serial: the order they were opened
         self.rooms: list = []  # best fit: (room, serial), sorted
         self.serials = 0
-        self.shape: tuple | None = None  # the first sample's kind and field dtypes
+        self.names: Any = _UNSET  # the packed fields' names (None for plain arrays)
 
     def feed(self, index: int, item: Any, out: list) -> None:
         fields = self._fields(index, item)
@@ -572,8 +365,9 @@ class _Packer(_Grouper):
         sizes = np.array([end - begin for _, _, begin, end in pieces])
         used = int(sizes.sum())
         columns = []
-        for at, dtype in enumerate(self.shape[1]):
+        for at in range(len(pieces[0][1])):
             parts = [fields[at][begin:end] for _, fields, begin, end in pieces]
+            dtype = self._row_dtype(pieces, parts, at)
             parts.append(np.zeros(length - used, dtype))
             columns.append(np.concatenate(parts).astype(dtype, copy=False))
         ids = np.zeros(length, np.int32)
@@ -581,18 +375,40 @@ class _Packer(_Grouper):
         positions = np.zeros(length, np.int32)
         starts = np.cumsum(sizes) - sizes
         positions[:used] = np.arange(used, dtype=np.int32) - np.repeat(starts, sizes)
-        if self.shape[0] is None:
+        if self.names is None:
             return (columns[0], ids, positions)
-        return {**dict(zip(self.shape[0], columns)), "segment_ids": ids, "positions": positions}
+        return {**dict(zip(self.names, columns)), "segment_ids": ids, "positions": positions}
+
+    def _row_dtype(self, pieces: list, parts: list, at: int) -> np.dtype:
+        """The dtype of field ``at`` in a row: numpy's promotion of its pieces' dtypes, refused
+        (naming the item) when some piece's values would not survive the cast."""
+        dtypes = {part.dtype for part in parts}
+        if len(dtypes) == 1:
+            return parts[0].dtype
+        name = "the item" if self.names is None else f"field {self.names[at]!r}"
+        first = pieces[0][0]
+        try:
+            if len({dtype.kind in "SU" for dtype in dtypes}) > 1:
+                raise TypeError("text and numbers")
+            dtype = np.result_type(*dtypes)
+        except TypeError:  # numpy's DTypePromotionError is one
+            raise ValueError(f"item {pieces[-1][0]}: {name} of dtype {parts[-1].dtype} cannot "
+                             f"share a row with item {first}'s {parts[0].dtype}") from None
+        for (index, *_), part in zip(pieces, parts):
+            if not _fits(part, dtype):
+                raise ValueError(f"item {index}: {name} holds values that {dtype} (what its "
+                                 f"row shares with item {first}'s {parts[0].dtype}) cannot hold "
+                                 f"exactly; cast the samples to one dtype")
+        return dtype
 
     def _fields(self, index: int, item: Any) -> tuple:
-        """The packed fields of ``item`` as 1-D arrays of one length."""
+        """The packed fields of ``item`` as 1-D arrays of one length, by name."""
         if isinstance(item, Mapping):
-            names = self.stage.fields if self.stage.fields is not None else tuple(item)
+            names = self.stage.fields if self.stage.fields is not None else tuple(sorted(item))
             fields = tuple(_field(index, item, name) for name in names)
         else:
             names = None
-            fields = (np.asarray(item),)
+            fields = (_array(index, "the item", item),)
             if self.stage.fields is not None:
                 raise TypeError(f"fields={self.stage.fields!r} is for dict items; item {index} "
                                 f"is a {type(item).__name__}")
@@ -606,14 +422,14 @@ class _Packer(_Grouper):
         if len({len(field) for field in fields}) > 1:
             raise ValueError(f"item {index}: packed fields must have one length; got "
                              f"{dict(zip(names or ['item'], map(len, fields)))}")
-        if self.shape is None:
+        if self.names is _UNSET:
             if names is not None and {"segment_ids", "positions"} & set(names):
                 raise ValueError(f"item {index} has a field named 'segment_ids' or "
                                  f"'positions', which pack adds; rename it")
-            self.shape = (names, tuple(field.dtype for field in fields))
-        elif names != self.shape[0]:
+            self.names = names
+        elif names != self.names:
             raise ValueError(f"item {index} has the fields {names}; the first item had "
-                             f"{self.shape[0]}")
+                             f"{self.names}")
 
     def open_recipes(self) -> list:
         return [[[i, begin, end] for i, _, begin, end in row.pieces] for row in self.rows.values()]
@@ -622,13 +438,22 @@ class _Packer(_Grouper):
         for recipe in recipes:
             row = self._open()
             for index, begin, end in recipe:
-                self._put(row, (index, self._fields(index, items[index]), begin, end),
+                self._put(row, (index, self._spanned(index, items[index], end), begin, end),
                           end - begin, [])
             if self.stage.strategy == "best_fit":
                 bisect.insort(self.rooms, (row.room, row.serial))
 
     def build(self, recipe: list, items: dict) -> Any:
-        return self._row([(i, self._fields(i, items[i]), begin, end) for i, begin, end in recipe])
+        return self._row([(i, self._spanned(i, items[i], end), begin, end)
+                          for i, begin, end in recipe])
+
+    def _spanned(self, index: int, item: Any, end: int) -> tuple:
+        """The fields of a restored item, which must reach as far as the state's span of it."""
+        fields = self._fields(index, item)
+        if end > len(fields[0]):
+            raise ValueError(f"the state has item {index} up to token {end}, but item {index} "
+                             f"has {len(fields[0])}: is this the input the state was saved on?")
+        return fields
 
     @staticmethod
     def indices(recipe: list) -> Iterable[int]:
@@ -636,14 +461,36 @@ class _Packer(_Grouper):
 
 
 
+_UNSET = object()
+
+
 def _field(index: int, item: Mapping, name: str) -> np.ndarray:
     try:
-        return np.asarray(item[name])
+        value = item[name]
     except KeyError:
         raise ValueError(f"item {index} has no field {name!r}; it has {sorted(item)}") from None
+    return _array(index, f"field {name!r}", value)
 
 
-class _PackStage(_RegroupStage):
+def _array(index: int, name: str, value: Any) -> np.ndarray:
+    try:
+        array = np.asarray(value)
+    except ValueError as error:  # a ragged list
+        raise ValueError(f"item {index}: {name} is not an array of one shape: {error}") from error
+    if array.dtype.hasobject:
+        raise ValueError(f"item {index}: {name} holds Python objects (dtype object), not "
+                         f"numbers or text of one kind")
+    return array
+
+
+def _fits(part: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether ``part`` cast to ``dtype`` and back is ``part`` (NaN as NaN)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        back = part.astype(dtype).astype(part.dtype)
+    return bool(np.array_equal(back, part, equal_nan=part.dtype.kind in "fc"))
+
+
+class _PackStage(RegroupStage):
     kind = "pack"
 
     def __init__(self, length: int, fields: Sequence[str] | None, strategy: str,
@@ -651,17 +498,49 @@ class _PackStage(_RegroupStage):
         super().__init__()
         self.length = check_integer("length", length, 1)
         self.fields = _check_fields(fields)
-        self.strategy = _check_choice("strategy", strategy, ("best_fit", "first_fit", "concat"))
+        self.strategy = check_choice("strategy", strategy, ("best_fit", "first_fit", "concat"))
         self.buffer_size = check_integer("buffer_size", buffer_size, 1)
-        self.overflow = _check_choice("overflow", overflow, ("split", "truncate", "raise"))
+        self.overflow = check_choice("overflow", overflow, ("split", "truncate", "raise"))
 
-    def _grouper(self, epoch: int) -> _Grouper:
+    def _grouper(self, epoch: int) -> Grouper:
         return _Packer(self)
+
+    _indices = staticmethod(_Packer.indices)
+
+    def settings(self) -> dict:
+        return {"length": self.length, "fields": None if self.fields is None else list(self.fields),
+                "strategy": self.strategy, "buffer_size": self.buffer_size,
+                "overflow": self.overflow}
+
+    def _check_recipes(self, state: dict) -> None:
+        """Rows of pieces ``[item, begin, end]`` that fit a row; open rows short of full, no
+        more of them than the stage keeps open."""
+        super()._check_recipes(state)
+        most = 1 if self.strategy == "concat" else self.buffer_size
+        if len(state["open"]) > most:
+            raise ValueError(f"state['open'] holds {len(state['open'])} rows; {self!r} keeps "
+                             f"at most {most} open")
+        for part, most_tokens in (("open", self.length - 1), ("ready", self.length)):
+            for row in state[part]:
+                if not _is_row(row, most_tokens):
+                    raise ValueError(f"state[{part!r}] holds the row {row!r:.80}: not pieces "
+                                     f"[item, begin, end] of at most {most_tokens} tokens "
+                                     f"together, as {self!r} makes")
 
     def __repr__(self) -> str:
         fields = "" if self.fields is None else f", fields={list(self.fields)}"
         return (f"pack({self.length}{fields}, strategy={self.strategy!r}, "
                 f"buffer_size={self.buffer_size}, overflow={self.overflow!r})")
+
+
+def _is_row(row: Any, most_tokens: int) -> bool:
+    """Whether ``row`` is pieces ``[item, begin, end]`` (ints, ``0 <= begin < end``) of at
+    most ``most_tokens`` tokens together."""
+    pieces = row if isinstance(row, (list, tuple)) else ()
+    return bool(pieces) and all(
+        isinstance(piece, (list, tuple)) and len(piece) == 3
+        and all(type(value) is int for value in piece) and 0 <= piece[1] < piece[2]
+        for piece in pieces) and sum(end - begin for _, begin, end in pieces) <= most_tokens
 
 
 def _check_fields(fields: Any) -> tuple | None:
@@ -684,6 +563,10 @@ def pack(length: int, *, fields: Sequence[str] | None = None, strategy: str = "b
     an array of ``length``, plus ``segment_ids`` (1, 2, ... for the samples in the row, 0 for
     padding) and ``positions`` (0, 1, ... within each sample, 0 in padding), as int32: a dict
     for dict samples, the tuple ``(tokens, segment_ids, positions)`` for arrays. Padding is 0.
+    Fields go by name, in any key order; a row keeps them in the order of ``fields``, or sorted.
+    A row's field has the dtype numpy promotes its samples' dtypes to, and holds their values
+    exactly: values that dtype cannot hold (an int above 2**53 beside floats), Python objects
+    and ragged lists raise ``ValueError`` naming the item.
 
     ``strategy`` says where a sample goes, among at most ``buffer_size`` open rows:
 

@@ -2,6 +2,7 @@
 states, their errors, and how they combine with shard, processes, Infinite and the combiners."""
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -82,14 +83,14 @@ def test_empty_samples_add_nothing_and_an_empty_stream_gives_no_rows():
 @pytest.mark.parametrize("arguments, options, error, message", [
     ((0,), {}, ValueError, "length must be >= 1; got length=0"),
     (("8",), {}, TypeError, "length must be an integer; got length='8'"),
-    ((8,), {"strategy": "next_fit"}, ValueError, "strategy must be one of 'best_fit', "
-                                                 "'first_fit', 'concat'; got strategy='next_fit'"),
+    ((8,), {"strategy": "next_fit"}, ValueError, "strategy must be 'best_fit', "
+                                                 "'first_fit' or 'concat'; got strategy='next_fit'"),
     ((8,), {"fields": "ids"}, TypeError, "fields must be a sequence of field names or None; "
                                          "got fields='ids'"),
     ((8,), {"fields": ["a", "a"]}, ValueError, "fields must name at least one field, each "
                                                "once; got fields="),
     ((8,), {"buffer_size": 0}, ValueError, "buffer_size must be >= 1; got buffer_size=0"),
-    ((8,), {"overflow": "drop"}, ValueError, "overflow must be one of 'split', 'truncate', "
+    ((8,), {"overflow": "drop"}, ValueError, "overflow must be 'split', 'truncate' or "
                                              "'raise'; got overflow='drop'"),
 ])
 def test_pack_checks_its_arguments_when_it_is_built(arguments, options, error, message):
@@ -122,6 +123,63 @@ def test_rows_made_before_an_error_arrive_first():
     assert len(stream.pull(5)) == 2
     with pytest.raises(ValueError, match="item 2"):
         stream.pull(5)
+
+
+@pytest.mark.parametrize("samples, values, dtype", [
+    ([np.array([1, 2], np.uint8), [300, 70000]], [1, 2, 300, 70000], np.int64),
+    ([[1, 2], [0.5, 2.7]], [1, 2, 0.5, 2.7], np.float64),
+    ([[], np.array([1, 2], np.int32)], [1, 2], np.int32),            # the empty one adds no dtype
+    ([np.array([1], np.uint64), np.array([-1], np.int8)], [1, -1], np.float64),
+    ([np.array([True]), np.array([7], np.int16)], [1, 7], np.int16),
+])
+def test_a_row_holds_its_samples_values_exactly_in_their_common_dtype(samples, values, dtype):
+    """Regression: every sample was cast to the first one's dtype, unchecked: [300, 70000] into
+    uint8 gave [44, 112], [0.5, 2.7] into int64 gave [0, 2], and an empty first sample made
+    every row float64."""
+    [row] = fp.pack(4)(samples)
+    assert row[0].dtype == dtype and row[0][:len(values)].tolist() == values
+
+
+def test_rows_keep_their_own_samples_dtype():
+    rows = list(fp.pack(2)([np.array([1, 2], np.uint8), [300, 70000]]))
+    assert [row[0].dtype for row in rows] == [np.uint8, np.int64]
+
+
+@pytest.mark.parametrize("samples, message", [
+    ([np.array([2**53 + 1]), np.array([1], np.uint64)],
+     r"item 0: the item holds values that float64 \(what its row shares with item 0's int64\) "
+     r"cannot hold exactly"),
+    ([{"ids": [1.5]}, {"ids": np.array([2**63 - 1])}], r"item 1: field 'ids' holds values that float64"),
+    ([np.array([1]), np.array(["a"])], r"item 1: the item of dtype <U1 cannot share a row with "
+                                       r"item 0's int64"),
+    ([[1, None]], r"item 0: the item holds Python objects \(dtype object\)"),
+    ([[1, 2], [[1, 2], [3]]], r"item 1: the item is not an array of one shape: .*inhomogeneous"),
+    ([{"ids": [1], "mask": [[1], []]}], r"item 0: field 'mask' is not an array of one shape"),
+])
+def test_values_that_no_common_dtype_holds_exactly_are_refused_naming_the_item(samples, message):
+    with pytest.raises(ValueError, match=message):
+        list(fp.pack(4)(samples))
+
+
+def test_dict_samples_may_give_their_fields_in_any_order():
+    """Regression: a sample whose keys came in another order was refused ("has the fields
+    ('b', 'a'); the first item had ('a', 'b'))"; fields go by name."""
+    samples = [{"a": [1], "b": [2]}, {"b": [3], "a": [4]}]
+    [row] = fp.pack(3)(samples)
+    assert row["a"].tolist() == [1, 4, 0] and row["b"].tolist() == [2, 3, 0]
+    assert list(row) == ["a", "b", "segment_ids", "positions"]  # by name when fields= is not given
+    [named] = fp.pack(3, fields=["b", "a"])(samples)
+    assert list(named)[:2] == ["b", "a"]
+
+
+def test_a_length_function_that_raises_is_chained_with_the_item_named():
+    """Regression: its own error passed through without the item (a bad return value named it)."""
+    samples = [{"n": 1}, {"n": 2}, {}]
+    for stage in (fp.batch_by_tokens(8, length=lambda s: s["n"]),
+                  fp.bucket_by_length([2], [2, 2], length=lambda s: s["n"])):
+        with pytest.raises(ValueError, match=r"length raised KeyError for item 2: 'n'") as raised:
+            list(stage(samples))
+        assert isinstance(raised.value.__cause__, KeyError)
 
 
 # --- the combiners read packed rows --------------------------------------------------------
@@ -180,7 +238,7 @@ def test_unseeded_token_batches_keep_their_fresh_seed():
     ((8,), {"length": 3}, TypeError, "length must be callable; got length=3"),
     ((8,), {"buffer_size": 0}, ValueError, "buffer_size must be >= 1; got buffer_size=0"),
     ((8,), {"seed": -1}, ValueError, "seed must be a non-negative integer; got seed=-1"),
-    ((8,), {"overflow": "split"}, ValueError, "overflow must be one of 'alone', 'raise'; got "
+    ((8,), {"overflow": "split"}, ValueError, "overflow must be 'alone' or 'raise'; got "
                                               "overflow='split'"),
 ])
 def test_batch_by_tokens_checks_its_arguments(arguments, options, error, message):
@@ -305,24 +363,29 @@ def test_a_state_carries_the_seed_of_the_stage_it_came_from():
 def test_a_fresh_stage_and_an_ended_stream_have_states_too():
     stage = fp.bucket_by_length([3], [2, 2])
     assert stage.state_dict() == {"type": "bucket_by_length", "seed": None, "epoch": 0,
-                                  "position": 0, "consumed": 0, "open": [], "ready": []}
+                                  "settings": BUCKET_SETTINGS, "position": 0, "consumed": 0,
+                                  "open": [], "ready": []}
     stream = stage(["a", "b"])
     assert list(stream) == [["a", "b"]]
     assert stream.state_dict()["position"] == stream.state_dict()["consumed"] == 2
 
 
+BUCKET_SETTINGS = {"boundaries": [3], "batch_sizes": [2, 2], "drop_last": False}
+
+
+def bucket_state(**changes) -> dict:
+    return {"type": "bucket_by_length", "seed": None, "epoch": 0, "settings": BUCKET_SETTINGS,
+            "position": 0, "consumed": 0, "open": [], "ready": [], **changes}
+
+
 @pytest.mark.parametrize("state, error, message", [
     ([], TypeError, "state must be a dict from state_dict"),
     ({"type": "pack"}, TypeError, "state must be a dict from state_dict"),
-    ({"type": "pack", "seed": None, "epoch": 0, "position": 0, "consumed": 0, "open": [],
-      "ready": []},
-     ValueError, "state is of a 'pack' stage, not of 'bucket_by_length'"),
-    ({"type": "bucket_by_length", "seed": None, "epoch": -1, "position": 0, "consumed": 0, "open": [],
-      "ready": []}, ValueError, r"state\['epoch'\] must be >= 0"),
-    ({"type": "bucket_by_length", "seed": None, "epoch": 0, "position": 3, "consumed": 2, "open": [],
-      "ready": []}, ValueError, r"state\['position'\] must be <= state\['consumed'\]; got 3 > 2"),
-    ({"type": "bucket_by_length", "seed": None, "epoch": 0, "position": 0, "consumed": 2, "open": {},
-      "ready": []}, TypeError, r"state\['open'\] and state\['ready'\] must be lists"),
+    (bucket_state(type="pack"), ValueError, "state is of a 'pack' stage, not of 'bucket_by_length'"),
+    (bucket_state(epoch=-1), ValueError, r"state\['epoch'\] must be >= 0"),
+    (bucket_state(position=3, consumed=2), ValueError,
+     r"state\['position'\] must be <= state\['consumed'\]; got 3 > 2"),
+    (bucket_state(consumed=2, open={}), TypeError, r"state\['open'\] and state\['ready'\] must be lists"),
 ])
 def test_load_state_dict_refuses_what_is_not_a_state_of_the_stage(state, error, message):
     with pytest.raises(error, match=message):
@@ -330,9 +393,8 @@ def test_load_state_dict_refuses_what_is_not_a_state_of_the_stage(state, error, 
 
 
 def test_a_resumed_stream_needs_its_input_from_the_state_position():
-    state = {"type": "pack", "seed": None, "epoch": 0, "position": 2, "consumed": 6, "open": [[[3, 0, 2]]],
-             "ready": []}
     stage = fp.pack(4)
+    state = {**stage.state_dict(), "position": 2, "consumed": 6, "open": [[[3, 0, 2]]]}
     stage.load_state_dict(state)
     with pytest.raises(ValueError, match="the input ended at item 4, before the 6 items"):
         list(stage(tokens(1, 1, 1, 2)))
@@ -340,6 +402,87 @@ def test_a_resumed_stream_needs_its_input_from_the_state_position():
     with pytest.raises(ValueError, match="needs the input from item 2, but this input begins "
                                          "at item 3"):
         list(stage.apply(tokens(1, 1, 1), start=3))
+
+
+def saved_state(stage, samples, outputs: int = 1) -> dict:
+    stream = stage(samples)
+    for _ in range(outputs):
+        next(stream)
+    return pickle.loads(pickle.dumps(stream.state_dict()))
+
+
+@pytest.mark.parametrize("other, difference", [
+    (fp.pack(6, buffer_size=3), "length=8 (this stage: 6)"),
+    (fp.pack(12, buffer_size=3), "length=8 (this stage: 12)"),
+    (fp.pack(8, buffer_size=4), "buffer_size=3 (this stage: 4)"),
+    (fp.pack(8, buffer_size=3, strategy="first_fit"), "strategy='best_fit' (this stage: 'first_fit')"),
+    (fp.pack(8, buffer_size=3, overflow="truncate"), "overflow='split' (this stage: 'truncate')"),
+    (fp.pack(8, buffer_size=3, fields=["ids"]), "fields=None (this stage: ['ids'])"),
+])
+def test_a_pack_state_loads_only_into_a_pack_built_the_same_way(other, difference):
+    """Regression: a pack(8) state loaded into pack(6) failed with numpy's "negative dimensions
+    are not allowed"; into pack(12) it was taken, and the restored rows became 12 long."""
+    state = saved_state(fp.pack(8, buffer_size=3), tokens(5, 2, 7, 6, 3, 4, 5))
+    with pytest.raises(ValueError, match=re.escape(f"built otherwise than {other!r}: {difference}")):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("make, other", [
+    (lambda: fp.batch_by_tokens(8, buffer_size=4, seed=0), fp.batch_by_tokens(8, buffer_size=5)),
+    (lambda: fp.batch_by_tokens(8, buffer_size=4, seed=0), fp.batch_by_tokens(9, buffer_size=4)),
+    (lambda: fp.bucket_by_length([3], [2, 2]), fp.bucket_by_length([3], [2, 3])),
+    (lambda: fp.bucket_by_length([3], [2, 2]), fp.bucket_by_length([4], [2, 2])),
+])
+def test_the_other_stages_states_carry_their_settings_too(make, other):
+    state = saved_state(make(), tokens(1, 2, 3, 4, 5, 1, 2, 3))
+    with pytest.raises(ValueError, match="built otherwise than"):
+        other.load_state_dict(state)
+    make().load_state_dict(state)  # the same settings load
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"open": [[[999, 0, 2]]]}, r"state\['open'\] names items outside the 2 to 6 that "
+                                    r"the state had read and kept: \[\[999, 0, 2\]\]"),
+    ({"ready": [[[2, 0, 2]], [[7, 0, 1]]]}, r"state\['ready'\] names items outside"),
+    ({"open": [[[3, 0, 8]]]}, r"state\['open'\] holds the row \[\[3, 0, 8\]\]: not pieces "
+                              r"\[item, begin, end\] of at most 7 tokens"),
+    ({"ready": [[[3, 2, 1]]]}, r"state\['ready'\] holds the row"),
+    ({"ready": [[[3, -1, 1]]]}, r"state\['ready'\] holds the row"),
+    ({"ready": [[[3, 0.0, 1]]]}, r"state\['ready'\] holds the row"),
+    ({"ready": [[]]}, r"state\['ready'\] holds the row \[\]"),
+    ({"open": [[[3, 0]]]}, r"state\['open'\] holds \[\[3, 0\]\], not a recipe"),
+    ({"open": [[[3, 0, 1]]] * 4}, r"state\['open'\] holds 4 rows; pack\(8, .*\) keeps at most 3"),
+    ({"seed": 5}, r"state\['seed'\] must be None"),
+    ({"settings": {"length": 8}}, r"buffer_size=None \(this stage: 3\)"),
+])
+def test_a_hand_made_pack_state_is_refused_whole_before_anything_changes(change, message):
+    """Regression: hand-made spans gave numpy's "negative dimensions" error, and an unknown
+    item index KeyError: 999. Loading checks everything first: a refused state leaves the
+    stage as it was."""
+    samples = tokens(5, 2, 7, 6, 3, 4, 5)
+    state = {**saved_state(fp.pack(8, buffer_size=3), samples), "epoch": 4, **change}
+    stage = fp.pack(8, buffer_size=3)
+    stage.set_epoch(2)
+    with pytest.raises(ValueError, match=message):
+        stage.load_state_dict(state)
+    assert stage.epoch == 2 and stage.state_dict()["consumed"] == 0
+    assert lists(stage(samples)) == lists(fp.pack(8, buffer_size=3)(samples))
+
+
+def test_a_state_whose_spans_the_input_does_not_have_is_refused_before_any_row():
+    stage = fp.pack(8)
+    stage.load_state_dict({**stage.state_dict(), "position": 1, "consumed": 2,
+                           "open": [[[1, 0, 5]]]})
+    with pytest.raises(ValueError, match="the state has item 1 up to token 5, but item 1 has 2"):
+        next(stage(tokens(3, 2, 4)))
+
+
+def test_a_state_without_settings_names_what_it_lacks():
+    state = fp.pack(8).state_dict()
+    del state["settings"]
+    with pytest.raises(TypeError, match=r"state must be a dict from state_dict\(\) \('settings' "
+                                        r"missing or unknown\)"):
+        fp.pack(8).load_state_dict(state)
 
 
 def test_stages_pickle_with_their_settings():

@@ -1,0 +1,279 @@
+"""The machinery that the variable-length stages share (:mod:`fpipe.streaming.packing`): a
+stream that regroups its input, and its state.
+
+A stage supplies a :class:`Grouper`, the algorithm of one application: it takes input items
+one by one and makes outputs, each with its *recipe*, the input indices (and spans) that it is
+made of. The stream keeps the recipes of what it holds, so that ``state_dict()`` names input
+items rather than holding them, and a resumed stream rebuilds its place from the same items. A
+state records the stage's settings, and loads only into a stage built the same way; it is
+checked whole before the stage changes.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import copy
+import numbers
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from ..errors import check_integer
+from ._core import Stage, Stream, as_stream
+
+__all__ = ["Grouper", "RegroupStage", "Regrouped", "length_of"]
+
+_CHUNK = 64  # input items read at a time
+_SKIP_CHUNK = 1024  # input items read at a time while a resumed stream finds its place
+_STATE_KEYS = frozenset({"type", "seed", "epoch", "settings", "position", "consumed", "open",
+                         "ready"})
+
+
+class Grouper(abc.ABC):
+    """The algorithm of one application: it takes input items one by one and makes outputs,
+    each with its *recipe*, the input indices (and spans) that it is made of. ``open_recipes``
+    describes what it holds, so that a resumed stream can rebuild it from the same items."""
+
+    @abc.abstractmethod
+    def feed(self, index: int, item: Any, out: list) -> None:
+        """Take input item ``index``; append the ``(recipe, output)`` pairs it completes to ``out``."""
+
+    @abc.abstractmethod
+    def finish(self, out: list) -> None:
+        """The input has ended: append what is still held to ``out``."""
+
+    @abc.abstractmethod
+    def open_recipes(self) -> list:
+        """The recipes of what is held, in an order that :meth:`restore` rebuilds."""
+
+    @abc.abstractmethod
+    def restore(self, recipes: list, items: dict) -> None:
+        """Hold again what ``recipes`` (from :meth:`open_recipes`) name; ``items`` by input index."""
+
+    @abc.abstractmethod
+    def build(self, recipe: list, items: dict) -> Any:
+        """The output that ``recipe`` names, made of ``items`` (by input index)."""
+
+    @staticmethod
+    def indices(recipe: list) -> Iterable[int]:
+        """The input indices that ``recipe`` names."""
+        return recipe
+
+
+class Regrouped(Stream):
+    """The stream of a regrouping stage: it reads chunks of its input, feeds them to its
+    grouper, and hands out the outputs; it knows which input items the outputs not handed out
+    yet, and the grouper's open groups, are made of (:meth:`state_dict`)."""
+
+    def __init__(self, upstream: Stream, name: str, grouper: Grouper, place: dict,
+                 start: int, resume: dict | None) -> None:
+        super().__init__(upstream, name)
+        self._grouper, self._place = grouper, place  # place: type, seed, epoch
+        self._index = start  # the input index of the next item read
+        self._resume = resume
+        self._made: collections.deque = collections.deque()  # (recipe, output), not pulled yet
+        self._pulled: list = []  # the recipes of the last pull, for the items next() holds
+        self._ended = False
+
+    def _pull(self, n: int) -> list:
+        if self._resume is not None:
+            self._restore(self._resume)
+        made = self._made
+        while not made and not self._ended:
+            self._read()
+        count = min(n, len(made))
+        pulled = [made.popleft() for _ in range(count)]
+        self._pulled = [recipe for recipe, _ in pulled]
+        return [output for _, output in pulled]
+
+    def _read(self) -> None:
+        out: list = []
+        try:
+            chunk = self.pull_upstream(_CHUNK)
+            if not chunk:
+                self._ended = True
+                self._grouper.finish(out)
+            feed, index = self._grouper.feed, self._index
+            for item in chunk:
+                feed(index, item, out)
+                index += 1
+                self._index = index
+        except Exception as error:
+            self._made.extend(out)
+            if not self.defer_error(error, self._made):
+                raise
+            self._ended = True  # the error is raised after the outputs made before it
+            return
+        self._made.extend(out)
+
+    def state_dict(self) -> dict:
+        """Where this stream stands, after the outputs it has handed out: a plain dict of
+        ints and lists of ints. ``position`` is the index of the first input item that a
+        resumed stream needs, ``consumed`` the number of input items read; ``open`` and
+        ``ready`` name the input items of what the stream holds and of the outputs it made
+        but has not handed out."""
+        if self._resume is not None:
+            return copy.deepcopy(self._resume)
+        held = self.read_ahead  # outputs next() read ahead, not handed out
+        ready = self._pulled[len(self._pulled) - held:] if held else []
+        ready = [*ready, *(recipe for recipe, _ in self._made)]
+        opened = self._grouper.open_recipes()
+        indices = [i for recipe in ready for i in self._grouper.indices(recipe)]
+        indices += [i for recipe in opened for i in self._grouper.indices(recipe)]
+        # a copy: the caller may change it, the recipes of the outputs to come must stay
+        return copy.deepcopy({**self._place, "position": min(indices, default=self._index),
+                              "consumed": self._index, "open": opened, "ready": ready})
+
+    def _restore(self, state: dict) -> None:
+        """Move to the place ``state`` names: skip the input up to its position, keep the
+        items it names up to the items it had read, and rebuild what it held."""
+        self._resume = None
+        position, consumed = state["position"], state["consumed"]
+        if position < self._index:
+            raise ValueError(f"the state needs the input from item {position}, but this input "
+                             f"begins at item {self._index} (start={self._index})")
+        wanted = {i for recipe in (*state["open"], *state["ready"])
+                  for i in self._grouper.indices(recipe)}
+        items = self._skip_to(consumed, wanted)
+        self._grouper.restore(state["open"], items)
+        self._made.extend((recipe, self._grouper.build(recipe, items)) for recipe in state["ready"])
+
+    def _skip_to(self, consumed: int, wanted: set) -> dict:
+        items = {}
+        while self._index < consumed:
+            chunk = self.upstream.pull(min(_SKIP_CHUNK, consumed - self._index))
+            if not chunk:
+                raise ValueError(f"the input ended at item {self._index}, before the "
+                                 f"{consumed} items that the state had read")
+            for index, item in enumerate(chunk, self._index):
+                if index in wanted:
+                    items[index] = item
+            self._index += len(chunk)
+        return items
+
+
+class RegroupStage(Stage):
+    """What the three stages share: the streams they make, and their states."""
+
+    kind = ""
+    seed: int | None = None
+
+    def __init__(self) -> None:
+        self._resume: dict | None = None
+        self._latest: Any = None  # a weak reference to the latest stream
+
+    def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
+        resume, self._resume = self._resume, None
+        place = {"type": self.kind, "seed": self.seed, "epoch": epoch, "settings": self.settings()}
+        stream = Regrouped(as_stream(iterable), repr(self), self._grouper(epoch), place, start,
+                            resume)
+        self._latest = weakref.ref(stream)
+        return stream
+
+    @abc.abstractmethod
+    def _grouper(self, epoch: int) -> Grouper:
+        """The grouper of one application, in ``epoch``."""
+
+    @abc.abstractmethod
+    def settings(self) -> dict:
+        """The settings that shape the outputs (but the functions): a state records them, and
+        loads only into a stage with the same."""
+
+    def _check_recipes(self, state: dict) -> None:
+        """Refuse recipes that this stage could not have made (a ``ValueError`` naming them):
+        lists of the input items the state had read, from its position on."""
+        low, high = state["position"], state["consumed"]
+        for part in ("open", "ready"):
+            for recipe in state[part]:
+                indices = _recipe_indices(self._indices, recipe, part)
+                if any(type(i) is not int or not low <= i < high for i in indices):
+                    raise ValueError(f"state[{part!r}] names items outside the {low} to {high - 1} "
+                                     f"that the state had read and kept: {recipe!r:.80}")
+
+    _indices = staticmethod(Grouper.indices)
+
+    def state_dict(self) -> dict:
+        """The state of the latest stream of this stage (see the module's docs), or the place
+        where the next application begins if none was made since :meth:`load_state_dict`."""
+        stream = self._latest() if self._latest is not None else None
+        if self._resume is not None or stream is None:
+            return copy.deepcopy(self._resume or {
+                "type": self.kind, "seed": self.seed, "epoch": self.epoch,
+                "settings": self.settings(), "position": 0, "consumed": 0, "open": [], "ready": []})
+        return stream.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next application begin where ``state`` (of a stage built the same way)
+        stood: in its epoch, with its seed, with the same outputs to come. That application
+        reads its input from the start (or from item ``start``, if :meth:`apply` says the
+        input begins there), skips to the items the state names, and rebuilds what the stream
+        held."""
+        checked = _checked_state(state, self.kind)
+        _check_settings(checked["settings"], self.settings(), repr(self))
+        self._check_recipes(checked)
+        seed = _checked_seed(checked["seed"], self.seed)
+        # all checked: now change
+        self._resume = copy.deepcopy(checked)
+        self.set_epoch(checked["epoch"])
+        if seed is not None:
+            self.seed = seed
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_latest": None}  # a weak reference does not pickle
+
+
+def _checked_state(state: Any, kind: str) -> dict:
+    if not isinstance(state, dict) or set(state) != _STATE_KEYS:
+        keys = sorted(map(repr, set(state) ^ _STATE_KEYS)) if isinstance(state, dict) else ()
+        wrong = f" ({', '.join(keys)} missing or unknown)" if keys else ""
+        raise TypeError(f"state must be a dict from state_dict(){wrong}; got state={state!r:.200}")
+    if state["type"] != kind:
+        raise ValueError(f"state is of a {state['type']!r} stage, not of {kind!r}")
+    for key in ("epoch", "position", "consumed"):
+        check_integer(f"state[{key!r}]", state[key], 0)
+    if state["position"] > state["consumed"]:
+        raise ValueError(f"state['position'] must be <= state['consumed']; got "
+                         f"{state['position']} > {state['consumed']}")
+    if not isinstance(state["open"], list) or not isinstance(state["ready"], list):
+        raise TypeError(f"state['open'] and state['ready'] must be lists; got state={state!r}")
+    return dict(state)
+
+
+def _checked_seed(saved: Any, seed: int | None) -> int | None:
+    if seed is None and saved is not None:
+        raise ValueError(f"state['seed'] must be None: this stage draws nothing; got {saved!r}")
+    return None if seed is None else check_integer("state['seed']", saved, 0)
+
+
+def _check_settings(saved: Any, settings: dict, stage: str) -> None:
+    if not isinstance(saved, dict):
+        raise TypeError(f"state['settings'] must be the dict state_dict() gives; got {saved!r:.80}")
+    differ = [f"{key}={saved.get(key)!r} (this stage: {value!r})" for key, value in settings.items()
+              if saved.get(key) != value]
+    differ += [f"{key}={saved[key]!r} (this stage has none)" for key in saved if key not in settings]
+    if differ:
+        raise ValueError(f"the state is of a stage built otherwise than {stage}: "
+                         f"{', '.join(differ)}; build the stage as the one that saved it")
+
+
+def _recipe_indices(indices: Callable, recipe: Any, part: str) -> list:
+    try:
+        return list(indices(recipe))
+    except (TypeError, ValueError):
+        raise ValueError(f"state[{part!r}] holds {recipe!r:.80}, not a recipe of this "
+                         f"stage") from None
+
+
+def length_of(length: Callable, index: int, item: Any) -> int:
+    try:
+        value = length(item)
+    except Exception as error:
+        raise ValueError(f"length raised {type(error).__name__} for item {index}: "
+                         f"{error}") from error
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"length must give a non-negative integer; got {value!r} for item "
+                         f"{index}")
+    return int(value)
