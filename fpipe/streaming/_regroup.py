@@ -15,6 +15,7 @@ import abc
 import collections
 import copy
 import numbers
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -211,7 +212,7 @@ class RegroupStage(Stage):
         reads its input from the start (or from item ``start``, if :meth:`apply` says the
         input begins there), skips to the items the state names, and rebuilds what the stream
         held."""
-        checked = _checked_state(state, self.kind)
+        checked = _checked_state(_with_settings(state, self.settings()), self.kind)
         _check_settings(checked["settings"], self.settings(), repr(self))
         self._check_recipes(checked)
         seed = _checked_seed(checked["seed"], self.seed)
@@ -223,6 +224,17 @@ class RegroupStage(Stage):
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_latest": None}  # a weak reference does not pickle
+
+
+def _with_settings(state: Any, settings: dict) -> Any:
+    """A state of fpipe 0.1.0 had no settings: it loads with a warning (its recipes are
+    still checked against this stage)."""
+    if isinstance(state, dict) and set(state) == _STATE_KEYS - {"settings"}:
+        warnings.warn("this state records no settings (fpipe 0.1.0 made it): only its rows are "
+                      "checked against this stage; build the stage as the one that saved it",
+                      stacklevel=3)
+        return {**state, "settings": settings}
+    return state
 
 
 def _checked_state(state: Any, kind: str) -> dict:

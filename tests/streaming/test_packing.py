@@ -477,12 +477,20 @@ def test_a_state_whose_spans_the_input_does_not_have_is_refused_before_any_row()
         next(stage(tokens(3, 2, 4)))
 
 
-def test_a_state_without_settings_names_what_it_lacks():
-    state = fp.pack(8).state_dict()
+def test_a_state_of_fpipe_0_1_0_without_settings_loads_with_a_warning_and_checked_rows():
+    samples = tokens(5, 2, 7, 6, 3, 4, 5)
+    state = saved_state(fp.pack(8, buffer_size=3), samples)
     del state["settings"]
-    with pytest.raises(TypeError, match=r"state must be a dict from state_dict\(\) \('settings' "
+    resumed = fp.pack(8, buffer_size=3)
+    with pytest.warns(UserWarning, match="records no settings"):
+        resumed.load_state_dict(state)
+    assert lists(fp.pack(8, buffer_size=3)(samples))[1:] == lists(resumed(samples))
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="not pieces"):
+        fp.pack(6, buffer_size=3).load_state_dict(state)  # its 7-token row does not fit
+    with pytest.raises(TypeError, match=r"state must be a dict from state_dict\(\) \('position' "
                                         r"missing or unknown\)"):
-        fp.pack(8).load_state_dict(state)
+        fp.pack(8).load_state_dict({key: value for key, value in fp.pack(8).state_dict().items()
+                                    if key != "position"})
 
 
 def test_stages_pickle_with_their_settings():
