@@ -229,18 +229,45 @@ def _decode_numpy_value(obj: dict) -> Any:
         raise ValueError("object arrays are pickled by msgpack-numpy; fpipe does not unpickle")
     if b"shape" not in obj:
         raise ValueError("an array without a shape")
-    dtype, shape, data = _dtype(obj[b"type"]), _shape(obj[b"shape"]), obj[b"data"]
-    _check_array_size(shape, dtype, _byte_count(data))
+    dtype, shape, data = _dtype(obj[b"type"]), obj[b"shape"], obj[b"data"]
+    _check_array(shape, dtype, data)
     return np.ndarray(buffer=data, dtype=dtype, shape=shape)
 
 
 def _decode_scalar(dtype: np.dtype, data: Any) -> Any:
-    if not dtype.itemsize:
-        raise ValueError(f"a numpy scalar of dtype {dtype} would hold no bytes")
-    if _byte_count(data) != dtype.itemsize:
+    size = len(data) if type(data) is bytes else _byte_count(data)
+    if size != dtype.itemsize or not size:
         raise ValueError(f"a numpy scalar of dtype {dtype} has {dtype.itemsize} bytes; "
-                         f"its data has {_byte_count(data)}")
+                         f"its data has {size}")
     return np.frombuffer(data, dtype=dtype)[0]
+
+
+def _check_array(shape: Any, dtype: np.dtype, data: Any) -> None:
+    """The shape must be a list of sizes whose items the data holds exactly, before numpy sees
+    it: a claimed size is checked against the bytes present, and zero-byte items against the
+    format's bound. (Loops, not generators: this runs for every array read.)"""
+    if (type(shape) is not list and type(shape) is not tuple) or len(shape) > _MAX_DIMS:
+        raise ValueError(_shape_problem(shape))
+    for size in shape:
+        if type(size) is not int or size < 0:
+            raise ValueError(_shape_problem(shape))
+    count = math.prod(shape)  # Python ints: no overflow
+    itemsize = dtype.itemsize
+    if not itemsize and count > MAX_EMPTY_ITEMS:
+        raise ValueError(f"an array of {count} items of zero bytes (dtype {dtype}); the format "
+                         f"allows at most {MAX_EMPTY_ITEMS}")
+    size = len(data) if type(data) is bytes else _byte_count(data)
+    if count * itemsize != size:
+        raise ValueError(f"an array of shape {list(shape)!r:.80} and dtype {dtype} holds "
+                         f"{count * itemsize} bytes; its data has {size}")
+
+
+def _shape_problem(shape: Any) -> str:
+    if not isinstance(shape, (list, tuple)) or not all(type(size) is int for size in shape):
+        return f"an array's shape is a list of ints; got {shape!r:.80}"
+    if len(shape) > _MAX_DIMS:
+        return f"an array of {len(shape)} dimensions; numpy allows {_MAX_DIMS}"
+    return f"an array's shape has a negative size: {list(shape)!r:.80}"
 
 
 def _byte_count(data: Any) -> int:
@@ -248,28 +275,6 @@ def _byte_count(data: Any) -> int:
         return memoryview(data).nbytes
     except TypeError:
         raise ValueError(f"numpy data is bytes (msgpack bin); got {type(data).__name__}") from None
-
-
-def _shape(shape: Any) -> tuple[int, ...]:
-    if not isinstance(shape, (list, tuple)) or not all(type(size) is int for size in shape):
-        raise ValueError(f"an array's shape is a list of ints; got {shape!r:.80}")
-    if len(shape) > _MAX_DIMS:  # before the product of a million sizes is taken
-        raise ValueError(f"an array of {len(shape)} dimensions; numpy allows {_MAX_DIMS}")
-    if any(size < 0 for size in shape):
-        raise ValueError(f"an array's shape has a negative size: {list(shape)!r:.80}")
-    return tuple(shape)
-
-
-def _check_array_size(shape: tuple[int, ...], dtype: np.dtype, size: int) -> None:
-    """The array's data must hold exactly its items, before numpy sees the shape: a claimed
-    size is checked against the bytes present, and zero-byte items against the format's bound."""
-    count = math.prod(shape)  # Python ints: no overflow
-    if dtype.itemsize == 0 and count > MAX_EMPTY_ITEMS:
-        raise ValueError(f"an array of {count} items of zero bytes (dtype {dtype}); the format "
-                         f"allows at most {MAX_EMPTY_ITEMS}")
-    if count * dtype.itemsize != size:
-        raise ValueError(f"an array of shape {list(shape)!r:.80} and dtype {dtype} holds "
-                         f"{count * dtype.itemsize} bytes; its data has {size}")
 
 
 def _dtype(descr: Any, depth: int = 0) -> np.dtype:
