@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from ._commands import bench, demo, inspect, move, reorder, repair, transfer, write
 from ._commands._common import UsageError
 from ._version import __version__
-from .errors import FpipeError
+from .errors import FpipeError, redacted_url
 
 __all__ = ["build_parser", "main"]
 
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = _status(error)
         if status is None:
             raise
-        print(f"fpipe {args.command}: {_message(error)}", file=sys.stderr)
+        print(f"fpipe {args.command}: {redacted_url(_message(error))}", file=sys.stderr)
         return status
 
 

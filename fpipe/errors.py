@@ -26,7 +26,9 @@ import inspect
 import numbers
 import os
 import pickle
+import re
 import traceback
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -38,8 +40,11 @@ __all__ = [
     "FpipeError",
     "MissingParameterError",
     "RemoteTraceback",
+    "Secrets",
     "WorkerError",
     "capture",
+    "redacted_options",
+    "redacted_url",
 ]
 
 
@@ -77,7 +82,8 @@ def _with_location(message: str, path, offset, index) -> str:
     sample = f"sample {index}" if index is not None else ""
     byte = f"byte {offset}" if offset is not None else ""
     where = " at ".join(filter(None, [sample, byte]))
-    return ": ".join(str(part) for part in (path, where, message) if part not in (None, ""))
+    parts = (redacted_url(str(path)) if path is not None else None, where, message)
+    return ": ".join(str(part) for part in parts if part not in (None, ""))
 
 
 class MissingParameterError(FpipeError, KeyError):
@@ -325,3 +331,81 @@ def check_probability(name: str, value: Any) -> float:
     if not 0 <= value <= 1:
         raise ValueError(f"{name} must be a probability in [0, 1]; got {name}={value!r}")
     return float(value)
+
+
+# --- secrets in messages ---------------------------------------------------------------------
+
+# a URL's scheme and user information; greedy up to the last "@" before the path, as
+# urllib.parse splits it, so that a password holding "@" goes whole
+_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+_HIDDEN = "***"
+_SHORTEST_SECRET = 3  # shorter strings are too common to scrub from a message
+
+
+def redacted_url(text: str) -> str:
+    """``text`` with the user information (``user:password@``) of every URL in it hidden.
+
+    >>> redacted_url("https://ann:p%40ss@example.org/x.msgpack")
+    'https://***@example.org/x.msgpack'
+    >>> redacted_url("no URL here, s3://bucket/x")
+    'no URL here, s3://bucket/x'
+    """
+    return _USERINFO.sub(rf"\1{_HIDDEN}@", text)
+
+
+def redacted_options(options: Any) -> str:
+    """How ``storage_options`` appear in a message or repr: their keys, every value hidden
+    (any value may be a credential); not a dict, only its type.
+
+    >>> redacted_options({"key": "AKIA", "client_kwargs": {"endpoint_url": "http://x"}})
+    "{'key': '***', 'client_kwargs': {'endpoint_url': '***'}}"
+    >>> redacted_options("key:secret")
+    'a str'
+    """
+    if not isinstance(options, dict):
+        return f"a {type(options).__name__}"
+    shown = (f"{key!r}: {redacted_options(value) if isinstance(value, dict) else repr(_HIDDEN)}"
+             for key, value in options.items())
+    return "{" + ", ".join(shown) + "}"
+
+
+class Secrets:
+    """The secrets that come with a URL: its user information and every string among the
+    values of its ``storage_options``. :meth:`scrub` takes them out of a text, such as the
+    message of a library's exception, which may quote them.
+
+    >>> secrets = Secrets("s3://AKIA42:s3cr3t@bucket/x", {"secret": "s3cr3t", "anon": False})
+    >>> secrets.scrub("Invalid bucket name 'AKIA42:s3cr3t@bucket': ...")
+    "Invalid bucket name '***@bucket': ..."
+    """
+
+    def __init__(self, url: str = "", options: Any = None) -> None:
+        found = set(_userinfo_parts(url)) | set(_strings(options))
+        self.texts = sorted((text for text in found if len(text) >= _SHORTEST_SECRET),
+                            key=len, reverse=True)
+
+    def scrub(self, text: str) -> str:
+        """``text`` without the secrets, and without the user information of any URL."""
+        for secret in self.texts:
+            text = text.replace(secret, _HIDDEN)
+        return redacted_url(text)
+
+
+def _userinfo_parts(url: str) -> list[str]:
+    netloc = urllib.parse.urlsplit(url).netloc if "://" in url else ""
+    userinfo = netloc.rpartition("@")[0]
+    if not userinfo:
+        return []
+    user, _, password = userinfo.partition(":")
+    parts = [userinfo, user, password]
+    return parts + [urllib.parse.unquote(part) for part in parts]
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _strings(item)]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [text for item in value for text in _strings(item)]
+    if isinstance(value, bytes):
+        return [value.decode("utf-8", "replace")]
+    return [value] if isinstance(value, str) else []

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import FpipeError
+from ..errors import FpipeError, redacted_url
 from ..storage import DatasetFiles, MsgpackReader, read_keys, read_legacy_index
 
 __all__ = [
@@ -157,9 +157,9 @@ def progress_bar(args: argparse.Namespace, iterable: Iterable | None = None, **o
 
 
 def say(args: argparse.Namespace, text: str) -> None:
-    """Print a summary line on stdout, unless ``--quiet``."""
+    """Print a summary line on stdout, unless ``--quiet``; a URL in it shows no credentials."""
     if not getattr(args, "quiet", False):
-        print(text, flush=True)
+        print(redacted_url(text), flush=True)
 
 
 def human_bytes(size: float) -> str:

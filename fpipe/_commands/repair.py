@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, redacted_url
 from ..storage import (
     BloomFilter,
     DatasetFiles,
@@ -91,7 +91,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         problems, checked = _check_any(dataset, args)
         if problems:
             failed = True
-            print(f"{dataset}: {len(problems)} problem(s)")
+            print(f"{redacted_url(dataset)}: {len(problems)} problem(s)")
             print("\n".join(f"  {problem}" for problem in problems))
             hint = _hint(problems)
             if hint:

@@ -40,7 +40,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, redacted_options
 from .base import Reader
 from .format import (
     DECODE_ERRORS,
@@ -183,7 +183,8 @@ def _remote_dataset(path: Any, **options: Any) -> Any:
 
         if is_url(path):
             return RemoteDataset(path, **options)
-    given = [f"{name}={value!r:.60}" for name, value in options.items() if value is not None]
+    given = [f"{name}={redacted_options(value) if name == 'storage_options' else f'{value!r:.60}'}"
+             for name, value in options.items() if value is not None]
     if given:
         raise ValueError(f"{', '.join(given)} only apply to URLs; got the local path {path!r}")
     return None

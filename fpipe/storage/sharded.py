@@ -17,6 +17,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from ..errors import redacted_url
 from .base import Reader
 from .format import PathLike
 from .reader import MsgpackReader
@@ -50,7 +51,8 @@ class ShardedReader(Reader):
             pattern = os.fspath(shards)
             shards = _matches(pattern, storage_options)
             if not shards:
-                raise FileNotFoundError(errno.ENOENT, "no dataset matches the pattern", pattern)
+                raise FileNotFoundError(errno.ENOENT, "no dataset matches the pattern",
+                                        redacted_url(pattern))
         self.readers = [_as_reader(shard, options) for shard in shards]
         self._starts = [0]
         for reader in self.readers:

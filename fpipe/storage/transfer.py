@@ -17,14 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import Secrets, redacted_url
 from .remote import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
+    Refused,
     RemoteError,
     Retrying,
     basename,
     check_options,
+    failure,
     filesystem,
+    size_bound,
 )
 
 __all__ = ["SIBLINGS", "Upload", "download_dataset"]
@@ -52,16 +56,18 @@ class Upload:
     """
 
     def __init__(self, url: str, storage_options: dict | None = None, overwrite: bool = False) -> None:
+        self.url = redacted_url(url)  # as messages show it
         if url.split("://", 1)[0].lower() in ("http", "https"):
             raise ValueError("fpipe writes to object storage (s3://, gs://, ...), not to http(s) "
-                             f"URLs; got {url!r}")
+                             f"URLs; got {self.url!r}")
         name = basename(url)
-        self.url = url
+        self._secrets = Secrets(url, storage_options)
         self.fs, self._remote = filesystem(url, storage_options)
-        existing = [suffix for suffix in ("", *SIBLINGS) if self.fs.exists(self._remote + suffix)]
+        existing = [suffix for suffix in ("", *SIBLINGS)
+                    if self._retry(self.fs.exists, self._remote + suffix)]
         if existing and not overwrite:
             raise FileExistsError(17, "dataset exists (pass overwrite=True to replace it)",
-                                  url + existing[0])
+                                  self.url + existing[0])
         self.folder = Path(tempfile.mkdtemp(prefix="fpipe-upload-"))
         self.path = self.folder / name
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, True)
@@ -108,15 +114,20 @@ class Upload:
             self.fs.rm(self._remote + suffix)
 
     def _retry(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, tried again after a failure that may heal; a RemoteError (that
+        shows no credential) when it does not."""
         for tried in range(_UPLOAD_TRIES):
             try:
                 return call(*args)
-            except (FileNotFoundError, PermissionError):
+            except FileNotFoundError:
                 raise
             except Exception as error:  # botocore and aiohttp errors differ by backend
+                meaning = failure(error, self.url, self._secrets)
+                if isinstance(meaning, Refused):
+                    raise RemoteError(self.url, None, None, str(meaning)) from None
                 if tried + 1 == _UPLOAD_TRIES:
-                    raise RemoteError(self.url, None, None, f"upload failed after {tried + 1} "
-                                      f"attempts; last: {type(error).__name__}: {error}") from error
+                    raise RemoteError(self.url, None, None, f"upload failed after {tried + 1} attempts; "
+                                      f"last: {meaning}{meaning.hint}") from None
                 time.sleep(_UPLOAD_BACKOFF * 4 ** tried)
         raise AssertionError("unreachable")
 
@@ -132,14 +143,7 @@ def download_dataset(url: str, path: Path, storage_options: dict | None = None,
     options = check_options(storage_options)
     sources = [(suffix, Retrying(url + suffix, options, DEFAULT_TIMEOUT, DEFAULT_RETRIES))
                for suffix in ("", *SIBLINGS)]
-    sizes = {}
-    for suffix, source in sources:
-        try:
-            sizes[suffix] = source.stat()[0]
-        except FileNotFoundError:
-            if suffix in ("", ".offsets"):
-                raise FileNotFoundError(2, "no dataset at the URL (need the data file and "
-                                        ".offsets)", url + suffix) from None
+    sizes = _sizes(url, sources)
     written = []
     with tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, disable=not progress,
               desc=basename(url)) as bar:
@@ -149,6 +153,26 @@ def download_dataset(url: str, path: Path, storage_options: dict | None = None,
                 _fetch_file(source, sizes[suffix], target, bar)
                 written.append(target)
     return written
+
+
+def _sizes(url: str, sources: list[tuple[str, Retrying]]) -> dict[str, int]:
+    """The sizes of the dataset's files at ``url`` (those that are there), once each is within
+    what the format allows for the data file's size and the samples that ``.offsets`` holds."""
+    sizes = {}
+    for suffix, source in sources:
+        try:
+            sizes[suffix] = source.stat()[0]
+        except FileNotFoundError:
+            if suffix in ("", ".offsets"):
+                raise FileNotFoundError(2, "no dataset at the URL (need the data file and "
+                                        ".offsets)", redacted_url(url) + suffix) from None
+    samples = min(sizes[".offsets"], size_bound(".offsets", sizes[""])) // 8 - 1
+    for suffix, size in sizes.items():
+        bound = size_bound(suffix, sizes[""], None if suffix == ".offsets" else max(samples, 0))
+        if size > bound:
+            raise RemoteError(url + suffix, None, None, f"the server claims {size} bytes; the "
+                              f"format allows at most {bound} here")
+    return sizes
 
 
 def _fetch_file(source: Retrying, size: int, target: Path, bar: Any) -> None:

@@ -208,7 +208,7 @@ def test_a_missing_dataset_is_file_not_found(http, cache):
 
 
 @pytest.mark.parametrize(("options", "error", "match"), [
-    ({"storage_options": []}, TypeError, r"storage_options must be a dict; got storage_options=\[\]"),
+    ({"storage_options": []}, TypeError, "storage_options must be a dict; got a list"),
     ({"storage_options": {"anon": True}}, ValueError, r"storage_options keys \['anon'\]"),
     ({"block_size": 0}, ValueError, "block_size must be >= 1; got block_size=0"),
     ({"block_size": 1.5}, TypeError, "block_size"),

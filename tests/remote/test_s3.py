@@ -78,7 +78,7 @@ def test_two_gloo_ranks_read_every_sample_once(s3, cache, tmp_path):
 
 @pytest.mark.slow
 def test_an_s3_server_that_restarts_mid_epoch_costs_time_not_samples(s3, cache):
-    remote = s3_reader(s3, cache, read_ahead=2, retries=10)
+    remote = s3_reader(s3, cache, read_ahead=2, retries=20)  # a minute: weed restarts slowly
     seen, restarted = [], []
     for index, item in enumerate(remote.iter(chunk_size=64)):
         seen.append(item["key"])
