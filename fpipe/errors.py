@@ -40,11 +40,8 @@ __all__ = [
     "FpipeError",
     "MissingParameterError",
     "RemoteTraceback",
-    "Secrets",
     "WorkerError",
     "capture",
-    "redacted_options",
-    "redacted_url",
 ]
 
 
@@ -334,6 +331,7 @@ def check_probability(name: str, value: Any) -> float:
 
 
 # --- secrets in messages ---------------------------------------------------------------------
+# Not in __all__, like the argument checks: fpipe's modules build their messages with them.
 
 # a URL's scheme and user information; greedy up to the last "@" before the path, as
 # urllib.parse splits it, so that a password holding "@" goes whole

@@ -62,10 +62,14 @@ _THREADS = 4
 _OPEN_BLOCKS = 128
 _CHECK_READ = 1 << 20
 
-MARKER, _MARKER_TEXT = ".fpipe-cache", b"fpipe block cache folder, layout 2\n"
+_MARKER, _MARKER_TEXT = ".fpipe-cache", b"fpipe block cache folder, layout 2\n"
 _FOLDER = re.compile(r"[0-9a-f]{32}\Z")
 _BLOCK = re.compile(r"(?:0|[1-9][0-9]{0,18})\Z")
 _TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]{1,10})\.[0-9]{1,20}\.tmp\Z")
+# the names whose temporaries a sweep removes: in cache_dir, the budget's and the dataset
+# folders' (made whole under a temporary name); in a dataset folder (the cache's own), any
+_ROOT_TEMPORARY = re.compile(r"(?:usage|[0-9a-f]{32})\Z")
+_ANY = re.compile(r"")
 _LOCK_STRIPES = 16
 # A temporary lives for one write. One older than this whose writer's pid is gone was left by
 # a killed process; one older than the second bound is left over whatever its pid (the pid
@@ -89,13 +93,13 @@ def _owned(stat: os.stat_result, kind: int) -> bool:
     return stat.st_uid == os.geteuid() and stats.S_IFMT(stat.st_mode) == kind
 
 
+_KINDS = {stats.S_IFDIR: "folder", stats.S_IFREG: "regular file"}
+
+
 def _why_not_ours(stat: os.stat_result, kind: int) -> str:
     if stat.st_uid != os.geteuid():
         return f"owned by uid {stat.st_uid}, not by this user (uid {os.geteuid()})"
     return "a folder" if stats.S_ISDIR(stat.st_mode) else f"not a {_KINDS[kind]}"
-
-
-_KINDS = {stats.S_IFDIR: "folder", stats.S_IFREG: "regular file"}
 
 
 def _open_own(path: Path, flags: int = os.O_RDONLY) -> int:
@@ -159,21 +163,32 @@ def private_folder(root: Path) -> Path:
 def dataset_folder(root: Path, name: str) -> Path:
     """The dataset folder ``name`` in cache folder ``root``: made (with its marker and its
     ``blocks`` folder) if missing, checked to be the cache's if there; stale temporaries in it
-    are removed."""
+    are removed.
+
+    >>> import tempfile
+    >>> root = private_folder(Path(tempfile.mkdtemp()))
+    >>> folder = dataset_folder(root, "0" * 32)
+    >>> sorted(p.name for p in folder.iterdir())
+    ['.fpipe-cache', 'blocks']
+    >>> (root / ("1" * 32)).mkdir()
+    >>> dataset_folder(root, "1" * 32)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fpipe.storage._blocks._NotOurs: [Errno 1] not fpipe's cache (no marker file .fpipe-cache)...
+    """
     if not _FOLDER.match(name):
         raise ValueError(f"a dataset folder is named by 32 hex digits; got {name!r}")
     folder = root / name
     if not _is_dataset_folder(folder):
         with FileLock(root / ".lock"):  # one maker at a time: a half-made folder is a leftover
-            _sweep(root)
+            _sweep(root, _ROOT_TEMPORARY)
             if not _is_dataset_folder(folder):
                 _make_dataset_folder(folder)
     try:
         _own_folder(folder / "blocks")
     except FileNotFoundError:  # the user emptied the cache by hand
         (folder / "blocks").mkdir(mode=0o700, exist_ok=True)
-    _sweep(folder)
-    _sweep(folder / "blocks")
+    _sweep_dataset_folder(root, folder)
     return folder
 
 
@@ -184,22 +199,22 @@ def _is_dataset_folder(folder: Path) -> bool:
         _own_folder(folder)
     except FileNotFoundError:
         return False
-    if _read_own(folder / MARKER, len(_MARKER_TEXT)) != _MARKER_TEXT:
-        raise _not_ours(folder, f"no marker file {MARKER}")
+    if _read_own(folder / _MARKER, len(_MARKER_TEXT)) != _MARKER_TEXT:
+        raise _not_ours(folder, f"no marker file {_MARKER}")
     return True
 
 
 def _make_dataset_folder(folder: Path) -> None:
     # made whole under a temporary name, then renamed: a dataset folder always has its marker
-    staging = temporary_name(folder)
+    staging = _temporary_name(folder)
     staging.mkdir(mode=0o700)
     (staging / "blocks").mkdir(mode=0o700)
-    with open(_open_own(staging / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as file:
+    with open(_open_own(staging / _MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as file:
         file.write(_MARKER_TEXT)
     os.rename(staging, folder)
 
 
-def temporary_name(path: Path) -> Path:
+def _temporary_name(path: Path) -> Path:
     """Where the writer of ``path`` (this process and thread) writes before renaming."""
     return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
 
@@ -207,8 +222,16 @@ def temporary_name(path: Path) -> Path:
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[IO[bytes]]:
     """A new private file (0600) that replaces ``path`` when the ``with`` block ends without
-    an error, and is removed when it raises."""
-    temporary = temporary_name(path)
+    an error, and is removed when it raises.
+
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "x"
+    >>> with replacing(path) as file:
+    ...     _ = file.write(b"whole")
+    >>> path.read_bytes(), oct(path.stat().st_mode & 0o777)
+    (b'whole', '0o600')
+    """
+    temporary = _temporary_name(path)
     temporary.unlink(missing_ok=True)  # a killed writer's, whose pid and thread were these
     fd = _open_own(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL)
     try:
@@ -221,16 +244,27 @@ def replacing(path: Path) -> Iterator[IO[bytes]]:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with a private file of ``data`` at once (see :func:`replacing`)."""
     with replacing(path) as file:
         file.write(data)
 
 
-def _sweep(folder: Path) -> None:
-    """Remove the stale temporaries in ``folder`` (see the module docstring)."""
+def _sweep_dataset_folder(root: Path, folder: Path) -> None:
+    """Remove the stale temporaries of the cache folder ``root`` and of its dataset folder
+    ``folder``."""
+    _sweep(root, _ROOT_TEMPORARY)
+    _sweep(folder, _ANY)
+    _sweep(folder / "blocks", _BLOCK)
+
+
+def _sweep(folder: Path, names: re.Pattern) -> None:
+    """Remove the stale temporaries in ``folder`` of the files whose names match ``names``
+    (see the module docstring)."""
     now = time.time()
     for name, stat in _listing(folder):
         match = _TEMPORARY.match(name)
-        if match is None or stat.st_uid != os.geteuid() or not _stale(match, stat, now):
+        if not (match and names.match(match["name"]) and stat.st_uid == os.geteuid()
+                and _stale(match, stat, now)):
             continue
         if stats.S_ISREG(stat.st_mode):
             (folder / name).unlink(missing_ok=True)
@@ -257,8 +291,8 @@ def _remove_half_made(staging: Path) -> None:
     """A dataset folder that its maker left before renaming it: only what the maker puts there
     goes, and the folder itself only once empty."""
     with contextlib.suppress(FileNotFoundError, _NotOurs):
-        os.close(_open_own(staging / MARKER))
-        (staging / MARKER).unlink()
+        os.close(_open_own(staging / _MARKER))
+        (staging / _MARKER).unlink()
     with contextlib.suppress(OSError):
         (staging / "blocks").rmdir()
         staging.rmdir()
@@ -285,10 +319,9 @@ def _cached_blocks(root: Path) -> list[tuple[int, int, Path]]:
         folder = root / name
         if not (_FOLDER.match(name) and _owned(stat, stats.S_IFDIR)):
             continue
-        if _read_own(folder / MARKER, len(_MARKER_TEXT)) != _MARKER_TEXT:
+        if _read_own(folder / _MARKER, len(_MARKER_TEXT)) != _MARKER_TEXT:
             continue
-        _sweep(folder)
-        _sweep(folder / "blocks")
+        _sweep_dataset_folder(root, folder)
         for block, block_stat in _listing(folder / "blocks"):
             if _BLOCK.match(block) and _owned(block_stat, stats.S_IFREG):
                 blocks.append((block_stat.st_atime_ns, block_stat.st_size, folder / "blocks" / block))
@@ -352,7 +385,7 @@ class Budget:
         return total
 
 
-def block_lock(folder: Path, number: int) -> FileLock:
+def _block_lock(folder: Path, number: int) -> FileLock:
     """The lock that the fetchers of block ``number`` of dataset folder ``folder`` take: one of
     a fixed number of lock files, so that they do not pile up one per block."""
     return FileLock(folder / f".lock-{number % _LOCK_STRIPES}")
@@ -495,11 +528,12 @@ class RemoteHandle:
             self._reset_threads()
 
     def read(self, start: int, stop: int) -> bytes:
-        # the common case first, in as few steps as can be: it runs once a sample
+        # the common case first, in as few steps as can be (_OpenBlock.read inlined): it runs
+        # once a sample
         block = _OPEN.blocks.get((self._token, start // self.block_size))
         if block is not None and block.start <= start and stop <= block.stop:
-            data = block.read(start, stop)
-            if data is not None:
+            data = os.pread(block.fd, stop - start, start - block.start)
+            if len(data) == stop - start and _identity(os.fstat(block.fd)) == block.identity:
                 return data
         return self.gather(start, min(stop, self.size))
 
@@ -626,7 +660,7 @@ class RemoteHandle:
         try:
             block = self._open_cached(number, path, span)
             if block is None:
-                with block_lock(self.dataset.folder, number):
+                with _block_lock(self.dataset.folder, number):
                     block = self._open_cached(number, path, span) or self._download(number, path, span)
         except _NotOurs as error:
             if ahead:

@@ -8,7 +8,7 @@ bytes, fetched with one ranged request each and kept in ``cache_dir`` under a by
 the cache: a block is downloaded once (under a file lock), written beside its name and
 renamed into place (so a torn block is never read), and carries a CRC-32 that is checked
 when it is opened (a damaged block is fetched again, never decoded). What in the cache folder
-is the cache's, and how it treats the rest: :mod:`fpipe.storage._blocks`.
+is the cache's, and how it treats the rest: the guide "Datasets in object storage".
 
 Sizes are claims: every download is bounded by what the format allows (the data file's size,
 and the number of samples that ``.offsets`` gives), streamed to disk, and a server that claims
@@ -22,7 +22,7 @@ names the URL, the samples and the byte range. A failure that another attempt ca
 is a :class:`RemoteError` at once, with a hint of what to set.
 
 Credentials never appear in a message or a repr: the user information of a URL and every
-value of ``storage_options`` are hidden (:class:`fpipe.errors.Secrets`). An ``http(s)://``
+value of ``storage_options`` are hidden. An ``http(s)://``
 URL with ``user:password@`` logs in with HTTP basic authentication; object storage URLs
 (``s3://``, ``gs://`` ...) cannot carry credentials and are refused with a hint.
 
@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import FormatError, FpipeError, Secrets, check_integer, redacted_options, redacted_url
-from ._blocks import Budget, FileLock, RemoteHandle, dataset_folder, replacing
+from ._blocks import Budget, FileLock, RemoteHandle, dataset_folder, replacing, write_atomically
 from .format import read_md5
 
 __all__ = ["RemoteError", "default_cache_dir", "glob_urls", "is_url", "size_bound"]
@@ -559,7 +559,7 @@ class RemoteDataset:
                 if attempt:
                     sibling = self.url + bad[len(self.path.name):]
                     raise FormatError(f"{bad} does not match the md5 file", path=sibling)
-            complete.write_bytes(b"")
+            write_atomically(complete, b"")
 
     def _fetch_index_files(self) -> list[str]:
         """Fetch the index files: ``.offsets`` first (with ``.md5``), bounded by the data file's

@@ -45,7 +45,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ..errors import FormatError, check_integer
+from ..errors import FormatError, check_integer, redacted_url
 from .format import (
     DECODE_ERRORS,
     DatasetFiles,
@@ -111,7 +111,8 @@ class Writer:
         if append and overwrite:
             raise ValueError("pass append=True or overwrite=True, not both; got both")
         if append and isinstance(outfile, str) and "://" in outfile:
-            raise ValueError(f"append=True works on local datasets only; got the URL {outfile!r}")
+            raise ValueError("append=True works on local datasets only; got the URL "
+                             f"{redacted_url(outfile)!r}")
         # where the files go: here, or to a staging folder that close() uploads
         self._upload = _upload(outfile, storage_options, overwrite)
         self.path = Path(outfile) if self._upload is None else self._upload.path
