@@ -29,7 +29,8 @@ import pickle
 import re
 import traceback
 import urllib.parse
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
 import numpy as np
@@ -407,3 +408,94 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, bytes):
         return [value.decode("utf-8", "replace")]
     return [value] if isinstance(value, str) else []
+
+
+# --- saved states ---------------------------------------------------------------------------
+
+STATE_VERSION = 1  # the format of the states fpipe saves: each names what made it
+
+
+def state_header(kind: str) -> dict:
+    """The keys every state begins with: the ``type`` of what made it and the ``version`` of
+    the format. Not in ``__all__``: fpipe's ``state_dict()`` methods use it.
+
+    >>> state_header("Shuffler")
+    {'type': 'Shuffler', 'version': 1}
+    """
+    return {"type": kind, "version": STATE_VERSION}
+
+
+def check_state(state: Any, kind: str, fields: Iterable[str], settings: Mapping[str, Any], *,
+                old_keys: Iterable[str] | None = None, name: str = "state") -> Mapping:
+    """``state``, once it is a state of a ``kind`` built with ``settings``: a dict of its
+    :func:`state_header`, the ``settings`` (equal to these) and the ``fields``, and nothing else.
+    Otherwise a ``TypeError`` or ``ValueError`` that names what differs. Not in ``__all__``.
+
+    A state without ``version`` was saved by fpipe 0.1.0, before states named what made them.
+    It is accepted when its keys are ``old_keys``, the keys that version saved: the settings it
+    has are checked, and a ``UserWarning`` names the ones it lacks, which cannot be.
+
+    >>> check_state({"type": "Range", "version": 1, "start": 0, "position": 3}, "Range",
+    ...             ["position"], {"start": 5})
+    Traceback (most recent call last):
+    ...
+    ValueError: state is of a Range with start=0; this one has start=5
+    """
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{name} must be a dict from the state_dict() of {_a(kind)}; "
+                        f"got {name}={state!r:.200}")
+    if state.get("type", kind) != kind:
+        raise ValueError(f"{name} is the state of {_a(repr(state['type']))[:90]}, not of {_a(kind)}")
+    if "version" not in state:
+        return _check_old_state(state, kind, fields, settings, old_keys, name)
+    if state["version"] != STATE_VERSION or isinstance(state["version"], bool):
+        raise ValueError(f"{name}['version'] must be {STATE_VERSION}, the version of the states "
+                         f"this fpipe reads; got {state['version']!r:.80}")
+    _check_keys(state, {"type", "version", *settings, *fields}, kind, name)
+    _check_settings(state, settings, kind, name)
+    return state
+
+
+def _check_keys(state: Mapping, keys: set, kind: str, name: str) -> None:
+    missing, unknown = sorted(keys - set(state)), sorted(map(str, set(state) - keys))
+    if missing or unknown:
+        raise TypeError(f"{name} must be a dict from the state_dict() of {_a(kind)}; "
+                        + "; ".join(filter(None, [missing and f"it lacks {', '.join(missing)}",
+                                                  unknown and f"{', '.join(unknown)} are not "
+                                                              f"of such a state"])))
+
+
+def _check_settings(state: Mapping, settings: Mapping[str, Any], kind: str, name: str) -> None:
+    differ = [key for key, value in settings.items() if key in state and not _same(state[key], value)]
+    if differ:
+        saved = ", ".join(f"{key}={state[key]!r:.80}" for key in differ)
+        this = ", ".join(f"{key}={settings[key]!r:.80}" for key in differ)
+        raise ValueError(f"{name} is of {_a(kind)} with {saved}; this one has {this}")
+
+
+def _same(saved: Any, value: Any) -> bool:
+    if isinstance(saved, bool) or isinstance(value, bool):
+        # a bool is not the number it equals: True would pass for a length of 1
+        return type(saved) is type(value) and saved == value
+    return saved == value
+
+
+def _check_old_state(state: Mapping, kind: str, fields: Iterable[str],
+                     settings: Mapping[str, Any], old_keys: Iterable[str] | None,
+                     name: str) -> Mapping:
+    if old_keys is None:
+        raise TypeError(f"{name} must be a dict from the state_dict() of {_a(kind)}; it has no "
+                        f"'version'; got {name}={state!r:.200}")
+    _check_keys(state, set(old_keys), kind, name)
+    _check_settings(state, settings, kind, name)
+    unchecked = [key for key in settings if key not in state]
+    if unchecked:
+        warnings.warn(f"{name} was saved by fpipe 0.1.0 (it has no 'version') and does not say "
+                      f"the {', '.join(unchecked)} of the {kind} it is of: it is loaded as a "
+                      f"state of this one, unchecked; save a new state to have it checked",
+                      UserWarning, stacklevel=4)
+    return state
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun.lstrip("'\"")[:1] in tuple("AEIOUaeiou") else "a ") + noun

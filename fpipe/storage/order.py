@@ -59,7 +59,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import check_integer
+from ..errors import check_integer, check_state, state_header
 from ..random import Seed, seed_entropy
 
 __all__ = ["Cycler", "QuasiShuffler", "Range", "Repeater", "Shuffler"]
@@ -200,6 +200,18 @@ class _Ordering(abc.ABC):
         """The epoch in which the next iteration begins."""
         return self._origin[0]
 
+    @property
+    def endless(self) -> bool:
+        """Whether an iteration carries on into the next epoch at the end of one (a
+        :class:`Cycler` that has samples) rather than ending there.
+
+        >>> from fpipe.storage import ListReader
+        >>> reader = ListReader([{"key": 0}])
+        >>> Cycler(reader).endless, Cycler(Range(reader, 0, 0)).endless, Range(reader).endless
+        (True, False, False)
+        """
+        return self._endless and len(self) > 0
+
     def set_epoch(self, epoch: int) -> None:
         """Begin the next iteration at the start of ``epoch``.
 
@@ -228,14 +240,16 @@ class _Ordering(abc.ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest iteration stands (or the start point, if none began since it was
-        set), with the seeds: a plain dict of ints, strings and None.
+        set), with the seeds and the settings that shape the order (a :class:`Range`'s window,
+        a :class:`Repeater`'s ``times``, a :class:`QuasiShuffler`'s buffer and chunk sizes),
+        of this ordering and of those it wraps: a plain dict of ints, strings and None.
 
         >>> from fpipe.storage import ListReader
         >>> shuffler = Shuffler(ListReader([{"key": i} for i in range(5)]), seed=1)
         >>> stream = iter(shuffler)
         >>> _ = next(stream), next(stream)
         >>> shuffler.state_dict()
-        {'type': 'Shuffler', 'length': 5, 'seed': 1, 'reader': None, 'epoch': 0, 'position': 2}
+        {'type': 'Shuffler', 'version': 1, 'length': 5, 'seed': 1, 'reader': None, 'epoch': 0, 'position': 2}
         """
         progress = self._progress
         return {**self._describe(), "epoch": progress.epoch, "position": progress.position}
@@ -243,40 +257,67 @@ class _Ordering(abc.ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the place that ``state`` describes the start point, adopting its seeds.
 
+        ``state`` must be of an ordering built the same way: the same kinds, lengths and
+        settings, all the way in (the seeds may differ: they are adopted). Anything else raises
+        a ``ValueError`` that names the difference, and leaves this ordering as it was.
+
         >>> from fpipe.storage import ListReader
         >>> reader = ListReader([{"key": i} for i in range(5)])
         >>> shuffler = Shuffler(reader)
-        >>> shuffler.load_state_dict({"type": "Shuffler", "length": 5, "seed": 1,
+        >>> shuffler.load_state_dict({"type": "Shuffler", "version": 1, "length": 5, "seed": 1,
         ...                           "reader": None, "epoch": 0, "position": 2})
         >>> shuffler.seed, list(shuffler) == list(Shuffler(reader, seed=1))[2:]
         (1, True)
+        >>> Range(reader, 0, 3).load_state_dict(Range(reader, 2, 5).state_dict())
+        Traceback (most recent call last):
+        ...
+        ValueError: state is of a Range with start=2, stop=5; this one has start=0, stop=3
         """
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict from state_dict(); got state={state!r}")
-        self._adopt(state)
-        epoch = check_integer("state['epoch']", state.get("epoch"), 0)
-        position = check_integer("state['position']", state.get("position"), 0)
+        self._loader(state, "state")()
+
+    def _loader(self, state: Any, name: str) -> Callable[[], None]:
+        """Check ``state`` (called ``name`` in messages) all through, changing nothing, and
+        return the function that loads it: so :class:`fpipe.Infinite` can refuse a state
+        before it stops its pipeline."""
+        seeds = self._check_description(state, name, ("epoch", "position"))
+        epoch = check_integer(f"{name}['epoch']", state["epoch"], 0)
+        position = check_integer(f"{name}['position']", state["position"], 0)
         if position >= max(1, len(self)):
-            raise ValueError(f"state['position'] must be < {len(self)}; got {position}")
-        self._move((epoch, position))
+            raise ValueError(f"{name}['position'] must be < {len(self)}; got {position}")
+
+        def load() -> None:
+            for ordering, seed in seeds:
+                ordering._reseed(seed)
+            self._move((epoch, position))
+        return load
 
     def _describe(self) -> dict[str, Any]:
         inner = self.reader._describe() if isinstance(self.reader, _Ordering) else None
-        return {"type": type(self).__name__, "length": len(self),
+        return {**state_header(type(self).__name__), "length": len(self), **self._settings(),
                 "seed": getattr(self, "seed", None), "reader": inner}
 
-    def _adopt(self, description: Any) -> None:
-        name, n = type(self).__name__, len(self)
-        if not isinstance(description, dict) or (description.get("type"), description.get(
-                "length")) != (name, n):
-            raise ValueError(f"state must describe a {name} of length {n}; got {description!r}")
-        if description.get("seed") is not None:
-            self._reseed(description["seed"])
-        if isinstance(self.reader, _Ordering):
-            self.reader._adopt(description.get("reader"))
+    def _settings(self) -> dict[str, Any]:
+        """The settings besides the length that shape the order, as a state names them."""
+        return {}
 
-    def _reseed(self, seed: int) -> None:
-        raise ValueError(f"a {type(self).__name__} has no seed; got seed={seed!r}")
+    def _check_description(self, description: Any, name: str,
+                           fields: tuple = ()) -> list[tuple[_Ordering, int]]:
+        """Check that ``description`` (with ``fields``) is of an ordering built as this one,
+        all the way in; the seeds to adopt, changing nothing yet."""
+        settings = {"length": len(self), **self._settings()}
+        check_state(description, type(self).__name__, ("seed", "reader", *fields), settings,
+                    old_keys=("type", "length", "seed", "reader", *fields), name=name)
+        seed = description["seed"]
+        seeds = [] if seed is None else [(self, self._check_seed(seed, f"{name}['seed']"))]
+        if isinstance(self.reader, _Ordering):
+            return seeds + self.reader._check_description(description["reader"], f"{name}['reader']")
+        if description["reader"] is not None:
+            raise ValueError(f"{name}['reader'] describes an ordering, but this {type(self).__name__} "
+                             f"reads {type(self.reader).__name__}; got {description['reader']!r:.200}")
+        return seeds
+
+    def _check_seed(self, seed: Any, name: str) -> int:
+        raise ValueError(f"a {type(self).__name__} has no seed; got {name}={seed!r:.80}")
 
     def _move(self, origin: tuple[int, int]) -> None:
         self._origin = origin
@@ -369,6 +410,9 @@ class _Seeded(_Ordering):
         self.seed = seed_entropy(seed)
         self._cache: tuple[Any, Any] = (None, None)
 
+    def _check_seed(self, seed: Any, name: str) -> int:
+        return check_integer(name, seed, 0)
+
     def _cached(self, epoch: int, build: Callable[[int], Any]) -> Any:
         key = (self.seed, epoch)
         if self._cache[0] != key:
@@ -417,6 +461,9 @@ class Range(_Indexable):
     def _arguments(self) -> str:
         return f", {self.start}, {self.stop}"
 
+    def _settings(self) -> dict[str, Any]:
+        return {"start": self.start, "stop": self.stop}
+
 
 class Repeater(_Ordering):
     """``times`` passes over ``reader``; one pass of the Repeater is all of them, so its ``len``
@@ -454,6 +501,9 @@ class Repeater(_Ordering):
 
     def _arguments(self) -> str:
         return f", {self.times}"
+
+    def _settings(self) -> dict[str, Any]:
+        return {"times": self.times}
 
 
 class Cycler(_Ordering):
@@ -639,6 +689,9 @@ class QuasiShuffler(_Seeded):
 
     def _arguments(self) -> str:
         return f", buf_size={self.buffer_size}, chunk_size={self.chunk_size}, seed={self.seed}"
+
+    def _settings(self) -> dict[str, Any]:
+        return {"buffer_size": self.buffer_size, "chunk_size": self.chunk_size}
 
     def _plan(self, epoch: int) -> _Plan:
         return self._cached(epoch, self._draw_plan)

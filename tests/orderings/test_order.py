@@ -226,9 +226,11 @@ def test_state_dict_is_plain_data_with_the_seeds():
     for _ in range(21):
         next(stream)
     assert ordering.state_dict() == {
-        "type": "Cycler", "length": 16, "seed": None, "epoch": 1, "position": 5,
-        "reader": {"type": "Range", "length": 16, "seed": None, "reader": {
-            "type": "QuasiShuffler", "length": 20, "seed": 7, "reader": None}}}
+        "type": "Cycler", "version": 1, "length": 16, "seed": None, "epoch": 1, "position": 5,
+        "reader": {"type": "Range", "version": 1, "length": 16, "start": 2, "stop": 18,
+                   "seed": None, "reader": {
+                       "type": "QuasiShuffler", "version": 1, "length": 20, "buffer_size": 4,
+                       "chunk_size": 2, "seed": 7, "reader": None}}}
 
 
 def test_state_dict_before_any_iteration_is_the_start_point():
@@ -239,9 +241,9 @@ def test_state_dict_before_any_iteration_is_the_start_point():
 
 def test_loading_a_state_of_another_ordering_is_refused():
     state = Shuffler(IndexReader(10), seed=1).state_dict()
-    with pytest.raises(ValueError, match="state must describe a QuasiShuffler of length 10"):
+    with pytest.raises(ValueError, match="state is the state of a 'Shuffler', not of a QuasiShuffler"):
         QuasiShuffler(IndexReader(10)).load_state_dict(state)
-    with pytest.raises(ValueError, match="state must describe a Shuffler of length 11"):
+    with pytest.raises(ValueError, match="state is of a Shuffler with length=10; this one has length=11"):
         Shuffler(IndexReader(11)).load_state_dict(state)
     with pytest.raises(ValueError, match=r"state\['position'\] must be < 10; got 10"):
         Shuffler(IndexReader(10)).load_state_dict({**state, "position": 10})
