@@ -9,7 +9,9 @@ stream), and weights that may follow a schedule. Private: :mod:`fpipe.streaming.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+import hashlib
+import numbers
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -51,6 +53,16 @@ class Counted:
     def state(self) -> dict:
         return {"seed": self.entropy, "epoch": self.epoch}
 
+    @classmethod
+    def of_state(cls, state: Mapping, stream: int, name: str) -> Counted:
+        """The draws that :meth:`state` describes, once its seed and epoch are integers >= 0
+        (numpy would refuse a negative one only at the first draw)."""
+        return cls(check_integer(f"{name}['seed']", state["seed"], 0), stream,
+                   check_integer(f"{name}['epoch']", state["epoch"], 0))
+
+
+_MT_WORDS = 624  # the Mersenne Twister's state: 624 words and a position among them
+
 
 class Sequential:
     """dpipe's stream: one ``random_sample()`` of a ``RandomState`` per draw, in order. The
@@ -80,9 +92,57 @@ class Sequential:
         return {**state, "state": {"key": inner["key"].tolist(), "pos": int(inner["pos"])}}
 
     def load(self, state: dict) -> None:
-        inner = state["state"]
-        self.random_state.set_state(
-            {**state, "state": {"key": np.asarray(inner["key"], np.uint32), "pos": inner["pos"]}})
+        """Load a state that :func:`rng_state` made."""
+        self.random_state.set_state(state)
+
+
+def rng_state(state: Any, name: str) -> dict:
+    """A ``RandomState`` state as :meth:`Sequential.state` saves it, made ready for numpy's
+    ``set_state``, once every field is what it must be; otherwise a ``TypeError`` or
+    ``ValueError`` that names the field.
+
+    >>> saved = Sequential(np.random.RandomState(0)).state()
+    >>> rng_state(saved, "state['random_state']")["state"]["pos"]
+    624
+    >>> rng_state({**saved, "state": [1, 2]}, "state['random_state']")
+    Traceback (most recent call last):
+    ...
+    TypeError: state['random_state']['state'] must be a dict of 'key' and 'pos'; got [1, 2]
+    """
+    if not isinstance(state, Mapping) or set(state) != {"bit_generator", "state", "has_gauss",
+                                                         "gauss"}:
+        raise TypeError(f"{name} must be a dict of 'bit_generator', 'state', 'has_gauss' and "
+                        f"'gauss' (a RandomState's state); got {state!r:.120}")
+    if state["bit_generator"] != "MT19937":
+        raise ValueError(f"{name}['bit_generator'] must be 'MT19937'; got {state['bit_generator']!r:.80}")
+    inner = state["state"]
+    if not isinstance(inner, Mapping) or set(inner) != {"key", "pos"}:
+        raise TypeError(f"{name}['state'] must be a dict of 'key' and 'pos'; got {inner!r:.120}")
+    gauss = state["gauss"]
+    if isinstance(gauss, bool) or not isinstance(gauss, numbers.Real):
+        raise TypeError(f"{name}['gauss'] must be a real number; got {gauss!r:.80}")
+    return {"bit_generator": "MT19937", "state": {
+        "key": _mt_key(inner["key"], f"{name}['state']['key']"),
+        "pos": _bounded(f"{name}['state']['pos']", inner["pos"], _MT_WORDS)},
+        "has_gauss": _bounded(f"{name}['has_gauss']", state["has_gauss"], 1),
+        "gauss": float(gauss)}
+
+
+def _mt_key(key: Any, name: str) -> np.ndarray:
+    if not isinstance(key, (list, tuple, np.ndarray)) or len(key) != _MT_WORDS or not all(
+            isinstance(word, (int, np.integer)) and not isinstance(word, bool) for word in key):
+        raise TypeError(f"{name} must be a list of {_MT_WORDS} integers; got {key!r:.80}")
+    words = np.asarray(key, dtype=object)
+    if not ((words >= 0) & (words < 2 ** 32)).all():
+        raise ValueError(f"{name} must hold integers in [0, 2**32); got {key!r:.80}")
+    return words.astype(np.uint32)
+
+
+def _bounded(name: str, value: Any, high: int) -> int:
+    value = check_integer(name, value, 0)
+    if value > high:
+        raise ValueError(f"{name} must be <= {high}; got {name}={value}")
+    return value
 
 
 class Chooser:
@@ -158,6 +218,26 @@ class Schedule:
             self._weights = [check_weights(weights, count, name)]
         self._key: Any = None
         self._chooser: Chooser | None = None
+
+    def fingerprint(self) -> str:
+        """What a state records of these weights, to tell another schedule: ``"uniform"``,
+        ``"function"`` (a function of the step, which cannot be checked), or a digest of the
+        steps and of each step's weights divided by their sum (weights in proportion draw alike).
+
+        >>> Schedule([1, 3], 2, "w").fingerprint() == Schedule([2, 6], 2, "w").fingerprint()
+        True
+        >>> Schedule(None, 2, "w").fingerprint(), Schedule(lambda s: [1, 1], 2, "w").fingerprint()
+        ('uniform', 'function')
+        """
+        if self._function is not None:
+            return "function"
+        if self._weights[0] is None:
+            return "uniform"
+        digest = hashlib.blake2b(digest_size=8)
+        for step, weights in zip(self._steps, self._weights):
+            digest.update(np.int64(step).tobytes())
+            digest.update((weights / weights.sum()).tobytes())
+        return digest.hexdigest()
 
     def _check_list(self, pairs: Any) -> None:
         name = self._name

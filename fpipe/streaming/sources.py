@@ -29,15 +29,15 @@ or a function of the step (the position of the item in the stream) that returns 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Union
 
 import numpy as np
 
-from ..errors import check_callable, check_choice, check_integer
+from ..errors import check_bool, check_callable, check_choice, check_integer, check_state, state_header
 from ..random import Seed, seed_entropy
 from ._core import Stream, as_stream
-from ._draws import Counted, Schedule, Sequential
+from ._draws import Counted, Schedule, Sequential, rng_state
 
 __all__ = ["Mix", "Sample", "load_by_random_id", "mix", "sample"]
 
@@ -45,6 +45,7 @@ __all__ = ["Mix", "Sample", "load_by_random_id", "mix", "sample"]
 Weights = Union[Sequence[float], Sequence[tuple], Callable[[int], Sequence[float]], None]
 
 _SAMPLE_STREAM, _MIX_STREAM = 0x73616D70, 0x6D697820  # keep draws apart from stages' item RNGs
+_MIX_FIELDS = ("seed", "epoch", "position", "at", "taken", "alive", "ended", "sources")
 _END = object()
 
 
@@ -119,7 +120,9 @@ class Sample(Stream):
 
     def state_dict(self) -> dict:
         """Where this stream stands: the seed, the epoch and the position (or the state of
-        dpipe's ``RandomState``), to continue it elsewhere. A plain dict of constant size.
+        dpipe's ``RandomState``), to continue it elsewhere, with what it draws from: the
+        length of the sequence and its weights (:meth:`~fpipe.streaming._draws.Schedule.fingerprint`).
+        A plain dict of constant size.
 
         >>> a = sample(range(100), random_state=3)
         >>> _ = [next(a) for _ in range(5)]
@@ -127,32 +130,60 @@ class Sample(Stream):
         >>> b.load_state_dict(a.state_dict())
         >>> [next(a) for _ in range(3)] == [next(b) for _ in range(3)]
         True
+        >>> sample("ab", seed=3).state_dict()
+        {'type': 'Sample', 'version': 1, 'length': 2, 'weights': 'uniform', 'seed': 3, 'epoch': 0, \
+'position': 0}
         """
+        header = {**state_header("Sample"), **self._settings()}
         if self._draws.sequential:
-            return {"random_state": self._draws.state(), "at": self._drawn,
+            return {**header, "random_state": self._draws.state(), "at": self._drawn,
                     "position": self._drawn}
-        return {**self._draws.state(), "position": self.position}
+        return {**header, **self._draws.state(), "position": self.position}
+
+    def _settings(self) -> dict:
+        return {"length": len(self._sequence), "weights": self._schedule.fingerprint()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a :meth:`state_dict`. A ``position`` past the saved one moves on
-        that many items (in O(1) for counter-based draws; dpipe's stream draws and drops the
-        numbers, without loading). dpipe's state is loaded into this sample's ``RandomState``,
-        which is the caller's if one was given."""
-        if not isinstance(state, dict) or "position" not in state:
-            raise TypeError(f"state must be a dict from Sample.state_dict(); got state={state!r}")
-        position = check_integer("state['position']", state["position"], 0)
-        self.discard_read_ahead()
-        if "random_state" not in state:
-            self._draws = Counted(int(state["seed"]), _SAMPLE_STREAM, int(state.get("epoch", 0)))
-            self._drawn = position
-            return
-        at = check_integer("state['at']", state["at"], 0)
+        """Continue from a :meth:`state_dict` of a sample of a sequence of the same length
+        with the same weights (anything else raises a ``ValueError`` naming the difference,
+        and changes nothing). A ``position`` past the saved one moves on that many items (in
+        O(1) for counter-based draws; dpipe's stream draws and drops the numbers, without
+        loading). dpipe's state is loaded into this sample's ``RandomState``, which is the
+        caller's if one was given.
+
+        >>> sample(range(3), seed=0).load_state_dict(sample(range(4), seed=0).state_dict())
+        Traceback (most recent call last):
+        ...
+        ValueError: state is of a Sample with length=4; this one has length=3
+        """
+        self._loader(state, "state")()
+
+    def _loader(self, state: Any, name: str) -> Callable[[], None]:
+        """Check ``state`` (called ``name`` in messages) all through, changing nothing, and
+        return the function that loads it: so a mix loads all its sources or none."""
+        dpipe = isinstance(state, Mapping) and "random_state" in state
+        fields = ("random_state", "at", "position") if dpipe else ("seed", "epoch", "position")
+        check_state(state, "Sample", fields, self._settings(), old_keys=fields, name=name)
+        position = check_integer(f"{name}['position']", state["position"], 0)
+        if not dpipe:
+            return functools.partial(self._load_counted,
+                                     Counted.of_state(state, _SAMPLE_STREAM, name), position)
+        at = check_integer(f"{name}['at']", state["at"], 0)
         if position < at:
-            raise ValueError(f"dpipe's stream cannot go back: state['position']={position} is "
-                             f"before state['at']={at}")
+            raise ValueError(f"dpipe's stream cannot go back: {name}['position']={position} is "
+                             f"before {name}['at']={at}")
+        random_state = rng_state(state["random_state"], f"{name}['random_state']")
+        return functools.partial(self._load_sequential, random_state, at, position)
+
+    def _load_counted(self, draws: Counted, position: int) -> None:
+        self.discard_read_ahead()
+        self._draws, self._drawn = draws, position
+
+    def _load_sequential(self, random_state: dict, at: int, position: int) -> None:
+        self.discard_read_ahead()
         if not self._draws.sequential:
             self._draws = Sequential(np.random.RandomState())
-        self._draws.load(state["random_state"])
+        self._draws.load(random_state)
         self._draws.advance(position - at)
         self._drawn = position
 
@@ -348,7 +379,8 @@ class Mix(Stream):
 
     def state_dict(self) -> dict:
         """Where this mix stands: a plain dict of a few counters, and the states of the
-        sources that are streams (they need ``state_dict()``; a sequence needs nothing).
+        sources that are streams (they need ``state_dict()``; a sequence needs nothing), with
+        what shapes the mix: ``until``, the weights, and the lengths of the sequences.
 
         >>> a = mix(range(100), range(100, 200), weights=[3, 1], seed=5)
         >>> _ = a.pull(10)
@@ -366,28 +398,75 @@ class Mix(Stream):
             else:
                 raise TypeError(f"a mix's state needs sources that are sequences or have "
                                 f"state_dict(); got sources[{k}]={source!r}")
-        return {**self._draws.state(), "position": self._position, "at": self._position,
-                "taken": list(self._taken), "alive": self._alive.tolist(), "ended": self._ended,
-                "sources": sources}
+        return {**state_header("Mix"), **self._settings(), **self._draws.state(),
+                "position": self._position, "at": self._position, "taken": list(self._taken),
+                "alive": self._alive.tolist(), "ended": self._ended, "sources": sources}
+
+    def _settings(self) -> dict:
+        return {"until": self._until, "weights": self._schedule.fingerprint(),
+                "lengths": [None if isinstance(source, Stream) else len(source)
+                            for source in self._sources]}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a :meth:`state_dict` of a mix over the same sources. A ``position``
-        past ``at`` (the saved place) moves on that many items: sequences are not read for it,
-        streams are."""
-        if not isinstance(state, dict) or len(state.get("taken", ())) != len(self._sources):
-            raise TypeError(f"state must be a dict from the state_dict() of a mix of "
-                            f"{len(self._sources)} sources; got state={state!r}")
-        for source, saved in zip(self._sources, state["sources"]):
-            if saved is not None:
-                source.load_state_dict(saved)
-        self._draws = Counted(int(state["seed"]), _MIX_STREAM, int(state["epoch"]))
-        self._position = check_integer("state['at']", state["at"], 0)
-        self._taken = [int(t) for t in state["taken"]]
-        self._alive, self._ended = np.array(state["alive"], bool), bool(state["ended"])
-        skip = check_integer("state['position']", state["position"], 0) - self._position
-        if skip < 0:
-            raise ValueError(f"state['position'] must not be before state['at']; got {state!r}")
-        self._run(skip, None)
+        """Continue from a :meth:`state_dict` of a mix built the same way: as many sources,
+        sequences of the same lengths, the same weights and ``until`` (anything else raises a
+        ``ValueError`` naming the difference, and changes nothing, in the mix or its sources).
+        A ``position`` past ``at`` (the saved place) moves on that many items: sequences are
+        not read for it, streams are."""
+        self._loader(state, "state")()
+
+    def _loader(self, state: Any, name: str) -> Callable[[], None]:
+        """Check ``state`` all through, the sources' states included, changing nothing; the
+        function that loads it."""
+        check_state(state, "Mix", _MIX_FIELDS, self._settings(), old_keys=_MIX_FIELDS, name=name)
+        draws = Counted.of_state(state, _MIX_STREAM, name)
+        at = check_integer(f"{name}['at']", state["at"], 0)
+        position = check_integer(f"{name}['position']", state["position"], 0)
+        if position < at:
+            raise ValueError(f"{name}['position'] must not be before {name}['at']; got "
+                             f"position={position}, at={at}")
+        taken = self._checked_taken(state["taken"], f"{name}['taken']")
+        alive = np.array(self._per_source(state["alive"], f"{name}['alive']", check_bool), bool)
+        ended = check_bool(f"{name}['ended']", state["ended"])
+        sources = self._source_loaders(state["sources"], f"{name}['sources']")
+
+        def load() -> None:
+            for load_source in sources:  # another kind of stream first: it may still refuse
+                load_source()
+            self._draws, self._position, self._taken = draws, at, taken
+            self._alive, self._ended = alive, ended
+            self._run(position - at, None)
+        return load
+
+    def _per_source(self, values: Any, name: str, check: Callable[[str, Any], Any]) -> list:
+        if not isinstance(values, (list, tuple)) or len(values) != len(self._sources):
+            raise TypeError(f"{name} must be a list of one value per source "
+                            f"({len(self._sources)}); got {values!r:.120}")
+        return [check(f"{name}[{k}]", value) for k, value in enumerate(values)]
+
+    def _checked_taken(self, taken: Any, name: str) -> list[int]:
+        counts = self._per_source(taken, name, lambda where, value: check_integer(where, value, 0))
+        for k, (count, source) in enumerate(zip(counts, self._sources)):
+            if self._until != "never" and not isinstance(source, Stream) and count > len(source):
+                raise ValueError(f"{name}[{k}] must be at most the length of sources[{k}], "
+                                 f"{len(source)}; got {count}")
+        return counts
+
+    def _source_loaders(self, states: Any, name: str) -> list[Callable[[], None]]:
+        """What loads each source that is a stream, checked where it can be (a sample or a
+        mix); the loads of other streams come first."""
+        self._per_source(states, name, lambda where, value: value)
+        checked, other = [], []
+        for k, (source, saved) in enumerate(zip(self._sources, states)):
+            if not isinstance(source, Stream):
+                if saved is not None:
+                    raise ValueError(f"{name}[{k}] must be None: sources[{k}] is a sequence, "
+                                     f"read by index; got {saved!r:.120}")
+            elif isinstance(source, (Sample, Mix)):
+                checked.append(source._loader(saved, f"{name}[{k}]"))
+            else:
+                other.append(functools.partial(source.load_state_dict, saved))
+        return other + checked
 
     def start(self) -> Mix:
         """Start the background work of the sources now (see :meth:`fpipe.Stream.start`)."""
