@@ -35,15 +35,15 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Iterator as _Iterator
 from typing import Any
 
 import numpy as np
 
-from .errors import check_integer
+from .errors import check_integer, check_state, state_header
 from .functional import call_repr
-from .skipping import OnError, check_max_errors, check_on_error
+from .skipping import OnError, SkippedIndices, check_max_errors, check_on_error
 from .streaming import (
     ExpirationPool,
     Stage,
@@ -65,6 +65,8 @@ __all__ = ["Infinite", "Iterator", "Loky", "Threads"]
 
 _ITERATOR_CHUNK = 64  # items per call of an Iterator transform that runs in several threads
 _SKIP_CHUNK = 1024  # items read at a time when a source is fast-forwarded by reading
+_SETTLE_EVERY = 256  # batches between two settlements of the skip counts (see _Pipeline)
+_STATE_FIELDS = ("source", "epochs", "delivered", "consumed")
 
 
 # --- the stage classes ----------------------------------------------------------------------
@@ -281,6 +283,13 @@ def _inexact(stage: Stage) -> str | None:
     return None
 
 
+def _skip_counter(stream: Stream, inputs: int, outputs: int) -> SkippedIndices | None:
+    """What counts the items ``stream`` skips (``on_error``), which took ``inputs`` items
+    since the origin for ``outputs`` it made; None if it skips none."""
+    skips = getattr(stream, "skips", None)
+    return None if skips is None else skips.track(inputs, outputs)
+
+
 def _discard(stream: Stream, n: int) -> None:
     while n > 0:
         items = stream.pull(min(n, _SKIP_CHUNK))
@@ -289,21 +298,37 @@ def _discard(stream: Stream, n: int) -> None:
         n -= len(items)
 
 
+def _drops(stage: Stage) -> bool:
+    """Whether ``stage`` leaves out the items on which its function raises (``on_error``)."""
+    return any(getattr(part, "on_error", "raise") != "raise"
+               for part in getattr(stage, "stages", [stage]))
+
+
 class _Pipeline:
     """What an :class:`Infinite` runs: its stages, the live stream, and where it stands.
 
     It holds no reference to the ``Infinite``, so a forgotten ``Infinite`` is collected and its
     finalizer closes this. ``origin`` is the state of the source and the epochs of the stages
     when the stream was built; ``delivered`` counts the batches handed out since then.
+
+    When the batch size is a number and the stages up to the batch take one item per item
+    (apart from the items they skip, which their streams log), the pipeline counts the items
+    each of those stages took from its upstream since the origin (:meth:`consumed`): ``counts``
+    when the stream was built, the skip logs since. A state then resumes at once. Otherwise
+    ``counts`` is None, and a resume replays the batches delivered.
     """
 
     def __init__(self, source: Any, stages: list[Stage], batch_at: int, batch_size: Any) -> None:
         self.source, self.stages, self.batch_at = source, stages, batch_at
         self.per_batch = None if callable(batch_size) else int(batch_size)
+        self.countable = self._countable()
         self.stream: Stream | None = None
         self.last: Stream | None = None  # the latest stream, for stats()
         self.origin: tuple = (None, [])
         self.delivered = self.skip = 0  # skip: batches a restored state has delivered
+        self.resume_counts: list[int] | None = None  # the counts of a restored state
+        self.counts: list[int] | None = None
+        self.skipped: list = []  # per stage up to the batch: its SkippedIndices, or None
         self.warned_empty = False
 
     def ensure(self) -> Stream:
@@ -318,20 +343,55 @@ class _Pipeline:
             self.source.load_state_dict(state)  # the place the stream starts from, exactly
         epochs = [stage.epoch for stage in self.stages]
         skip, self.skip = self.skip, 0
-        fast = bool(skip) and self._countable()
-        stream = self._source_stream(state, skip * self.per_batch if fast else 0)
+        counts = self.start_counts(skip)
+        self.resume_counts = None
+        stream = self._source_stream(state, counts[0] if counts else 0)
+        self.skipped = []
         for at, (stage, epoch) in enumerate(zip(self.stages, epochs)):
-            start = (skip * self.per_batch if at < self.batch_at else skip) if fast else 0
+            start = (counts[at] if at < self.batch_at else skip) if counts else 0
             stream = stage.apply(stream, epoch=epoch, start=start)
             stage.set_epoch(epoch + 1)
-        self.origin, self.delivered = (state, epochs), skip
-        if not fast:
+            if counts and at < self.batch_at:
+                self.skipped.append(_skip_counter(stream, counts[at], counts[at + 1]))
+        self.origin, self.delivered, self.counts = (state, epochs), skip, counts
+        if counts is None:
             self._replay(stream, skip)
         return stream
 
     def _countable(self) -> bool:
-        return self.per_batch is not None and all(
-            stage.one_to_one for at, stage in enumerate(self.stages[:-1]) if at != self.batch_at)
+        before, after = self.stages[:self.batch_at], self.stages[self.batch_at + 1:-1]
+        return self.per_batch is not None and all(stage.one_to_one for stage in before) and \
+            all(stage.one_to_one and not _drops(stage) for stage in after)
+
+    def start_counts(self, skip: int) -> list[int] | None:
+        """The items each stage up to the batch (and the batch) has taken when a stream
+        begins after ``skip`` batches: a restored state's counts, or ``skip`` batches' worth
+        where no stage skips; None when the stream must replay them."""
+        if not self.countable:
+            return None
+        if self.resume_counts is not None:
+            return list(self.resume_counts)
+        if skip and any(_drops(stage) for stage in self.stages[:self.batch_at]):
+            return None  # a state of fpipe 0.1.0 has no counts: replay what it delivered
+        return [skip * self.per_batch] * (self.batch_at + 1)
+
+    def consumed(self) -> list[int] | None:
+        """The items that each stage up to the batch, and the batch, took from its upstream
+        since the origin to make the batches delivered; None when the stream replays."""
+        if self.counts is None:
+            return None
+        counts = [self.delivered * self.per_batch]
+        for skipped in reversed(self.skipped):
+            counts.insert(0, counts[0] if skipped is None else skipped.inputs_for(counts[0]))
+        return counts
+
+    def _settle(self) -> None:
+        # a long stream that skips keeps only the indices ahead of what was delivered
+        if self.counts is not None and any(self.skipped):
+            consumed = self.consumed()
+            for at, skipped in enumerate(self.skipped):
+                if skipped is not None:
+                    skipped.settle(consumed[at + 1])
 
     def _source_stream(self, state: dict | None, skip: int) -> Stream:
         """The source as a stream, moved ``skip`` items on: in O(1) when the source can seek or
@@ -348,9 +408,11 @@ class _Pipeline:
 
     def _seek(self, position: int) -> Stream:
         # an ordering's iteration ends with its epoch, where seek() would carry on into the
-        # next one: a place at or past the end is an iteration that has ended
+        # next one: a place at or past the end is an iteration that has ended, unless the
+        # ordering is endless (a Cycler), whose iteration carries on as seek() does
         length = len(self.source) if hasattr(self.source, "__len__") else None
-        ended = length is not None and position >= length
+        ended = length is not None and position >= length and \
+            not getattr(self.source, "endless", False)
         self.source.seek(length if ended else position)
         return as_stream([] if ended else self.source)
 
@@ -381,6 +443,8 @@ class _Pipeline:
             self.close()  # the next epoch starts cleanly
             raise
         self.delivered += 1
+        if not self.delivered % _SETTLE_EVERY:
+            self._settle()
         return item
 
     def _warn_empty(self) -> None:
@@ -518,17 +582,21 @@ class Infinite:
 
     def state_dict(self) -> dict:
         """Where the pipeline stands: the state of the source and the epochs of the stages when
-        the running stream started, and the batches handed out since. A plain dict.
+        the running stream started, the batches handed out since, and (where they can be
+        counted) the items each stage up to the batch took for them; with the batch size. A
+        plain dict.
 
         For a seeded pipeline (a seeded source such as :func:`fpipe.sample` and seeded
         stages), an ``Infinite`` built the same way that loads this state hands out exactly
         the batches this one would have. When every transformer maps one item to one item
         (functions, :class:`Threads`, :class:`Loky`, :func:`fpipe.map`, :func:`fpipe.threads`,
-        :func:`fpipe.processes`) and ``batch_size`` is an integer, the restored pipeline skips
-        ahead at once; otherwise it makes and drops the batches handed out so far. The number
-        of workers of a stage may differ between the two (seeded stages draw per item, from
-        ``(seed, epoch, index)``), except that :class:`Iterator` with one worker reads the
-        whole stream and with more reads chunks of 64: keep that choice.
+        :func:`fpipe.processes`), also if it skips the items on which it raises
+        (``on_error``: the state counts the items it took, not those it gave), and
+        ``batch_size`` is an integer, the restored pipeline skips ahead at once; otherwise it
+        makes and drops the batches handed out so far. The number of workers of a stage may
+        differ between the two (seeded stages draw per item, from ``(seed, epoch, index)``),
+        except that :class:`Iterator` with one worker reads the whole stream and with more
+        reads chunks of 64: keep that choice. Another batch size is refused.
 
         A pipeline that cannot be made again exactly has no state: a ``ValueError`` names the
         stage, a parallel stage with ``ordered=False`` (its order depends on timing) or a pool
@@ -545,6 +613,8 @@ class Infinite:
         >>> first = run()
         >>> _ = list(first())
         >>> state = first.state_dict()
+        >>> state["batch_size"], state["delivered"], state["consumed"]
+        (2, 3, [6])
         >>> second = run()
         >>> second.load_state_dict(state)
         >>> list(first()) == list(second())
@@ -557,24 +627,23 @@ class Infinite:
         pipeline = self._pipeline
         if pipeline.stream is not None:
             source, epochs = pipeline.origin
-            delivered = pipeline.delivered
+            delivered, consumed = pipeline.delivered, pipeline.consumed()
         else:
             source, epochs = pipeline.source_state(), [s.epoch for s in pipeline.stages]
-            delivered = pipeline.skip
+            delivered, consumed = pipeline.skip, pipeline.start_counts(pipeline.skip)
         # a copy: the caller may change what it gets, the origin must stay as it was
-        return copy.deepcopy({"source": source, "epochs": list(epochs), "delivered": delivered})
+        return copy.deepcopy({**state_header("Infinite"), "batch_size": pipeline.per_batch,
+                              "source": source, "epochs": list(epochs), "delivered": delivered,
+                              "consumed": consumed})
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a :meth:`state_dict` of an ``Infinite`` built the same way: the
-        running pipeline is closed, and the next epoch begins where that one stood."""
-        self._check_state(state)
+        running pipeline is closed, and the next epoch begins where that one stood. A state
+        of another pipeline (another batch size, number of stages or kind of source) raises a
+        ``ValueError`` that names the difference, before anything changes."""
+        load = self._checked_state(state)
         self.close()
-        pipeline = self._pipeline
-        if state["source"] is not None:
-            self.source.load_state_dict(state["source"])
-        for stage, epoch in zip(pipeline.stages, state["epochs"]):
-            stage.set_epoch(epoch)
-        pipeline.skip = int(state["delivered"])
+        load()
 
     def _check_restorable(self) -> None:
         if not _restorable(self.source) and isinstance(self.source, _Iterator):
@@ -588,19 +657,68 @@ class Infinite:
             if reason is not None:
                 raise ValueError(f"this pipeline cannot be resumed exactly: {reason}")
 
-    def _check_state(self, state: Any) -> None:
+    def _checked_state(self, state: Any) -> Callable[[], None]:
+        """Check ``state`` all through, the source's state included, and return what loads it."""
         self._check_restorable()
         self._check_exact()
-        if not isinstance(state, dict) or set(state) != {"source", "epochs", "delivered"}:
-            raise TypeError(f"state must be a dict from Infinite.state_dict(); got state={state!r}")
+        pipeline = self._pipeline
+        check_state(state, "Infinite", _STATE_FIELDS, {"batch_size": pipeline.per_batch},
+                    old_keys=_STATE_FIELDS[:3])
+        epochs = self._checked_epochs(state["epochs"])
+        delivered = check_integer("state['delivered']", state["delivered"], 0)
+        counts = self._checked_counts(state, delivered)
+        load_source = self._source_loader(state["source"])
+
+        def load() -> None:
+            load_source()
+            for stage, epoch in zip(pipeline.stages, epochs):
+                stage.set_epoch(epoch)
+            pipeline.skip, pipeline.resume_counts = delivered, counts
+        return load
+
+    def _checked_epochs(self, epochs: Any) -> list[int]:
         stages = len(self._pipeline.stages)
-        if len(state["epochs"]) != stages:
-            raise ValueError(f"state is of a pipeline with {len(state['epochs'])} stages; this one "
+        if not isinstance(epochs, (list, tuple)):
+            raise TypeError(f"state['epochs'] must be a list of epochs, one per stage; "
+                            f"got {epochs!r:.120}")
+        if len(epochs) != stages:
+            raise ValueError(f"state is of a pipeline with {len(epochs)} stages; this one "
                              f"has {stages}")
-        check_integer("state['delivered']", state["delivered"], 0)
-        if (state["source"] is None) == _restorable(self.source):
+        return [check_integer(f"state['epochs'][{k}]", epoch, 0) for k, epoch in enumerate(epochs)]
+
+    def _checked_counts(self, state: Mapping, delivered: int) -> list[int] | None:
+        """``state['consumed']``, once it fits this pipeline and ``delivered``; None in a
+        state of fpipe 0.1.0, which has none."""
+        pipeline, counts = self._pipeline, state.get("consumed")
+        if "consumed" in state and (counts is None) == pipeline.countable:
+            raise ValueError(f"state['consumed'] is {'None' if counts is None else 'a count'}: "
+                             f"it is of a pipeline that {'replays' if counts is None else 'counts'} "
+                             f"its items on a resume, and this one "
+                             f"{'counts' if pipeline.countable else 'replays'} them (see "
+                             f"Infinite.state_dict): built another way")
+        if counts is None:
+            return None
+        if not isinstance(counts, (list, tuple)) or len(counts) != pipeline.batch_at + 1:
+            raise TypeError(f"state['consumed'] must be a list of {pipeline.batch_at + 1} counts; "
+                            f"got {counts!r:.120}")
+        counts = [check_integer(f"state['consumed'][{k}]", n, 0) for k, n in enumerate(counts)]
+        if counts[-1] != delivered * pipeline.per_batch or counts != sorted(counts, reverse=True):
+            raise ValueError(f"state['consumed'] must count the items behind "
+                             f"state['delivered']={delivered} batches of {pipeline.per_batch}, "
+                             f"each stage at least as many as the next; got {counts}")
+        return counts
+
+    def _source_loader(self, saved: Any) -> Callable[[], None]:
+        if (saved is None) == _restorable(self.source):
             raise ValueError(f"state['source'] does not fit source={self.source!r}: a source "
                              f"with state_dict() needs its state, and only such a source has one")
+        if saved is None:
+            return lambda: None
+        # fpipe's sources check a state all through before they load it; others load it
+        loader = getattr(self.source, "_loader", None)
+        if callable(loader):
+            return loader(saved, "state['source']")
+        return functools.partial(self.source.load_state_dict, saved)
 
     @property
     def closing_callback(self) -> Any:

@@ -28,7 +28,10 @@ fpipe.skipping.TooManyErrors: 2 items failed, more than max_errors=1; the last: 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import array
+import bisect
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, Union
 
 from .errors import FpipeError, check_choice, check_integer
@@ -119,10 +122,19 @@ class SkipLog:
     (['a'], 1, 1)
     """
 
-    __slots__ = ("count", "records", "max_errors")
+    __slots__ = ("count", "indices", "max_errors", "records")
 
     def __init__(self, max_errors: int | None = None) -> None:
         self.count, self.records, self.max_errors = 0, [], max_errors
+        self.indices: SkippedIndices | None = None
+
+    def track(self, inputs: int, outputs: int) -> SkippedIndices:
+        """Keep the index of every item skipped from now on (the records keep only the first
+        1000), to count the inputs behind the outputs: what :class:`fpipe.Infinite` needs to
+        resume a stream that skips. ``inputs`` is the index of the stream's next input,
+        ``outputs`` the number of outputs made before it (see :class:`SkippedIndices`)."""
+        self.indices = SkippedIndices(inputs, outputs)
+        return self.indices
 
     def keep(self, outputs: list, mark: int) -> None:
         """Take the :class:`Skipped` records out of ``outputs[mark:]`` and log them; raise
@@ -132,6 +144,8 @@ class SkipLog:
         if not skipped:
             return
         outputs[mark:] = [x for x in tail if type(x) is not Skipped]
+        if self.indices is not None:
+            self.indices.add(record.index for record in skipped)
         for record in skipped:  # one by one: the same error whatever the chunks
             self.count += 1
             if len(self.records) < _KEPT_RECORDS:
@@ -140,3 +154,61 @@ class SkipLog:
                 raise TooManyErrors(f"{self.count} items failed, more than "
                                     f"max_errors={self.max_errors}; the last: "
                                     f"{record.where()}: {record.error}")
+
+
+class SkippedIndices:
+    """The indices of the items a stream skipped, in order, and so how many inputs were read to
+    make a number of outputs: each output is one input, and each skipped input comes between.
+
+    The count starts from a base, ``inputs`` read for ``outputs`` made (both zero when the
+    stream numbers its items from 0); :meth:`settle` moves the base on and forgets the indices
+    behind it, so that a long stream keeps only the indices ahead of what was consumed. The
+    stream's thread adds indices while another may count: the two take turns. Not in
+    ``__all__``: :class:`fpipe.Infinite` uses it.
+
+    >>> skipped = SkippedIndices(inputs=0, outputs=0)
+    >>> skipped.add([2, 3, 7])
+    >>> skipped.inputs_for(2), skipped.inputs_for(3), skipped.inputs_for(6)
+    (2, 5, 9)
+    >>> skipped.settle(3)
+    >>> skipped.inputs_for(6), len(skipped)
+    (9, 1)
+    """
+
+    __slots__ = ("_base", "_indices", "_lock")
+
+    def __init__(self, inputs: int, outputs: int) -> None:
+        self._base = (inputs, outputs)
+        self._indices = array.array("q")
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def add(self, indices: Iterable[int]) -> None:
+        """Record skipped inputs, in order, each after those recorded before."""
+        with self._lock:
+            self._indices.extend(indices)
+
+    def inputs_for(self, outputs: int) -> int:
+        """How many inputs (counted as the base counts them) were read to make the first
+        ``outputs`` outputs: up to the last of them, the skipped ones after it not included."""
+        with self._lock:
+            return self._inputs_for(outputs)
+
+    def _inputs_for(self, outputs: int) -> int:
+        inputs, made = self._base
+        count = inputs + outputs - made
+        for index in self._indices:
+            if index >= count:
+                break
+            count += 1  # a skipped input before the count: one more input read
+        return count
+
+    def settle(self, outputs: int) -> None:
+        """Make the base the inputs behind ``outputs`` outputs, and forget the indices before
+        them (counts are never asked again for fewer outputs)."""
+        with self._lock:
+            inputs = self._inputs_for(outputs)
+            del self._indices[:bisect.bisect_left(self._indices, inputs)]
+            self._base = (inputs, outputs)

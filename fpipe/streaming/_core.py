@@ -366,7 +366,8 @@ class Stage(abc.ABC):
     and so on; :meth:`set_epoch` sets the epoch of the next call.
 
     ``one_to_one`` (false unless a stage class sets it) says that the stage gives exactly one
-    output per input, in input order, and numbers the items from ``start``: then
+    output per input, in input order, and numbers the items from ``start``, apart from the
+    inputs it leaves out with ``on_error``, which its stream's ``skips`` log records: then
     :class:`fpipe.Infinite` resumes a pipeline by skipping inputs instead of replaying outputs.
 
     >>> from fpipe import map
