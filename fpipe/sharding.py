@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from typing import Any
 
-from .errors import check_bool, check_choice, check_integer
+from .errors import check_bool, check_choice, check_integer, check_state, state_header
 
 __all__ = ["elastic_batches", "elastic_position", "shard", "shard_range", "worker_range"]
 
@@ -381,18 +381,63 @@ def check_elastic(elastic: Any, batch_size: int | None, shuffle: bool) -> bool:
     return True
 
 
+ELASTIC_STATE = "ElasticEpoch"  # the type of the states of an elastic layout
+
+
+def elastic_state_dict(epoch: int, position: int, n: int) -> dict[str, Any]:
+    """The state of an elastic epoch ``epoch`` of ``n`` samples whose first ``position`` are
+    done, as the torch adapters save it (not in ``__all__``).
+
+    >>> elastic_state_dict(1, 96, 256)
+    {'type': 'ElasticEpoch', 'version': 1, 'length': 256, 'epoch': 1, 'position': 96}
+    """
+    return {**state_header(ELASTIC_STATE), "length": n, "epoch": epoch, "position": position}
+
+
 def elastic_state(state: Any, n: int) -> tuple[int, int]:
-    """The epoch and position of an elastic ``state`` for a dataset of ``n`` samples."""
-    if not isinstance(state, Mapping) or set(state) != {"epoch", "position", "length"}:
-        raise TypeError(f"state must be a dict from state_dict(): epoch, position and length; "
-                        f"got state={state!r}")
-    length = check_integer("state['length']", state["length"], 0)
-    if length != n:
-        raise ValueError(f"state is of a dataset of {length} samples; this one has {n}")
+    """The epoch and position of an elastic ``state`` for a dataset of ``n`` samples, once
+    it is one (a state of fpipe 0.1.0, without type and version, too)."""
+    check_state(state, ELASTIC_STATE, ("epoch", "position"), {"length": n},
+                old_keys=("epoch", "position", "length"))
     position = check_integer("state['position']", state["position"], 0)
     if position > n:
         raise ValueError(f"state['position'] must be at most the length {n}; got {position}")
     return check_integer("state['epoch']", state["epoch"], 0), position
+
+
+def loaded_state_stands(loaded: tuple[int, int] | None, epoch: int, n: int) -> bool:
+    """Whether a loaded elastic state, ``(epoch, position)`` of ``n``, that no pass has begun
+    to read yet, still stands when ``set_epoch(epoch)`` is called: the one rule of the torch
+    adapters (not in ``__all__``).
+
+    The state's own epoch keeps it, so a loop that calls ``set_epoch`` at the start of every
+    epoch, the resumed one too, finishes that epoch. The next epoch, after a state at the end of
+    its epoch, finds nothing left of it: the state is done, and the epoch begins whole. Any
+    other epoch would drop what the state has left, or read it in another epoch's order: a
+    ``ValueError``.
+
+    >>> loaded_state_stands((1, 16), 1, 40), loaded_state_stands((1, 40), 2, 40)
+    (True, False)
+    >>> loaded_state_stands((1, 16), 2, 40)
+    Traceback (most recent call last):
+    ...
+    ValueError: set_epoch(2) after load_state_dict() of a state of epoch 1 at position 16 of 40, \
+before a pass has read it: epoch 1 has 24 samples left; call set_epoch(1) (or nothing) to \
+finish it, or load a state of epoch 2
+    """
+    if loaded is None:
+        return False
+    saved, position = loaded
+    if epoch == saved:
+        return True
+    if epoch == saved + 1 and position >= n:
+        return False
+    advice = (f"call set_epoch({saved + 1}): it is done" if position >= n else
+              f"epoch {saved} has {n - position} samples left; call set_epoch({saved}) (or "
+              f"nothing) to finish it")
+    raise ValueError(f"set_epoch({epoch}) after load_state_dict() of a state of epoch {saved} at "
+                     f"position {position} of {n}, before a pass has read it: {advice}, or "
+                     f"load a state of epoch {epoch}")
 
 
 def wrapped_runs(batch: range, n: int) -> Iterator[range]:

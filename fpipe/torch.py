@@ -54,6 +54,8 @@ from .sharding import (
     elastic_batches,
     elastic_position,
     elastic_state,
+    elastic_state_dict,
+    loaded_state_stands,
     resume_plan,
     worker_range,
     wrapped_runs,
@@ -77,11 +79,13 @@ __all__ = [
 
 # Pass counters kept in shared memory: one per DataLoader worker id below this bound.
 _SLOTS = 1024
-# where the clock's tensor keeps the pending-resume flags (one per worker id), the resume, and
-# the latest pass begun (whether there is one since the epoch or resume was set, its epoch and
-# its elastic position)
+# where the clock's tensor keeps the pending-resume flags (one per worker id), the resume, the
+# latest pass begun (whether there is one since the epoch or resume was set, its epoch and
+# its elastic position), how many passes of it are under way, and whether the resume is a
+# loaded state
 _PENDING, _RESUME = _SLOTS + 1, 2 * _SLOTS + 1
 _LATEST = _RESUME + 4
+_RUNNING, _LOADED = _LATEST + 3, _LATEST + 4
 _KEPT_INDICES = 32  # indices of skipped samples recorded per worker id (the count is exact)
 _SKIP = object()  # what _apply_or_skip returns for a skipped sample
 
@@ -137,7 +141,7 @@ class _EpochClock:
 
     def __init__(self, epoch: int, tensor: torch.Tensor | None = None) -> None:
         if tensor is None:
-            tensor = torch.zeros(_LATEST + 3, dtype=torch.int64)
+            tensor = torch.zeros(_LOADED + 1, dtype=torch.int64)
             tensor[0] = epoch
             tensor.share_memory_()
         self._tensor, self._counts = tensor, tensor.numpy()
@@ -147,18 +151,33 @@ class _EpochClock:
 
     def set(self, epoch: int) -> None:
         self._counts[1:_PENDING] = 0
-        self._counts[_LATEST] = 0
+        self._counts[_LATEST] = self._counts[_RUNNING] = 0
         self._counts[0] = epoch
+
+    def drop_resume(self) -> None:
+        """Make the next passes whole again."""
+        self._counts[_PENDING:_RESUME] = 0
+        self._counts[_LOADED] = 0
 
     @property
     def base(self) -> int:
         return int(self._counts[0])
 
-    def resume(self, batches: int, batch_size: int, drop_last: bool, position: int = 0) -> None:
-        """Make the next pass of every worker id a resumed one."""
+    def resume(self, batches: int, batch_size: int, drop_last: bool, position: int = 0,
+               loaded: bool = False) -> None:
+        """Make the next pass of every worker id a resumed one; ``loaded``: the resume of a
+        loaded elastic state (of the epoch set)."""
         self._counts[_RESUME:_LATEST] = batches, batch_size, drop_last, position
         self._counts[_PENDING:_RESUME] = 1
-        self._counts[_LATEST] = 0
+        self._counts[_LATEST] = self._counts[_RUNNING] = 0
+        self._counts[_LOADED] = loaded
+
+    def loaded(self) -> tuple[int, int] | None:
+        """The epoch and position of a loaded elastic state that no pass has begun to read."""
+        counts = self._counts
+        if not (counts[_LOADED] and counts[_PENDING:_RESUME].any()):
+            return None
+        return int(counts[0]), int(counts[_RESUME + 3])
 
     def peek(self, slot: int) -> tuple[int, _Resume | None]:
         """The epoch of the next pass of worker ``slot``, and its resume if it has one."""
@@ -176,7 +195,7 @@ class _EpochClock:
         self._counts[slot + 1] += 1
         self._counts[_PENDING + slot] = 0
         self._counts[_PENDING + workers:_RESUME] = 0
-        self._counts[_LATEST:] = 1, epoch, 0 if resume is None else resume.position
+        self._counts[_LATEST:_RUNNING] = 1, epoch, 0 if resume is None else resume.position
         return epoch, resume
 
     def latest(self) -> tuple[int, int]:
@@ -187,6 +206,15 @@ class _EpochClock:
             return int(counts[_LATEST + 1]), int(counts[_LATEST + 2])
         epoch, resume = self.peek(0)
         return epoch, 0 if resume is None else resume.position
+
+    def under_way(self, passes: int) -> None:
+        """Count ``passes`` (1 or -1) more elastic passes of a worker as under way."""
+        self._counts[_RUNNING] = max(0, int(self._counts[_RUNNING]) + passes)
+
+    def running(self) -> int | None:
+        """The elastic position of the pass under way (in some worker), or None."""
+        counts = self._counts
+        return int(counts[_LATEST + 2]) if counts[_LATEST] and counts[_RUNNING] else None
 
 
 class _SkipBoard:
@@ -477,7 +505,7 @@ class ElasticBatchSampler(torch.utils.data.Sampler):
     [[2, 3], [6, 7], [9]]
     >>> state = sampler.state_dict(batches=1)
     >>> state
-    {'epoch': 0, 'position': 4, 'length': 10}
+    {'type': 'ElasticEpoch', 'version': 1, 'length': 10, 'epoch': 0, 'position': 4}
     >>> alone = ElasticBatchSampler(data, batch_size=4, rank=0, world_size=1)
     >>> alone.load_state_dict(state)
     >>> list(alone), list(alone)         # the rest of epoch 0, then a whole pass
@@ -496,36 +524,56 @@ class ElasticBatchSampler(torch.utils.data.Sampler):
         self.rank, self.world_size = _distributed(group, rank, world_size)
         self.epoch, self._position = check_integer("epoch", epoch, 0), 0
         self._latest: int | None = None  # where the latest pass of this epoch began
+        self._loaded = False  # whether _position is a loaded state's, that no pass has read
+        self._running: tuple[object, int] | None = None  # the pass under way: (token, start)
 
     def __iter__(self) -> Iterator[list[int]]:
-        position, self._position = self._position, 0
-        self._latest = position
+        position, self._position, self._loaded = self._position, 0, False
+        self._latest, token = position, object()
+        self._running = (token, position)
         n = self.length
-        for batch in elastic_batches(n, position, self.batch_size, self.rank, self.world_size,
-                                     even=self.even):
-            yield [index % n for index in batch]
+        try:
+            for batch in elastic_batches(n, position, self.batch_size, self.rank,
+                                         self.world_size, even=self.even):
+                yield [index % n for index in batch]
+        finally:
+            if self._running is not None and self._running[0] is token:
+                self._running = None
 
     def __len__(self) -> int:
-        return sum(1 for _ in elastic_batches(self.length, self._position, self.batch_size,
+        """The batches of the pass under way, from its first batch until it ends (or the
+        epoch or a state is set); else of the next pass."""
+        start = self._position if self._running is None else self._running[1]
+        return sum(1 for _ in elastic_batches(self.length, start, self.batch_size,
                                               self.rank, self.world_size, even=self.even))
 
     def set_epoch(self, epoch: int) -> None:
-        """Deal out epoch ``epoch`` next, from its start."""
-        self.epoch, self._position, self._latest = check_integer("epoch", epoch, 0), 0, None
+        """Deal out epoch ``epoch`` next, from its start, unless a loaded state of that epoch
+        waits for its pass: then from the state's position. After :meth:`load_state_dict`,
+        and before a pass has read the state, another epoch raises ``ValueError`` (except the
+        next one after a state at the end of its epoch): the rule of
+        :meth:`IterableDataset.set_epoch`."""
+        epoch = check_integer("epoch", epoch, 0)
+        loaded = (self.epoch, self._position) if self._loaded else None
+        stands = loaded_state_stands(loaded, epoch, self.length)
+        self.epoch, self._latest, self._running = epoch, None, None
+        if not stands:
+            self._position, self._loaded = 0, False
 
     def state_dict(self, batches: int) -> dict[str, int]:
         """Where the epoch stands once the DataLoader has handed out ``batches`` batches of the
         latest pass (of the next one, if none has begun since the epoch or the state was set):
         as :meth:`IterableDataset.state_dict`."""
         start = self._position if self._latest is None else self._latest
-        return {"epoch": self.epoch, "position": elastic_position(
-            self.length, start, batches, self.batch_size, self.world_size), "length": self.length}
+        return elastic_state_dict(self.epoch, elastic_position(
+            self.length, start, batches, self.batch_size, self.world_size), self.length)
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Deal out epoch ``state["epoch"]`` next, from ``state["position"]`` on (a state of
-        :meth:`state_dict` on any grid); the passes after it are whole."""
+        :meth:`state_dict` on any grid, of a dataset of this length); the passes after it are
+        whole. ``set_epoch`` of the state's epoch keeps it (see :meth:`set_epoch`)."""
         self.epoch, self._position = elastic_state(state, self.length)
-        self._latest = None
+        self._latest, self._running, self._loaded = None, None, True
 
     def __repr__(self) -> str:
         even = f", even={self.even!r}" if self.even else ""
@@ -616,22 +664,72 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         self._shuffle_seed = seed_entropy(seed) if self.seed is None else self.seed
         self.rank, self.world_size = _distributed(group, rank, world_size)
         self.elastic = check_elastic(elastic, self.batch_size, self.shuffle)
+        if self.elastic and self.on_error != "raise" and transforms is not None:
+            raise ValueError(
+                "elastic=True needs on_error='raise': a skipped sample moves the later samples "
+                "of its worker into earlier batches, so after some steps each worker and rank "
+                "stands at another place of the epoch, and no one position resumes them all; "
+                "leave bad samples out of the reader, or use Dataset(..., on_error=...) with "
+                "ElasticBatchSampler, whose batches are positions (a skipped sample makes its "
+                f"batch smaller); got on_error={self.on_error!r}")
 
     def __len__(self) -> int:
         worker, workers = _worker()
         epoch, resume = self._clock.peek(worker)
         if self.elastic:
-            return sum(map(len, self._elastic_batches(resume, worker, workers)))
+            running = self._clock.running()
+            position = running if running is not None else 0 if resume is None else resume.position
+            return sum(map(len, self._elastic_batches(position, worker, workers)))
         window, skip = self._shard(epoch, resume, worker, workers, guard=False)
         return len(window) - skip
 
     def __iter__(self) -> Iterator[Any]:
         worker, workers = _worker()
-        epoch, resume = self._clock.begin(worker, workers)
         if self.elastic:
-            return self._elastic_stream(self._elastic_batches(resume, worker, workers), epoch)
+            return self._elastic_pass(worker, workers)
+        epoch, resume = self._clock.begin(worker, workers)
         window, skip = self._shard(epoch, resume, worker, workers, guard=True)
+        if skip and self._may_skip():
+            # which samples fail is known only by transforming them: make the batches before
+            # the resume again, and drop them
+            return itertools.islice(self._stream(window, epoch, 0), skip, None)
         return self._stream(window, epoch, skip)
+
+    def _may_skip(self) -> bool:
+        return self.on_error != "raise" and self._transform is not None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` next, in this process and in every DataLoader worker, persistent or
+        not. A :meth:`resume` waiting for its pass stays.
+
+        With ``elastic=True``, after :meth:`load_state_dict` and before a pass has read the
+        state, the state's epoch keeps it (a loop that calls ``set_epoch`` at the start of
+        every epoch resumes too), the next epoch after a state at the end of its epoch begins
+        whole, and any other epoch raises ``ValueError``: it would drop the samples the state
+        has left. :class:`ElasticBatchSampler` keeps the same rule.
+
+        >>> from fpipe.storage import ListReader
+        >>> data = IterableDataset(ListReader([{"x": i} for i in range(10)]), batch_size=2,
+        ...                        elastic=True)
+        >>> data.load_state_dict({"type": "ElasticEpoch", "version": 1, "length": 10,
+        ...                       "epoch": 1, "position": 6})
+        >>> data.set_epoch(1)
+        >>> [s["x"] for s in data]
+        [6, 7, 8, 9]
+        >>> data.load_state_dict(data.state_dict(batches=1))   # epoch 1 at position 8
+        >>> data.set_epoch(2)
+        Traceback (most recent call last):
+        ...
+        ValueError: set_epoch(2) after load_state_dict() of a state of epoch 1 at position 8 of 10, \
+before a pass has read it: epoch 1 has 2 samples left; call set_epoch(1) (or nothing) to finish \
+it, or load a state of epoch 2
+        """
+        epoch = check_integer("epoch", epoch, 0)
+        loaded = self._clock.loaded() if self.elastic else None
+        stands = loaded_state_stands(loaded, epoch, len(self.reader))
+        self._clock.set(epoch)
+        if loaded is not None and not stands:
+            self._clock.drop_resume()
 
     def resume(self, batches: int, batch_size: int, drop_last: bool = False) -> None:
         """Begin the next pass after the first ``batches`` batches that
@@ -688,7 +786,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         [[0, 1, 4, 5, 8], [2, 3, 6, 7, 9]]
         >>> state = ranks[0].state_dict(batches=1)            # after one step: 4 samples done
         >>> state
-        {'epoch': 0, 'position': 4, 'length': 10}
+        {'type': 'ElasticEpoch', 'version': 1, 'length': 10, 'epoch': 0, 'position': 4}
         >>> alone = IterableDataset(reader, batch_size=3, elastic=True)
         >>> alone.load_state_dict(state)
         >>> [s["x"] for s in alone]
@@ -697,29 +795,40 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         self._need_elastic("state_dict")
         epoch, position = self._clock.latest()
         n = len(self.reader)
-        return {"epoch": epoch, "position": elastic_position(n, min(position, n), batches,
-                                                             self.batch_size, self.world_size),
-                "length": n}
+        return elastic_state_dict(epoch, elastic_position(
+            n, min(position, n), batches, self.batch_size, self.world_size), n)
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Read epoch ``state["epoch"]`` next, from ``state["position"]`` of its order on, in
         this process and in every DataLoader worker; the passes after it are whole. ``state``
-        comes from :meth:`state_dict`, of this grid of ranks and workers or any other."""
+        comes from :meth:`state_dict`, of this grid of ranks and workers or any other, with
+        any batch size, of a dataset of the same length (another length raises a
+        ``ValueError``). ``set_epoch`` of the state's epoch keeps it (see :meth:`set_epoch`)."""
         self._need_elastic("load_state_dict")
         epoch, position = elastic_state(state, len(self.reader))
-        self.set_epoch(epoch)
-        self._clock.resume(0, self.batch_size, False, position)
+        self._clock.set(epoch)
+        self._clock.resume(0, self.batch_size, False, position, loaded=True)
 
     def _need_elastic(self, method: str) -> None:
         if not self.elastic:
             raise ValueError(f"{method} needs IterableDataset(..., elastic=True): the default "
                              "layout's position depends on the number of ranks and workers")
 
-    def _elastic_batches(self, resume: _Resume | None, worker: int, workers: int) -> Iterator[range]:
+    def _elastic_batches(self, position: int, worker: int, workers: int) -> Iterator[range]:
         n = len(self.reader)
-        position = 0 if resume is None else min(resume.position, n)
-        return elastic_batches(n, position, self.batch_size, self.rank, self.world_size, worker,
-                               workers, self.even)
+        return elastic_batches(n, min(position, n), self.batch_size, self.rank, self.world_size,
+                               worker, workers, self.even)
+
+    def _elastic_pass(self, worker: int, workers: int) -> Iterator[Any]:
+        # the pass begins at its first item, so that until then len() and set_epoch() see
+        # the state it will read as waiting for it
+        epoch, resume = self._clock.begin(worker, workers)
+        position = 0 if resume is None else resume.position
+        self._clock.under_way(1)
+        try:
+            yield from self._elastic_stream(self._elastic_batches(position, worker, workers), epoch)
+        finally:
+            self._clock.under_way(-1)
 
     def _elastic_stream(self, batches: Iterator[range], epoch: int) -> Iterator[Any]:
         self._follow(epoch)

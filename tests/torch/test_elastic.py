@@ -8,6 +8,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import fpipe
+from fpipe.sharding import elastic_state_dict
 from fpipe.storage import ListReader, Shuffler
 from fpipe.torch import Compose, Dataset, ElasticBatchSampler, IterableDataset
 
@@ -119,7 +120,7 @@ def test_resume_in_elastic_mode_is_the_position_of_the_batches_done():
     reader = ListReader([{"x": i} for i in range(N)])
     data = make_stream(reader, 1, 2, 3)
     data.resume(2, batch_size=3)
-    assert data.state_dict(0) == {"epoch": 0, "position": 12, "length": N}
+    assert data.state_dict(0) == elastic_state_dict(0, 12, N)
     rank_1 = [x for b in DataLoader(data, batch_size=3) for x, _ in as_pairs(b)]
     assert rank_1 == [15, 16, 17, 21, 22, 23, 27, 28]
 
@@ -130,7 +131,7 @@ def test_the_map_style_sampler_switches_grids_with_dataloader_workers():
     loaders = [iter(DataLoader(data, batch_sampler=s, num_workers=2)) for s in samplers]
     before = [as_pairs(next(loader)) for _ in range(2) for loader in loaders]
     state = samplers[1].state_dict(2)
-    assert state == samplers[0].state_dict(2) == {"epoch": 0, "position": 12, "length": N}
+    assert state == samplers[0].state_dict(2) == elastic_state_dict(0, 12, N)
     after = [ElasticBatchSampler(N, 4, rank=r, world_size=3) for r in range(3)]
     for sampler in after:
         sampler.load_state_dict(state)
@@ -156,7 +157,7 @@ def test_elastic_arguments_and_states_are_checked():
     data = IterableDataset(reader, batch_size=2, elastic=True)
     with pytest.raises(TypeError, match="state must be a dict"):
         data.load_state_dict({"epoch": 0, "position": 1})
-    with pytest.raises(ValueError, match="dataset of 6 samples; this one has 5"):
+    with pytest.raises(ValueError, match="ElasticEpoch with length=6; this one has length=5"):
         data.load_state_dict({"epoch": 0, "position": 1, "length": 6})
     with pytest.raises(ValueError, match="at most the length 5; got 6"):
         data.load_state_dict({"epoch": 0, "position": 6, "length": 5})
