@@ -5,6 +5,8 @@ Each area keeps its strategies in its own section below.
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import strategies as st
 
 # --- functional core -------------------------------------------------------------------
@@ -400,6 +402,72 @@ def make_source(spec: tuple) -> tuple:
     if kind == "list":
         return list(range(args[0])), []
     return Shuffler(ListReader([{"key": i} for i in range(args[0])]), seed=args[1]), [key_of]
+
+
+# --- resume over any source, through stages that drop items ---------------------------------
+# The dropping stages leave out one residue class each (mod 11 or 13), so no three of them can
+# leave out all of four consecutive items: a source that cycles over 8 or more distinct items
+# never starves (a filter of one in four could reject every item of a short cycle for ever).
+
+
+def fails_on_thirteens(x: int) -> int:
+    """``add_three``, except that it raises on the items that are 1 modulo 13."""
+    if x % 13 == 1:
+        raise ValueError(f"bad item {x}")
+    return x + 3
+
+
+def not_eleven(x: int) -> bool:
+    return x % 11 != 0
+
+
+# stages that keep, drop or skip items, seeded where they draw; built with on_error="skip"
+dropping_transformers = st.one_of(
+    st.just(("function",)),
+    st.tuples(st.just("Threads"), st.integers(1, 3)),
+    st.just(("drop",)),
+    st.just(("skip",)),
+    st.tuples(st.just("threads-skip"), st.integers(1, 3)),
+    st.tuples(st.just("jiggle"), st.integers(0, 9)),
+    st.tuples(st.just("threads"), st.integers(0, 9), st.integers(1, 3)),
+    st.tuples(st.just("pool"), st.integers(1, 5), st.integers(1, 3), st.integers(0, 9)),
+)
+
+
+def make_dropping_transformer(spec: tuple):
+    """A fresh stage (or function) for a spec of ``dropping_transformers``."""
+    kind, *args = spec
+    if kind == "drop":
+        return fp_filter(not_eleven)
+    if kind == "skip":
+        return fails_on_thirteens  # a plain function: the Infinite's on_error="skip" applies
+    if kind == "threads-skip":
+        return threads(fails_on_thirteens, n_workers=args[0], on_error="skip")
+    return make_transformer(spec)
+
+
+def _cycles_enough(spec: tuple) -> bool:
+    ordering = build(spec[1], IndexReader(spec[2]), seed=spec[3])
+    return len(set(itertools.islice(ordering.iter(0), 200))) >= 8
+
+
+ordering_sources = st.tuples(
+    st.just("ordering"),
+    st.one_of(ordering_specs, ordering_specs.map(lambda spec: [*spec, ("cycle",)]),
+              ordering_specs.map(lambda spec: [*spec, ("repeat", 2)])),
+    st.integers(8, 40), st.integers(0, 9),
+).filter(_cycles_enough)
+
+# every kind of source an Infinite resumes: samples, lists, and orderings of any nesting
+# (ordering_sources), Cyclers (endless) and Repeaters included
+resume_sources = st.one_of(batch_iter_sources, ordering_sources)
+
+
+def make_resume_source(spec: tuple):
+    """A fresh source for a spec of ``resume_sources`` (with the transformers it needs first)."""
+    if spec[0] != "ordering":
+        return make_source(spec)
+    return build(spec[1], IndexReader(spec[2]), seed=spec[3]), []
 
 
 # --- variable-length data: packing and token batches ----------------------------------------

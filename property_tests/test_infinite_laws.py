@@ -1,8 +1,10 @@
 """Laws of Infinite: epochs are windows on one stream, every full epoch has exactly
-batches_per_epoch batches, and a saved state restores the exact continuation (twice)."""
+batches_per_epoch batches, and a saved state restores the exact continuation (twice), over any
+source (Cyclers and Repeaters included) and through stages that drop items."""
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from toolz import pipe
@@ -11,11 +13,16 @@ from fpipe import Infinite, Stage, batch
 from fpipe import map as fp_map
 from property_tests.strategies import (
     batch_iter_sources,
+    dropping_transformers,
     epoch_plans,
     infinite_batch_sizes,
+    make_dropping_transformer,
+    make_resume_source,
     make_source,
     make_transformer,
+    ordering_sources,
     plain_transformers,
+    resume_sources,
     seeded_transformers,
 )
 
@@ -75,8 +82,9 @@ def build(source_spec: tuple, specs: list, batch_size, batches_per_epoch: int) -
 
 @st.composite
 def resume_cases(draw: st.DrawFn, transformers: st.SearchStrategy = seeded_transformers,
-                 sources: st.SearchStrategy = batch_iter_sources) -> tuple:
-    specs = draw(st.lists(transformers, max_size=3))
+                 sources: st.SearchStrategy = batch_iter_sources,
+                 specs: st.SearchStrategy | None = None) -> tuple:
+    specs = draw(st.lists(transformers, max_size=3) if specs is None else specs)
     batches_per_epoch = draw(st.integers(1, 5))
     n = draw(st.integers(1, 8))
     return (draw(sources), specs, draw(infinite_batch_sizes), batches_per_epoch,
@@ -84,11 +92,17 @@ def resume_cases(draw: st.DrawFn, transformers: st.SearchStrategy = seeded_trans
             draw(st.integers(0, n)))
 
 
-def check_resume(case: tuple) -> None:
+def build_dropping(source_spec: tuple, specs: list, batch_size, batches_per_epoch: int) -> Infinite:
+    source, first = make_resume_source(source_spec)
+    return Infinite(source, *first, *map(make_dropping_transformer, specs), batch_size=batch_size,
+                    batches_per_epoch=batches_per_epoch, combiner=list, on_error="skip")
+
+
+def check_resume(case: tuple, make_infinite=build) -> None:
     source, specs, batch_size, batches_per_epoch, plan, close_first, n, split = case
 
     def make() -> Infinite:
-        return build(source, specs, batch_size, batches_per_epoch)
+        return make_infinite(source, specs, batch_size, batches_per_epoch)
 
     original = make()
     consume(original, plan)
@@ -119,3 +133,20 @@ def test_a_restored_infinite_continues_with_the_original_batches(case):
                     st.tuples(st.just("sample"), st.integers(0, 2**32 - 1))))
 def test_the_resume_law_holds_with_worker_processes(case):
     check_resume(case)
+
+
+@pytest.mark.timeout(900)
+@given(resume_cases(dropping_transformers, ordering_sources))
+def test_a_restored_infinite_over_any_ordering_continues_exactly(case):
+    check_resume(case, build_dropping)
+
+
+def _drops_items(specs: list) -> bool:
+    return any(spec[0] in ("drop", "skip", "threads-skip") for spec in specs)
+
+
+@pytest.mark.timeout(900)
+@given(resume_cases(sources=resume_sources, specs=st.lists(
+    dropping_transformers, min_size=1, max_size=3).filter(_drops_items)))
+def test_a_restored_infinite_through_stages_that_drop_items_continues_exactly(case):
+    check_resume(case, build_dropping)
