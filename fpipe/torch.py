@@ -748,7 +748,9 @@ it, or load a state of epoch 2
         The resume reaches the workers through shared memory, as the epoch does; ``set_epoch``
         keeps it and ``resume(0, batch_size)`` cancels it. ``len()`` counts what the resumed
         pass yields. Skipped samples are not read, except by ``shuffle=True`` over a reader
-        without ``get``: that shard's shuffle needs them to fill its buffer.
+        without ``get`` (that shard's shuffle needs them to fill its buffer), and with
+        ``on_error`` other than ``"raise"``: which samples fail is known only by transforming
+        them, so the batches before are made again and dropped.
 
         >>> from fpipe.storage import ListReader
         >>> from torch.utils.data import DataLoader
