@@ -691,11 +691,10 @@ class Infinite:
         state of fpipe 0.1.0, which has none."""
         pipeline, counts = self._pipeline, state.get("consumed")
         if "consumed" in state and (counts is None) == pipeline.countable:
-            raise ValueError(f"state['consumed'] is {'None' if counts is None else 'a count'}: "
-                             f"it is of a pipeline that {'replays' if counts is None else 'counts'} "
-                             f"its items on a resume, and this one "
-                             f"{'counts' if pipeline.countable else 'replays'} them (see "
-                             f"Infinite.state_dict): built another way")
+            saved, this = ("replays", "counts") if counts is None else ("counts", "replays")
+            raise ValueError(f"state['consumed'] is {counts!r:.80}: the pipeline it is of {saved} "
+                             f"its items on a resume, and this one {this} them (see "
+                             f"Infinite.state_dict): it was built another way")
         if counts is None:
             return None
         if not isinstance(counts, (list, tuple)) or len(counts) != pipeline.batch_at + 1:

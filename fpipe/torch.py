@@ -664,7 +664,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         self._shuffle_seed = seed_entropy(seed) if self.seed is None else self.seed
         self.rank, self.world_size = _distributed(group, rank, world_size)
         self.elastic = check_elastic(elastic, self.batch_size, self.shuffle)
-        if self.elastic and self.on_error != "raise" and transforms is not None:
+        if self.elastic and self._may_skip():
             raise ValueError(
                 "elastic=True needs on_error='raise': a skipped sample moves the later samples "
                 "of its worker into earlier batches, so after some steps each worker and rank "
