@@ -97,6 +97,15 @@ class _Resume(NamedTuple):
     position: int  # where an elastic pass begins in the epoch's order
 
 
+class _Shard(NamedTuple):
+    """What a worker reads in a pass: the positions, how many of them a resumed pass skips,
+    and how many batches of them the DataLoader had (0 if the pass is whole or empty)."""
+
+    window: range
+    skip: int
+    made: int = 0
+
+
 class _TensorCodec:
     """How tensors cross a process stage in shared memory: a CPU tensor that needs no
     gradient travels as the numpy array it shares its memory with, and arrives as a tensor
@@ -680,23 +689,37 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
             running = self._clock.running()
             position = running if running is not None else 0 if resume is None else resume.position
             return sum(map(len, self._elastic_batches(position, worker, workers)))
-        window, skip = self._shard(epoch, resume, worker, workers, guard=False)
-        return len(window) - skip
+        shard = self._shard(epoch, resume, worker, workers, guard=False)
+        return len(shard.window) - shard.skip
 
     def __iter__(self) -> Iterator[Any]:
         worker, workers = _worker()
         if self.elastic:
             return self._elastic_pass(worker, workers)
         epoch, resume = self._clock.begin(worker, workers)
-        window, skip = self._shard(epoch, resume, worker, workers, guard=True)
-        if skip and self._may_skip():
-            # which samples fail is known only by transforming them: make the batches before
-            # the resume again, and drop them
-            return itertools.islice(self._stream(window, epoch, 0), skip, None)
-        return self._stream(window, epoch, skip)
+        shard = self._shard(epoch, resume, worker, workers, guard=True)
+        if shard.made and self._may_skip():
+            return self._replayed(shard, epoch, resume)
+        return self._stream(shard.window, epoch, shard.skip)
 
     def _may_skip(self) -> bool:
         return self.on_error != "raise" and self._transform is not None
+
+    def _replayed(self, shard: _Shard, epoch: int, resume: _Resume) -> Iterator[Any]:
+        """The rest of a resumed shard whose samples may fail: which ones fail is known only by
+        transforming them, so the batches the DataLoader had are made again and dropped."""
+        outputs = self._stream(shard.window, epoch, 0)
+        size = resume.batch_size
+        dropped = sum(1 for _ in itertools.islice(outputs, size * shard.made))
+        # the resume counted the batches of every shard as if none of its samples failed
+        if dropped < (size * shard.made if resume.drop_last else size * (shard.made - 1) + 1):
+            raise RuntimeError(
+                f"resume({resume.batches}, batch_size={size}) cannot be exact: the samples that "
+                f"failed in positions {shard.window.start}..{shard.window.stop - 1} leave them "
+                f"fewer than the {shard.made} batches the resume counts the DataLoader had of "
+                "them, and the DataLoader passed over their worker sooner; resume before a "
+                "worker runs out, or use Dataset(..., on_error=...) with ElasticBatchSampler")
+        yield from outputs
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch`` next, in this process and in every DataLoader worker, persistent or
@@ -750,7 +773,10 @@ it, or load a state of epoch 2
         pass yields. Skipped samples are not read, except by ``shuffle=True`` over a reader
         without ``get`` (that shard's shuffle needs them to fill its buffer), and with
         ``on_error`` other than ``"raise"``: which samples fail is known only by transforming
-        them, so the batches before are made again and dropped.
+        them, so the batches before are made again and dropped. Should the failed samples have
+        made a worker run out of batches before batch ``batches`` (so the DataLoader passed over
+        it sooner than counted here), that worker raises a ``RuntimeError``, as the pass could
+        not be exact.
 
         >>> from fpipe.storage import ListReader
         >>> from torch.utils.data import DataLoader
@@ -844,20 +870,23 @@ it, or load a state of epoch 2
                         yield output
 
     def _shard(self, epoch: int, resume: _Resume | None, worker: int, workers: int,
-               guard: bool) -> tuple[range, int]:
+               guard: bool) -> _Shard:
         """The positions that worker ``worker`` reads in a pass, and how many it skips.
 
         A DataLoader begins every pass with worker 0, so in a resumed pass the workers trade
         shards in turn: worker 0 takes the shard whose batch comes next, and the others
         follow in the original order."""
         if resume is None:
-            return self._window(epoch, worker, workers, guard), 0
+            return _Shard(self._window(epoch, worker, workers, guard), 0)
         batches, size, drop_last, _ = resume
         lengths = [len(self._window(epoch, w, workers, guard)) for w in range(workers)]
         counts = [n // size if drop_last else -(-n // size) for n in lengths]
         made, first = resume_plan(counts, batches)
         shard = (first + worker) % workers
-        return self._window(epoch, shard, workers, False), min(lengths[shard], size * made[shard])
+        window = self._window(epoch, shard, workers, False)
+        # every batch of every shard made: an empty pass, whatever failed in it
+        return _Shard(window, min(lengths[shard], size * made[shard]),
+                      0 if made == counts else made[shard])
 
     def _window(self, epoch: int, worker: int, workers: int, guard: bool) -> range:
         n = len(self.reader)

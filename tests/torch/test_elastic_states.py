@@ -166,3 +166,27 @@ def test_the_sampler_with_a_skipping_dataset_resumes_exactly():
     again.load_state_dict(first.state_dict(batches=2))
     after = [[int(x) for x in b["x"]] for b in DataLoader(dataset, batch_sampler=again)]
     assert before + after == whole
+
+
+def fails_early(sample):
+    if sample["x"] in (0, 1, 2, 3, 5):
+        raise ValueError(f"bad sample {sample['x']}")
+    return sample
+
+
+def test_a_resume_past_a_worker_that_ran_out_for_its_failed_samples_is_refused():
+    reader = ListReader([{"x": i} for i in range(20)])  # two workers: 0..9 and 10..19
+
+    def batches(**resume):
+        data = IterableDataset(reader, fails_early, on_error="skip")
+        if resume:
+            data.resume(**resume)
+        return [[int(x) for x in b["x"]] for b in DataLoader(data, batch_size=4, num_workers=2)]
+
+    whole = batches()  # worker 0 has 5 good samples, 2 batches; worker 1 has 3
+    assert len(whole) == 5
+    assert batches(batches=4, batch_size=4) == whole[4:]
+    with pytest.raises(RuntimeError, match=r"resume\(5, batch_size=4\) cannot be exact: the "
+                                           r"samples that failed in positions 0..9"):
+        batches(batches=5, batch_size=4)
+    assert batches(batches=6, batch_size=4) == []  # past the end of every shard: empty
