@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 import fpipe
-from fpipe import Infinite, Threads, filter, map, sample, threads
+from fpipe import Infinite, Loky, Threads, filter, map, sample, threads
 from fpipe.storage import Cycler, ListReader, QuasiShuffler, Range, Repeater, Shuffler
 
 from .helpers import noisy
@@ -249,3 +249,14 @@ def test_an_old_state_of_a_skipping_pipeline_is_replayed_exactly():
         again.load_state_dict(old)
     assert take(again, 2) == [[16, 17, 18, 19], [21, 22, 23, 24]]
     original.close(), again.close()
+
+
+@pytest.mark.parametrize("stop", [2, 5])
+def test_a_process_stage_that_skips_items_resumes_on_the_batch_that_was_due(stop):
+    def make():
+        return Infinite(sample(range(60), seed=4), Loky(fails_on_fives, n_workers=2,
+                                                        on_error="skip"),
+                        batch_size=4, batches_per_epoch=50, combiner=list)
+
+    got, expected = resumed(make, stop, 4)
+    assert got == expected
