@@ -345,16 +345,19 @@ class _Pipeline:
         skip, self.skip = self.skip, 0
         counts = self.start_counts(skip)
         self.resume_counts = None
-        stream = self._source_stream(state, counts[0] if counts else 0)
+        fast = counts is not None
+        if not fast and self.countable:
+            counts = [0] * (self.batch_at + 1)  # count from the origin while the replay runs
+        stream = self._source_stream(state, counts[0] if fast else 0)
         self.skipped = []
         for at, (stage, epoch) in enumerate(zip(self.stages, epochs)):
-            start = (counts[at] if at < self.batch_at else skip) if counts else 0
+            start = (counts[at] if at < self.batch_at else skip) if fast else 0
             stream = stage.apply(stream, epoch=epoch, start=start)
             stage.set_epoch(epoch + 1)
-            if counts and at < self.batch_at:
+            if counts is not None and at < self.batch_at:
                 self.skipped.append(_skip_counter(stream, counts[at], counts[at + 1]))
         self.origin, self.delivered, self.counts = (state, epochs), skip, counts
-        if counts is None:
+        if not fast:
             self._replay(stream, skip)
         return stream
 
@@ -366,7 +369,8 @@ class _Pipeline:
     def start_counts(self, skip: int) -> list[int] | None:
         """The items each stage up to the batch (and the batch) has taken when a stream
         begins after ``skip`` batches: a restored state's counts, or ``skip`` batches' worth
-        where no stage skips; None when the stream must replay them."""
+        where no stage skips; None when the stream must replay them (then a pipeline that
+        counts counts them anew as it replays)."""
         if not self.countable:
             return None
         if self.resume_counts is not None:
@@ -583,8 +587,8 @@ class Infinite:
     def state_dict(self) -> dict:
         """Where the pipeline stands: the state of the source and the epochs of the stages when
         the running stream started, the batches handed out since, and (where they can be
-        counted) the items each stage up to the batch took for them; with the batch size. A
-        plain dict.
+        counted) the items each stage up to the batch took for them; with the batch size and the
+        length of a source that has no state of its own (a list). A plain dict.
 
         For a seeded pipeline (a seeded source such as :func:`fpipe.sample` and seeded
         stages), an ``Infinite`` built the same way that loads this state hands out exactly
@@ -596,7 +600,8 @@ class Infinite:
         makes and drops the batches handed out so far. The number of workers of a stage may
         differ between the two (seeded stages draw per item, from ``(seed, epoch, index)``),
         except that :class:`Iterator` with one worker reads the whole stream and with more
-        reads chunks of 64: keep that choice. Another batch size is refused.
+        reads chunks of 64: keep that choice. Another batch size, number of stages or source is
+        refused.
 
         A pipeline that cannot be made again exactly has no state: a ``ValueError`` names the
         stage, a parallel stage with ``ordered=False`` (its order depends on timing) or a pool
@@ -632,9 +637,16 @@ class Infinite:
             source, epochs = pipeline.source_state(), [s.epoch for s in pipeline.stages]
             delivered, consumed = pipeline.skip, pipeline.start_counts(pipeline.skip)
         # a copy: the caller may change what it gets, the origin must stay as it was
-        return copy.deepcopy({**state_header("Infinite"), "batch_size": pipeline.per_batch,
-                              "source": source, "epochs": list(epochs), "delivered": delivered,
+        return copy.deepcopy({**state_header("Infinite"), **self._settings(), "source": source,
+                              "epochs": list(epochs), "delivered": delivered,
                               "consumed": consumed})
+
+    def _settings(self) -> dict:
+        """What a state names of this pipeline: the batch size (None for a predicate), and the
+        length of a source that has no state of its own (a list, a range), else None."""
+        sized = not _restorable(self.source) and hasattr(self.source, "__len__")
+        return {"batch_size": self._pipeline.per_batch,
+                "source_length": len(self.source) if sized else None}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a :meth:`state_dict` of an ``Infinite`` built the same way: the
@@ -662,8 +674,10 @@ class Infinite:
         self._check_restorable()
         self._check_exact()
         pipeline = self._pipeline
-        check_state(state, "Infinite", _STATE_FIELDS, {"batch_size": pipeline.per_batch},
-                    old_keys=_STATE_FIELDS[:3])
+        settings = self._settings()
+        if settings["source_length"] is None and isinstance(state, Mapping) and "version" not in state:
+            del settings["source_length"]  # a state of fpipe 0.1.0 lacks nothing there
+        check_state(state, "Infinite", _STATE_FIELDS, settings, old_keys=_STATE_FIELDS[:3])
         epochs = self._checked_epochs(state["epochs"])
         delivered = check_integer("state['delivered']", state["delivered"], 0)
         counts = self._checked_counts(state, delivered)
@@ -687,16 +701,15 @@ class Infinite:
         return [check_integer(f"state['epochs'][{k}]", epoch, 0) for k, epoch in enumerate(epochs)]
 
     def _checked_counts(self, state: Mapping, delivered: int) -> list[int] | None:
-        """``state['consumed']``, once it fits this pipeline and ``delivered``; None in a
-        state of fpipe 0.1.0, which has none."""
+        """``state['consumed']``, once it fits this pipeline and ``delivered``; None where the
+        state replays (of a pipeline that replays, or of fpipe 0.1.0, which has no counts)."""
         pipeline, counts = self._pipeline, state.get("consumed")
-        if "consumed" in state and (counts is None) == pipeline.countable:
-            saved, this = ("replays", "counts") if counts is None else ("counts", "replays")
-            raise ValueError(f"state['consumed'] is {counts!r:.80}: the pipeline it is of {saved} "
-                             f"its items on a resume, and this one {this} them (see "
-                             f"Infinite.state_dict): it was built another way")
         if counts is None:
-            return None
+            return None  # the batches delivered are made again
+        if not pipeline.countable:
+            raise ValueError(f"state['consumed'] is {counts!r:.80}: the pipeline it is of counted "
+                             f"its items, and this one replays them (a filter, an Iterator, a "
+                             f"batch predicate; see Infinite.state_dict): it was built another way")
         if not isinstance(counts, (list, tuple)) or len(counts) != pipeline.batch_at + 1:
             raise TypeError(f"state['consumed'] must be a list of {pipeline.batch_at + 1} counts; "
                             f"got {counts!r:.120}")

@@ -167,6 +167,9 @@ def test_a_state_of_another_batch_size_is_refused():
 
 def test_a_state_of_another_source_or_stages_is_refused():
     state = make_sampled().state_dict()
+    listed = Infinite(list(range(10)), batch_size=4, batches_per_epoch=4).state_dict()
+    with pytest.raises(ValueError, match="source_length=10; this one has source_length=12"):
+        Infinite(list(range(12)), batch_size=4, batches_per_epoch=4).load_state_dict(listed)
     with pytest.raises(ValueError, match=r"state\['source'\] is the state of a 'Sample', not "
                                          "of a Cycler"):
         Infinite(Cycler(READER), batch_size=4, batches_per_epoch=4).load_state_dict(state)
@@ -174,7 +177,8 @@ def test_a_state_of_another_source_or_stages_is_refused():
     with pytest.raises(ValueError, match="Sample with length=100; this one has length=99"):
         other.load_state_dict(state)
     counting = make_sampled(4, map(abs)).state_dict()
-    with pytest.raises(ValueError, match=r"state\['consumed'\] is \[0, 0\]: .* this one replays"):
+    with pytest.raises(ValueError, match=r"state\['consumed'\] is \[0, 0\]: .*, and this one "
+                                         "replays them"):
         make_sampled(4, filter(bool)).load_state_dict(counting)
 
 
@@ -247,8 +251,14 @@ def test_an_old_state_of_a_skipping_pipeline_is_replayed_exactly():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         again.load_state_dict(old)
+    before_start = again.state_dict()  # nothing counted yet: it replays too
+    assert before_start["consumed"] is None
     assert take(again, 2) == [[16, 17, 18, 19], [21, 22, 23, 24]]
-    original.close(), again.close()
+    assert again.state_dict()["consumed"] == [25, 20]  # counted while it replayed
+    third = make()
+    third.load_state_dict(before_start)
+    assert take(third, 1) == [[16, 17, 18, 19]]
+    original.close(), again.close(), third.close()
 
 
 @pytest.mark.parametrize("stop", [2, 5])

@@ -152,9 +152,12 @@ def test_unrestorable_sources_and_foreign_states_are_refused():
     state = batch_iter.state_dict()
     with pytest.raises(ValueError, match="4 stages; this one has 5"):
         build(square, square).load_state_dict(state)
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="source_length=None; this one has source_length=5"):
         Infinite(range(5), square, batch_size=3, batches_per_epoch=4,
                  combiner=list).load_state_dict(state)
+    with pytest.raises(ValueError, match="does not fit"):
+        Infinite(range(5), square, batch_size=3, batches_per_epoch=4,
+                 combiner=list).load_state_dict({**state, "source_length": 5})
     with pytest.raises(ValueError, match="delivered"):
         batch_iter.load_state_dict({**state, "delivered": -1})
 
