@@ -30,9 +30,6 @@ import copy
 import functools
 import inspect
 import os
-import signal
-import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -41,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from ._lightning import closing_callback
 from .errors import check_integer, check_state, state_header
 from .functional import call_repr
 from .skipping import OnError, SkippedIndices, check_max_errors, check_on_error
@@ -727,7 +725,7 @@ class Infinite:
         if saved is None:
             return lambda: None
         # fpipe's sources check a state all through before they load it; others load it
-        loader = getattr(self.source, "_loader", None)
+        loader = getattr(self.source, "state_loader", None)
         if callable(loader):
             return loader(saved, "state['source']")
         return functools.partial(self.source.load_state_dict, saved)
@@ -745,70 +743,9 @@ class Infinite:
         >>> callback = batch_iter.closing_callback  # doctest: +SKIP
         >>> callback.teardown(trainer=None, pl_module=None, stage="fit")  # doctest: +SKIP
         """
-        return _closing_callback_class(_lightning_callbacks())(self)
+        return closing_callback(self)
 
     def __repr__(self) -> str:
         stages = ", ".join(repr(stage) for stage in self._pipeline.stages)
         return (f"Infinite({type(self.source).__name__}, {stages}, "
                 f"batches_per_epoch={self.batches_per_epoch})")
-
-
-# --- Lightning ------------------------------------------------------------------------------
-
-_LIGHTNING = ("lightning.pytorch", "pytorch_lightning")
-
-
-def _lightning_callbacks() -> tuple:
-    """The ``Callback`` classes of the Lightning packages in use; if none is imported yet, of
-    the first one that can be."""
-    loaded = tuple(sys.modules[name].Callback for name in _LIGHTNING if name in sys.modules)
-    if loaded:
-        return loaded
-    for name in _LIGHTNING:
-        try:
-            return (__import__(name, fromlist=["Callback"]).Callback,)
-        except ImportError:
-            continue
-    raise ImportError("closing_callback needs Lightning: pip install lightning "
-                      "(or pytorch_lightning)")
-
-
-@functools.cache
-def _closing_callback_class(bases: tuple) -> type:
-    # a subclass of each Lightning's Callback in use, so that either Trainer accepts it
-    def __init__(self, batch_iter: Infinite) -> None:
-        self.batch_iter = batch_iter
-        self.sigint = None
-
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self.sigint = _sigint_handler()
-
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self.batch_iter.close()
-
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.batch_iter.close()
-        _restore_sigint(self.sigint)
-
-    namespace = {"__init__": __init__, "setup": setup, "teardown": teardown,
-                 "on_exception": on_exception, "__module__": __name__,
-                 "__doc__": "Closes a batch iterator on teardown and on exception (and then "
-                            "lets Ctrl-C through again if Lightning ignored it)."}
-    return type("ClosingCallback", bases, namespace)
-
-
-def _sigint_handler() -> Any:
-    """SIGINT's handler, or None outside the main thread (where it cannot be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.getsignal(signal.SIGINT)
-
-
-def _restore_sigint(handler: Any) -> None:
-    # On a KeyboardInterrupt, Lightning ignores SIGINT so that a second Ctrl-C cannot cut its
-    # shutdown short, then raises SystemExit, and never undoes it: a program that goes on
-    # (a notebook, a caller that catches SystemExit) would be deaf to Ctrl-C for good. The
-    # pipeline is closed by now, so SIGINT gets back the handler it had when training began.
-    ignored = _sigint_handler() is signal.SIG_IGN
-    if ignored and handler is not None and handler is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, handler)

@@ -36,6 +36,7 @@ except ImportError as error:  # pragma: no cover - torch is in the test extra
 
 import numpy as np
 
+from ._torch_shared import EpochClock, Resume, SkipBoard, current_worker
 from .errors import (
     check_bool,
     check_callable,
@@ -77,24 +78,7 @@ __all__ = [
     "worker_range",
 ]
 
-# Pass counters kept in shared memory: one per DataLoader worker id below this bound.
-_SLOTS = 1024
-# where the clock's tensor keeps the pending-resume flags (one per worker id), the resume, the
-# latest pass begun (whether there is one since the epoch or resume was set, its epoch and
-# its elastic position), how many passes of it are under way, and whether the resume is a
-# loaded state
-_PENDING, _RESUME = _SLOTS + 1, 2 * _SLOTS + 1
-_LATEST = _RESUME + 4
-_RUNNING, _LOADED = _LATEST + 3, _LATEST + 4
-_KEPT_INDICES = 32  # indices of skipped samples recorded per worker id (the count is exact)
 _SKIP = object()  # what _apply_or_skip returns for a skipped sample
-
-
-class _Resume(NamedTuple):
-    batches: int
-    batch_size: int
-    drop_last: int
-    position: int  # where an elastic pass begins in the epoch's order
 
 
 class _Shard(NamedTuple):
@@ -128,137 +112,6 @@ class _TensorCodec:
 
 _TENSORS = _TensorCodec()
 share_type("torch.Tensor", "fpipe.torch:_TENSORS")
-
-
-def _worker() -> tuple[int, int]:
-    info = torch.utils.data.get_worker_info()
-    return (0, 1) if info is None else (info.id, info.num_workers)
-
-
-class _EpochClock:
-    """The epoch of a dataset, shared with every copy of it in DataLoader workers.
-
-    One shared-memory tensor holds the epoch last set, per worker id the number of passes
-    begun since and whether a resumed pass is pending, the resume (batches, batch size,
-    drop_last, elastic position), and the epoch and position of the latest pass begun. Forked
-    workers inherit it and spawned ones receive it (torch shares tensors when it pickles a
-    worker's arguments), so ``set_epoch`` and ``resume`` in the main process reach persistent
-    workers too; a plain ``pickle`` copies it instead.
-    """
-
-    __slots__ = ("_counts", "_tensor")
-
-    def __init__(self, epoch: int, tensor: torch.Tensor | None = None) -> None:
-        if tensor is None:
-            tensor = torch.zeros(_LOADED + 1, dtype=torch.int64)
-            tensor[0] = epoch
-            tensor.share_memory_()
-        self._tensor, self._counts = tensor, tensor.numpy()
-
-    def __reduce__(self):
-        return _EpochClock, (0, self._tensor)
-
-    def set(self, epoch: int) -> None:
-        self._counts[1:_PENDING] = 0
-        self._counts[_LATEST] = self._counts[_RUNNING] = 0
-        self._counts[0] = epoch
-
-    def drop_resume(self) -> None:
-        """Make the next passes whole again."""
-        self._counts[_PENDING:_RESUME] = 0
-        self._counts[_LOADED] = 0
-
-    @property
-    def base(self) -> int:
-        return int(self._counts[0])
-
-    def resume(self, batches: int, batch_size: int, drop_last: bool, position: int = 0,
-               loaded: bool = False) -> None:
-        """Make the next pass of every worker id a resumed one; ``loaded``: the resume of a
-        loaded elastic state (of the epoch set)."""
-        self._counts[_RESUME:_LATEST] = batches, batch_size, drop_last, position
-        self._counts[_PENDING:_RESUME] = 1
-        self._counts[_LATEST] = self._counts[_RUNNING] = 0
-        self._counts[_LOADED] = loaded
-
-    def loaded(self) -> tuple[int, int] | None:
-        """The epoch and position of a loaded elastic state that no pass has begun to read."""
-        counts = self._counts
-        if not (counts[_LOADED] and counts[_PENDING:_RESUME].any()):
-            return None
-        return int(counts[0]), int(counts[_RESUME + 3])
-
-    def peek(self, slot: int) -> tuple[int, _Resume | None]:
-        """The epoch of the next pass of worker ``slot``, and its resume if it has one."""
-        if slot >= _SLOTS:
-            raise RuntimeError(f"fpipe datasets support at most {_SLOTS} DataLoader workers; "
-                               f"got worker id {slot}")
-        counts = self._counts
-        resume = _Resume(*counts[_RESUME:_LATEST].tolist()) if counts[_PENDING + slot] else None
-        return int(counts[0] + counts[slot + 1]), resume
-
-    def begin(self, slot: int, workers: int) -> tuple[int, _Resume | None]:
-        """Begin a pass of worker ``slot`` of ``workers``: its epoch and resume. Worker ids
-        from ``workers`` on take no part in it, so their pending resumes go."""
-        epoch, resume = self.peek(slot)
-        self._counts[slot + 1] += 1
-        self._counts[_PENDING + slot] = 0
-        self._counts[_PENDING + workers:_RESUME] = 0
-        self._counts[_LATEST:_RUNNING] = 1, epoch, 0 if resume is None else resume.position
-        return epoch, resume
-
-    def latest(self) -> tuple[int, int]:
-        """The epoch and elastic position of the latest pass begun since the epoch or the resume
-        was set; if none has begun, of the next pass of this process."""
-        counts = self._counts
-        if counts[_LATEST]:
-            return int(counts[_LATEST + 1]), int(counts[_LATEST + 2])
-        epoch, resume = self.peek(0)
-        return epoch, 0 if resume is None else resume.position
-
-    def under_way(self, passes: int) -> None:
-        """Count ``passes`` (1 or -1) more elastic passes of a worker as under way."""
-        self._counts[_RUNNING] = max(0, int(self._counts[_RUNNING]) + passes)
-
-    def running(self) -> int | None:
-        """The elastic position of the pass under way (in some worker), or None."""
-        counts = self._counts
-        return int(counts[_LATEST + 2]) if counts[_LATEST] and counts[_RUNNING] else None
-
-
-class _SkipBoard:
-    """The samples a dataset skipped (``on_error``), counted in shared memory like the epoch:
-    per worker id, a count of the skips and the first distinct indices, so that the main
-    process sees what every DataLoader worker skipped and ``max_errors`` holds across them.
-    A row is ``[skips, distinct indices kept, index, index, ...]``."""
-
-    __slots__ = ("_rows", "_tensor")
-
-    def __init__(self, tensor: torch.Tensor | None = None) -> None:
-        if tensor is None:
-            tensor = torch.zeros((_SLOTS, 2 + _KEPT_INDICES), dtype=torch.int64).share_memory_()
-        self._tensor, self._rows = tensor, tensor.numpy()
-
-    def __reduce__(self):
-        return _SkipBoard, (self._tensor,)
-
-    def add(self, index: int) -> int:
-        """Record sample ``index`` as skipped by this worker; the count over every worker."""
-        row = self._rows[_worker()[0]]
-        kept = row[1]
-        if kept < _KEPT_INDICES and index not in row[2:2 + kept]:  # once, whatever the epochs
-            row[2 + kept] = index
-            row[1] += 1
-        row[0] += 1
-        return self.count
-
-    @property
-    def count(self) -> int:
-        return int(self._rows[:, 0].sum())
-
-    @property
-    def indices(self) -> list[int]:
-        return sorted({int(i) for row in self._rows for i in row[2:2 + row[1]]})
 
 
 class DatasetBase:
@@ -304,9 +157,9 @@ class DatasetBase:
         self.rng = rng or no_rng
         self.seed = optional_entropy(seed)
         self._transform = self._checked_transform(transforms)
-        self._clock = _EpochClock(check_integer("epoch", epoch, 0))
+        self._clock = EpochClock(check_integer("epoch", epoch, 0))
         self.on_error, self.max_errors = check_on_error(on_error), check_max_errors(max_errors)
-        self._skips = _SkipBoard()
+        self._skips = SkipBoard()
 
     @property
     def skipped(self) -> int:
@@ -683,7 +536,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                 f"batch smaller); got on_error={self.on_error!r}")
 
     def __len__(self) -> int:
-        worker, workers = _worker()
+        worker, workers = current_worker()
         epoch, resume = self._clock.peek(worker)
         if self.elastic:
             running = self._clock.running()
@@ -693,7 +546,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         return len(shard.window) - shard.skip
 
     def __iter__(self) -> Iterator[Any]:
-        worker, workers = _worker()
+        worker, workers = current_worker()
         if self.elastic:
             return self._elastic_pass(worker, workers)
         epoch, resume = self._clock.begin(worker, workers)
@@ -705,7 +558,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     def _may_skip(self) -> bool:
         return self.on_error != "raise" and self._transform is not None
 
-    def _replayed(self, shard: _Shard, epoch: int, resume: _Resume) -> Iterator[Any]:
+    def _replayed(self, shard: _Shard, epoch: int, resume: Resume) -> Iterator[Any]:
         """The rest of a resumed shard whose samples may fail: which ones fail is known only by
         transforming them, so the batches the DataLoader had are made again and dropped."""
         outputs = self._stream(shard.window, epoch, 0)
@@ -869,7 +722,7 @@ it, or load a state of epoch 2
                     if output is not _SKIP:
                         yield output
 
-    def _shard(self, epoch: int, resume: _Resume | None, worker: int, workers: int,
+    def _shard(self, epoch: int, resume: Resume | None, worker: int, workers: int,
                guard: bool) -> _Shard:
         """The positions that worker ``worker`` reads in a pass, and how many it skips.
 

@@ -49,10 +49,7 @@ reads epoch ``e`` of a :class:`Range`, :class:`Shuffler`, :class:`QuasiShuffler`
 from __future__ import annotations
 
 import abc
-import array
 import itertools
-import math
-import random
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, NamedTuple
@@ -61,11 +58,18 @@ import numpy as np
 
 from ..errors import check_integer, check_state, state_header
 from ..random import Seed, seed_entropy
+from ._plans import (
+    BLOCK,
+    NO_SLOTS,
+    Plan,
+    buffer_samples,
+    epoch_random,
+    replayed_slots,
+    shuffled,
+    slot_blocks,
+)
 
 __all__ = ["Cycler", "QuasiShuffler", "Range", "Repeater", "Shuffler"]
-
-# indices become Python ints this many at a time, so that no pass holds n of them at once
-_BLOCK = 1 << 14
 
 
 class _Options(NamedTuple):
@@ -273,12 +277,19 @@ class _Ordering(abc.ABC):
         ...
         ValueError: state is of a Range with start=2, stop=5; this one has start=0, stop=3
         """
-        self._loader(state, "state")()
+        self.state_loader(state)()
 
-    def _loader(self, state: Any, name: str) -> Callable[[], None]:
+    def state_loader(self, state: Any, name: str = "state") -> Callable[[], None]:
         """Check ``state`` (called ``name`` in messages) all through, changing nothing, and
         return the function that loads it: so :class:`fpipe.Infinite` can refuse a state
-        before it stops its pipeline."""
+        before it stops its pipeline.
+
+        >>> from fpipe.storage import ListReader
+        >>> shuffler = Shuffler(ListReader([{"key": i} for i in range(4)]), seed=1)
+        >>> load = shuffler.state_loader({**shuffler.state_dict(), "seed": 7})
+        >>> shuffler.seed, load(), shuffler.seed
+        (1, None, 7)
+        """
         seeds = self._check_description(state, name, ("epoch", "position"))
         epoch = check_integer(f"{name}['epoch']", state["epoch"], 0)
         position = check_integer(f"{name}['position']", state["position"], 0)
@@ -581,7 +592,7 @@ class Shuffler(_Seeded, _Indexable):
         return self._cached(epoch, self._draw_permutation)
 
     def _draw_permutation(self, epoch: int) -> np.ndarray:
-        return _shuffled(_epoch_random(self.seed, epoch, self._length), self._length)
+        return shuffled(epoch_random(self.seed, epoch, self._length), self._length)
 
     def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
         get, order = _source_getter(self.reader, epoch, options), self._permutation(epoch)
@@ -589,10 +600,10 @@ class Shuffler(_Seeded, _Indexable):
 
     def _blocks(self, get: Callable[[int], Any], order: np.ndarray, start: int,
                 stop: int) -> Iterator:
-        for low in range(start, stop, _BLOCK):
-            high = min(stop, low + _BLOCK)
+        for low in range(start, stop, BLOCK):
+            high = min(stop, low + BLOCK)
             # two blocks ahead, so the next block's first samples are on their way too
-            _prefetch(self.reader, order[low:min(stop, high + _BLOCK)])
+            _prefetch(self.reader, order[low:min(stop, high + BLOCK)])
             yield from map(get, order[low:high].tolist())
 
     def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
@@ -601,43 +612,6 @@ class Shuffler(_Seeded, _Indexable):
 
     def _random_access(self) -> bool:
         return True
-
-
-class _Plan(NamedTuple):
-    """One epoch of a QuasiShuffler in terms of indices.
-
-    Chunks are read in the shuffled ``order``; the *read position* of a sample is its place
-    in that sequence, and ``starts[j]`` is the read position of chunk ``order[j]``'s first
-    sample. Read positions ``[0, fill)`` fill the buffer; each later one replaces a random slot.
-    """
-
-    order: np.ndarray
-    starts: np.ndarray
-    fill: int
-    chunk_size: int
-    slot_state: tuple  # the Mersenne Twister's state when the first slot is drawn
-    flush: np.ndarray  # the order in which the buffer's slots go out at the end
-
-    def pieces(self, low: int, high: int) -> Iterator[tuple[int, int]]:
-        """The sample ranges ``(first, stop)`` that read positions ``[low, high)`` cover, one
-        contiguous range per chunk."""
-        if low >= high:
-            return
-        for block in range(int(np.searchsorted(self.starts, low, side="right")) - 1,
-                           len(self.order), _BLOCK):
-            chunks = self.order[block:block + _BLOCK].tolist()
-            starts = self.starts[block:block + _BLOCK + 1].tolist()
-            for chunk, start, end in zip(chunks, starts, starts[1:]):
-                if start >= high:
-                    return
-                begin = max(low, start)
-                first = chunk * self.chunk_size + begin - start
-                yield first, first + min(high, end) - begin
-
-    def samples(self, positions: np.ndarray) -> np.ndarray:
-        chunks = np.searchsorted(self.starts, positions, side="right") - 1
-        return (self.order[chunks].astype(np.int64) * self.chunk_size
-                + (positions - self.starts[chunks]))
 
 
 class QuasiShuffler(_Seeded):
@@ -681,7 +655,7 @@ class QuasiShuffler(_Seeded):
         super().__init__(reader, seed)
         self.chunk_size = check_integer("chunk_size", chunk_size, 1)
         self._length = len(reader)
-        wanted = _buffer_samples(buf_size, self._length)
+        wanted = buffer_samples(buf_size, self._length)
         self.buffer_size = max(1, -(-wanted // self.chunk_size)) * self.chunk_size
 
     def __len__(self) -> int:
@@ -693,13 +667,13 @@ class QuasiShuffler(_Seeded):
     def _settings(self) -> dict[str, Any]:
         return {"buffer_size": self.buffer_size, "chunk_size": self.chunk_size}
 
-    def _plan(self, epoch: int) -> _Plan:
+    def _plan(self, epoch: int) -> Plan:
         return self._cached(epoch, self._draw_plan)
 
-    def _draw_plan(self, epoch: int) -> _Plan:
+    def _draw_plan(self, epoch: int) -> Plan:
         n, size = self._length, self.chunk_size
-        rand = _epoch_random(self.seed, epoch, n)
-        order = _shuffled(rand, -(-n // size))
+        rand = epoch_random(self.seed, epoch, n)
+        order = shuffled(rand, -(-n // size))
         sizes = np.minimum(size, n - order.astype(np.int64) * size)
         starts = np.concatenate(([0], np.cumsum(sizes)))
         # the buffer is whole chunks: shorter than buffer_size if it holds the short last one
@@ -707,8 +681,8 @@ class QuasiShuffler(_Seeded):
         state = rand.getstate()
         # datadings let the buffer out in slot order; when nothing streamed through it, that
         # is the file order within each chunk: no shuffle at all
-        flush = np.arange(fill) if fill < n else _shuffled(rand, fill)
-        return _Plan(order, starts, fill, size, state, flush)
+        flush = np.arange(fill) if fill < n else shuffled(rand, fill)
+        return Plan(order, starts, fill, size, state, flush)
 
     def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
         return itertools.islice(self._pass(epoch, start, options), stop - start)
@@ -717,7 +691,7 @@ class QuasiShuffler(_Seeded):
         plan = self._plan(epoch)
         options = options._replace(chunk_size=self.chunk_size)
         streamed = self._length - plan.fill
-        blocks = _slot_blocks(plan.slot_state, plan.fill) if streamed else iter(())
+        blocks = slot_blocks(plan.slot_state, plan.fill) if streamed else iter(())
         buffer, rest = self._load_buffer(plan, epoch, start, blocks, options)
         if start < streamed:
             slots = itertools.chain(rest.tolist(), itertools.chain.from_iterable(
@@ -727,13 +701,13 @@ class QuasiShuffler(_Seeded):
             sample, buffer[slot] = buffer[slot], None
             yield sample
 
-    def _stream(self, plan: _Plan, epoch: int, buffer: list, slots: Iterator[int], step: int,
+    def _stream(self, plan: Plan, epoch: int, buffer: list, slots: Iterator[int], step: int,
                 options: _Options) -> Iterator:
         position = hinted = plan.fill + step
         for first, stop in plan.pieces(plan.fill + step, self._length):
             if position >= hinted:
-                hinted = position + _BLOCK
-                self._prefetch(plan, position, hinted + _BLOCK)
+                hinted = position + BLOCK
+                self._prefetch(plan, position, hinted + BLOCK)
             position += stop - first
             samples = _read_list(self.reader, epoch, first, stop, options)
             # samples first: zip must not draw a slot for a sample that is not there
@@ -743,16 +717,16 @@ class QuasiShuffler(_Seeded):
             # samples that went out again within their own chunk must not outlive it
             del samples
 
-    def _load_buffer(self, plan: _Plan, epoch: int, start: int, blocks: Iterator[np.ndarray],
+    def _load_buffer(self, plan: Plan, epoch: int, start: int, blocks: Iterator[np.ndarray],
                      options: _Options) -> tuple[list, np.ndarray]:
         """The buffer at position ``start`` (slots already gone out are None), and the slot
         choices left over from the block in which the replay stopped."""
         if start == 0:
-            self._prefetch(plan, 0, plan.fill + _BLOCK)
+            self._prefetch(plan, 0, plan.fill + BLOCK)
             return [sample for first, stop in plan.pieces(0, plan.fill)
-                    for sample in _read_list(self.reader, epoch, first, stop, options)], _NO_SLOTS
+                    for sample in _read_list(self.reader, epoch, first, stop, options)], NO_SLOTS
         streamed = self._length - plan.fill
-        held, rest = _replay(plan, blocks, min(start, streamed))
+        held, rest = replayed_slots(plan, blocks, min(start, streamed))
         wanted = plan.flush[max(0, start - streamed):]
         buffer: list = [None] * plan.fill
         get = _source_getter(self.reader, epoch, options)
@@ -760,65 +734,9 @@ class QuasiShuffler(_Seeded):
             buffer[slot] = get(index)
         return buffer, rest
 
-    def _prefetch(self, plan: _Plan, low: int, high: int) -> None:
+    def _prefetch(self, plan: Plan, low: int, high: int) -> None:
         """Hint the samples at read positions ``[low, high)``: those of each chunk in turn."""
         _prefetch(self.reader, plan.samples(np.arange(low, min(high, self._length))))
-
-
-_NO_SLOTS = np.empty(0, dtype=np.uint64)
-
-
-def _epoch_random(seed: int, epoch: int, n: int) -> random.Random:
-    # datadings seeds each pass with seed + offset, the offset growing by n a pass
-    return random.Random(seed + epoch * n)
-
-
-def _shuffled(rand: random.Random, n: int) -> np.ndarray:
-    """``rand.shuffle`` of ``range(n)``, in a compact array (a list would take 9 times the
-    memory while it is shuffled)."""
-    order = array.array("i" if n < 2 ** 31 else "q", range(n))
-    rand.shuffle(order)
-    return np.frombuffer(order, dtype=order.typecode)
-
-
-def _slot_blocks(state: tuple, slots: int) -> Iterator[np.ndarray]:
-    """Endless ``randrange(slots)`` draws of a ``random.Random`` in ``state``, a block at a
-    time. numpy's MT19937 is the same generator: started from the same state it gives the
-    same 32-bit words, and ``randrange(m)`` keeps the top ``m.bit_length()`` bits of a word
-    when they are below ``m`` and tries the next word otherwise."""
-    words = np.random.MT19937()
-    words.state = {"bit_generator": "MT19937",
-                   "state": {"key": np.array(state[1][:-1], dtype=np.uint32), "pos": state[1][-1]}}
-    shift = np.uint64(32 - slots.bit_length())
-    while True:
-        drawn = words.random_raw(_BLOCK) >> shift
-        yield drawn[drawn < slots]
-
-
-def _replay(plan: _Plan, blocks: Iterator[np.ndarray], steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """The sample index in each buffer slot after ``steps`` replacements, replayed on indices
-    (the last replacement of a slot decides what it holds), and the slot choices left over
-    from the last block drawn."""
-    held, done, rest = np.arange(plan.fill, dtype=np.int64), 0, _NO_SLOTS
-    while done < steps:
-        drawn = next(blocks)
-        taken, rest = drawn[:steps - done], drawn[steps - done:]
-        chosen, last_from_end = np.unique(taken[::-1], return_index=True)
-        held[chosen] = plan.fill + done + len(taken) - 1 - last_from_end
-        done += len(taken)
-    return plan.samples(held), rest
-
-
-def _buffer_samples(buf_size: float, n: int) -> int:
-    if isinstance(buf_size, (bool, np.bool_)) or not isinstance(
-            buf_size, (int, float, np.integer, np.floating)):
-        raise TypeError(f"buf_size must be a number; got buf_size={buf_size!r}")
-    if 0 < buf_size < 1:
-        return math.ceil(buf_size * n)
-    if not (buf_size >= 1 and float(buf_size).is_integer()):
-        raise ValueError("buf_size must be a fraction in (0, 1) or a whole number of samples "
-                         f">= 1; got buf_size={buf_size!r}")
-    return int(buf_size)
 
 
 class Indexed:

@@ -156,11 +156,19 @@ class Sample(Stream):
         ...
         ValueError: state is of a Sample with length=4; this one has length=3
         """
-        self._loader(state, "state")()
+        self.state_loader(state)()
 
-    def _loader(self, state: Any, name: str) -> Callable[[], None]:
+    def state_loader(self, state: Any, name: str = "state") -> Callable[[], None]:
         """Check ``state`` (called ``name`` in messages) all through, changing nothing, and
-        return the function that loads it: so a mix loads all its sources or none."""
+        return the function that loads it: so a mix or an :class:`fpipe.Infinite` loads all
+        the states it holds or none.
+
+        >>> s = sample("abc", seed=1)
+        >>> load = s.state_loader(sample("abc", seed=2).state_dict())
+        >>> load()
+        >>> s.state_dict()["seed"]
+        2
+        """
         dpipe = isinstance(state, Mapping) and "random_state" in state
         fields = ("random_state", "at", "position") if dpipe else ("seed", "epoch", "position")
         check_state(state, "Sample", fields, self._settings(), old_keys=fields, name=name)
@@ -413,11 +421,18 @@ class Mix(Stream):
         ``ValueError`` naming the difference, and changes nothing, in the mix or its sources).
         A ``position`` past ``at`` (the saved place) moves on that many items: sequences are
         not read for it, streams are."""
-        self._loader(state, "state")()
+        self.state_loader(state)()
 
-    def _loader(self, state: Any, name: str) -> Callable[[], None]:
-        """Check ``state`` all through, the sources' states included, changing nothing; the
-        function that loads it."""
+    def state_loader(self, state: Any, name: str = "state") -> Callable[[], None]:
+        """Check ``state`` all through, the sources' states included, changing nothing, and
+        return the function that loads it (see :meth:`Sample.state_loader`).
+
+        >>> m = mix("ab", "cd", seed=0)
+        >>> m.state_loader({**m.state_dict(), "ended": "no"})
+        Traceback (most recent call last):
+        ...
+        TypeError: state['ended'] must be True or False; got state['ended']='no'
+        """
         check_state(state, "Mix", _MIX_FIELDS, self._settings(), old_keys=_MIX_FIELDS, name=name)
         draws = Counted.of_state(state, _MIX_STREAM, name)
         at = check_integer(f"{name}['at']", state["at"], 0)
@@ -463,7 +478,7 @@ class Mix(Stream):
                     raise ValueError(f"{name}[{k}] must be None: sources[{k}] is a sequence, "
                                      f"read by index; got {saved!r:.120}")
             elif isinstance(source, (Sample, Mix)):
-                checked.append(source._loader(saved, f"{name}[{k}]"))
+                checked.append(source.state_loader(saved, f"{name}[{k}]"))
             else:
                 other.append(functools.partial(source.load_state_dict, saved))
         return other + checked
