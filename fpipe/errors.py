@@ -144,9 +144,15 @@ class CapturedError:
 def capture(error: BaseException) -> CapturedError:
     """Wrap ``error`` with its formatted traceback, for :meth:`CapturedError.reraise` elsewhere.
 
+    An error that a worker's :meth:`~CapturedError.reraise` raised, captured again on its
+    way (by a background stage that reads a worker stage), keeps the worker's traceback: the
+    consumer gets it once, not wrapped in the frames of each hop.
+
     >>> capture(ValueError("bad")).error
     ValueError('bad')
     """
+    if isinstance(error.__cause__, RemoteTraceback) and error.__cause__.args:
+        return CapturedError(error, error.__cause__.args[0])
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     return CapturedError(error, text)
 

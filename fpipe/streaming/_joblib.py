@@ -1,13 +1,21 @@
 """The one module that touches joblib (imported when a process stage first runs), with the
 private APIs it needs: ``Parallel._initialize_backend`` and ``Parallel._backend._workers``
-(joblib's own configuration of its shared loky executor), ``Parallel._abort`` and threading's
-``_register_atexit`` (for the shutdown). On loky (the default backend) a process stage sends
-its tasks straight to that executor; on any other backend it keeps one joblib generator per
-stage. It also keeps the size of the loky pool, and the exit hook that ends the stages' work
-before loky's executor stops. A run's function reaches each worker once
-(:class:`ShippedCall`). Worker processes send large arrays back through :mod:`._shm`
-(shared memory), keep the memory they free for their next task, and watch that their
-consumer is alive.
+(joblib's own configuration of its shared loky executor), the executor's
+``_pending_work_items``, ``_processes`` and ``_executor_manager_thread`` (whether it is busy,
+its workers, whether it runs), ``Parallel._abort``, threading's ``_register_atexit`` and
+``_SHUTTING_DOWN`` (for the exit), and the module state of joblib's reusable executor (dropped
+in a forked child, whose parent's executor is not its own). On loky (the default backend) a
+process stage sends its tasks straight to that executor; on any other backend it keeps one
+joblib generator per stage. It also keeps the size of the loky pool, and the exit hook that
+lets the user's threads finish their process stages and then ends the stages' work before
+loky's executor stops. A run's function reaches each worker once (:class:`ShippedCall`).
+Worker processes pickle their results themselves (so that an item whose result does not
+pickle is found, and the items before it are delivered), send large arrays back through
+:mod:`._shm` (shared memory), keep the memory they free for their next task, and watch that
+their consumer is alive.
+
+Where joblib runs no worker processes — in a daemon process (a DataLoader worker, say), or
+once the interpreter exits — a stage runs its tasks in its own thread, in this process.
 """
 
 from __future__ import annotations
@@ -16,16 +24,25 @@ import collections
 import concurrent.futures
 import ctypes
 import functools
+import io
 import itertools
+import marshal
+import multiprocessing
+import multiprocessing.util
 import os
+import pickle
 import queue
 import secrets
+import sys
 import threading
 import time
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
+
+import numpy as np
 
 from ..errors import CapturedError, capture
 from ._core import JOIN_SECONDS
@@ -39,25 +56,37 @@ _EXIT_SECONDS = 1.0  # at exit, running tasks get this long before their workers
 _STOP = object()
 _POOLS: weakref.WeakSet = weakref.WeakSet()
 _exit_hook = threading.Lock()
+_runs_lock = threading.Lock()  # the runs' consumers, against the exit's last look at them
 
 
-_loky: dict[str, Any] = {"executor": None, "size": 0, "running": 0}
+_loky: dict[str, Any] = {"executor": None, "size": 0, "running": 0, "here": False}
 _loky_lock = threading.Lock()
+_sizing = threading.Lock()  # held while a thread decides the size and configures the executor
 _exiting = False
+_stale: list = []  # a forked child's copies of its parent's executors, never collected there
 
 
-def _loky_submit(n_workers: int, task: tuple) -> tuple[concurrent.futures.Future, Any]:
-    """Submit ``task`` to joblib's loky executor. Its size follows the stage while no stage
-    has a task running there; then a stage that starts adopts the size it has, because a
-    resize waits for every running task. No lock is held while loky works: its thread runs
-    the futures' callbacks, which take the lock."""
+def _loky_submit(n_workers: int, task: tuple) -> tuple[concurrent.futures.Future, Any] | None:
+    """Submit ``task`` to joblib's loky executor; None if this process runs its tasks itself
+    (see :func:`_runs_here`). The executor's size follows the stage while it is idle; while it
+    has tasks, a stage that starts adopts the size it has, because a resize waits for every
+    task. No lock is held while loky works: its thread runs the futures' callbacks, which
+    take the lock."""
+    if _runs_here():
+        return None
     for renew in (False, True):
         executor = _reserve_executor(n_workers, renew)
+        if executor is None:
+            return None
+        started = executor._executor_manager_thread is not None
         try:
             future = executor.submit(_run_task, *task)
             break
         except BaseException as error:
             _task_ended()
+            if _threads_ending() and isinstance(error, RuntimeError):
+                _end_unhooked(executor, started)
+                return None
             # shut down, or broken by a killed worker: joblib makes another, once
             if renew or _exiting or not isinstance(error, RuntimeError):
                 raise
@@ -66,19 +95,55 @@ def _loky_submit(n_workers: int, task: tuple) -> tuple[concurrent.futures.Future
     return future, executor
 
 
+def _runs_here() -> bool:
+    """Whether this process runs the stages' tasks itself, as joblib would: a daemon process
+    cannot start worker processes (warned once), and once the interpreter exits, loky takes
+    no new work (and a new executor could not stop at exit)."""
+    if _exiting or _loky["here"]:
+        return True
+    if multiprocessing.current_process().daemon:
+        _loky["here"] = True
+        warnings.warn("processes(): this is a daemon process (a DataLoader worker, say), which "
+                      "cannot start worker processes; process stages run their function here, "
+                      "in the stage's thread", RuntimeWarning, stacklevel=1)
+        return True
+    return _threads_ending() and _loky["executor"] is None
+
+
+def _threads_ending() -> bool:
+    """Whether threading runs its exit hooks (or ran them): the main thread has returned."""
+    return getattr(threading, "_SHUTTING_DOWN", False)
+
+
+def _end_unhooked(executor: Any, started: bool) -> None:
+    """An executor whose first submit started its thread just as the interpreter began to
+    exit could not register loky's exit hook: end it now, or its thread keeps the
+    interpreter alive."""
+    if not started and executor._executor_manager_thread is not None:
+        executor.shutdown(wait=False, kill_workers=True)
+
+
 def _reserve_executor(n_workers: int, renew: bool) -> Any:
-    """The executor to submit to, counted as running one more task."""
-    with _loky_lock:
-        executor = _loky["executor"]
-        size = _loky["size"] if _loky["running"] else n_workers
-        if not renew and executor is not None and size == _loky["size"]:
+    """The executor to submit to, counted as running one more task; None if joblib runs no
+    loky workers here (it warned why)."""
+    with _sizing:  # one thread at a time sizes the executor, and only when it is idle
+        executor = None if renew else _loky["executor"]
+        if executor is None or (_loky["size"] != n_workers and not _busy(executor)):
+            executor = _loky_executor(n_workers)  # joblib's own lock keeps it one executor
+            if executor is None:
+                _loky["here"] = True
+                return None
+            _loky["executor"], _loky["size"] = executor, n_workers
+        with _loky_lock:
             _loky["running"] += 1
-            return executor
-    executor = _loky_executor(size)  # joblib's own lock keeps it one executor
-    with _loky_lock:
-        _loky["executor"], _loky["size"] = executor, size
-        _loky["running"] += 1
-    return executor
+        return executor
+
+
+def _busy(executor: Any) -> bool:
+    """Whether a task waits or runs on the executor: one of a stage (also one reserved and not
+    yet submitted), of the user's own joblib call, or one that a closed run cancelled and
+    loky has not dropped yet. A resize would wait for them."""
+    return _loky["running"] > 0 or bool(executor._pending_work_items)
 
 
 def _task_ended(_future: concurrent.futures.Future | None = None) -> None:
@@ -90,13 +155,39 @@ def _task_ended(_future: concurrent.futures.Future | None = None) -> None:
 def _loky_executor(n_workers: int) -> Any:
     """joblib's shared loky executor, sized and configured as a ``Parallel(n_jobs=n_workers)``
     call would (thread limits for BLAS in the workers, large arguments memory-mapped), so
-    stages and the user's own ``Parallel`` calls keep the same workers."""
+    stages and the user's own ``Parallel`` calls keep the same workers; None where joblib would
+    run the call in this process instead (it warns why)."""
     from joblib import Parallel, parallel_config
 
     with parallel_config(backend="loky", n_jobs=n_workers):
         parallel = Parallel()
     parallel._initialize_backend()  # joblib's own configuration of the executor
-    return parallel._backend._workers
+    return getattr(parallel._backend, "_workers", None)
+
+
+def _forget_parent_pool() -> None:
+    """In a forked child: none of the parent's threads runs here, and the parent's executor
+    and workers are not the child's. Start afresh: the locks, the pools' runs, and joblib's
+    own reusable executor (else the child's first ``Parallel`` call waits for ever on the
+    parent's, or fails on resizing it). The parent's executors are kept, never collected
+    here: collected, they would wake their thread, which is the parent's."""
+    global _loky_lock, _sizing, _runs_lock, _exit_hook
+    _loky_lock, _sizing = threading.Lock(), threading.Lock()
+    _runs_lock, _exit_hook = threading.Lock(), threading.Lock()
+    _stale.append(_loky["executor"])
+    _loky.update(executor=None, size=0, running=0)
+    for pool in list(_POOLS):
+        pool.forget_runs()
+    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
+    if reusable is not None and reusable._executor is not None:
+        _stale.append(reusable._executor)
+        reusable._executor = reusable._executor_kwargs = None
+        reusable._executor_lock = threading.RLock()
+        sys.modules["joblib.executor"]._executor_args = None
+        sys.modules["joblib.externals.loky.process_executor"]._threads_wakeups.clear()
+
+
+os.register_at_fork(after_in_child=_forget_parent_pool)
 
 
 class ShippedCall:
@@ -104,9 +195,10 @@ class ShippedCall:
     its bytes sent with every task, unpickled once in each worker, which keeps it for the run's
     later tasks. A function that holds a reader, a table or a model is then rebuilt once per
     worker and run, not once per chunk; like a DataLoader's dataset in its workers, it keeps
-    its state between chunks. A call that pickles to more than 1 MiB goes with every task
-    through loky's own pickler instead, as joblib memory-maps the large arrays in it; the
-    worker still keeps its first copy."""
+    its state between chunks. The numpy arrays of 1 MiB or more in it go beside those bytes,
+    through loky's own pickler, as joblib memory-maps large arrays; the worker still keeps its
+    first copy. Functions pickled by value keep their file's name, so a worker's traceback
+    shows their file, line and source."""
 
     __slots__ = ("call", "key", "_sent")
 
@@ -116,29 +208,56 @@ class ShippedCall:
 
     def __reduce__(self):
         if self._sent is None:  # in loky's (one) feeder thread: at worst pickled twice
-            import cloudpickle
-
-            pickled = cloudpickle.dumps(self.call)
-            self._sent = ((self.key, pickled) if len(pickled) <= _SHIPPED_BYTES
-                          else (self.key, None, self.call))
+            file = io.BytesIO()
+            pickler = _call_pickler()(file)
+            pickler.dump(self.call)
+            self._sent = (self.key, file.getvalue(), tuple(pickler.arrays))
         return _unshipped, self._sent
 
 
-_SHIPPED_BYTES = 1 << 20  # joblib memory-maps arrays from 1 MB: larger calls go its way
+_SHIPPED_BYTES = 1 << 20  # joblib memory-maps arrays from 1 MiB: those go its way
 _KEPT_CALLS = 4  # runs whose calls a worker keeps (stages running at once, epochs in turn)
 _calls: collections.OrderedDict = collections.OrderedDict()
 
 
-def _unshipped(key: bytes, pickled: bytes | None, call: ItemCall | None = None) -> ItemCall:
+def _code_reduce(code: types.CodeType) -> tuple:
+    # cloudpickle names every code object it pickles "<dynamic-code>"; marshal keeps its file
+    return marshal.loads, (marshal.dumps(code),)
+
+
+@functools.cache
+def _call_pickler() -> type:
+    import cloudpickle  # joblib's dependency, imported once a stage runs
+
+    class CallPickler(cloudpickle.Pickler):
+        """cloudpickle, with each function's file name kept, and with the large numpy arrays
+        left out (in :attr:`arrays`, for the task's own pickler to send)."""
+
+        dispatch_table = collections.ChainMap({types.CodeType: _code_reduce},
+                                              cloudpickle.Pickler.dispatch_table)
+
+        def __init__(self, file: io.BytesIO) -> None:
+            super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+            self.arrays: list[np.ndarray] = []
+
+        def persistent_id(self, obj: Any) -> int | None:
+            if type(obj) in (np.ndarray, np.memmap) and obj.nbytes >= _SHIPPED_BYTES \
+                    and not obj.dtype.hasobject:
+                self.arrays.append(obj)
+                return len(self.arrays) - 1
+            return None
+
+    return CallPickler
+
+
+def _unshipped(key: bytes, pickled: bytes, arrays: tuple) -> ItemCall:
     """In a worker: the call that ``key`` names, kept from its first task (unpickled from
-    ``pickled`` then, or ``call`` as loky's pickler sent it)."""
+    ``pickled`` then, with ``arrays`` in their places)."""
     kept = _calls.get(key)
     if kept is None:
-        if call is None:
-            import pickle
-
-            call = pickle.loads(pickled)
-        kept = _calls[key] = call
+        unpickler = pickle.Unpickler(io.BytesIO(pickled))
+        unpickler.persistent_load = arrays.__getitem__
+        kept = _calls[key] = unpickler.load()
         while len(_calls) > _KEPT_CALLS:
             _calls.popitem(last=False)
     _calls.move_to_end(key)
@@ -159,9 +278,54 @@ def _run_task(call: ItemCall | ShippedCall, token: int, seq: int, index: int, ch
     fallback = None
     with lending(transport):  # fpipe's combiners make large arrays in shared memory at once
         outputs, error, seconds = call.run(chunk, index)
-        if transport is not None:
-            outputs, fallback = encode(transport, outputs)
+        if os.getpid() != owner:  # the outputs leave this process: pickled here
+            outputs, error, fallback = _pickled(outputs, error, index, transport)
     return token, seq, outputs, error, seconds, slots, fallback
+
+
+def _pickled(outputs: list, error: CapturedError | None, index: int,
+             transport: Transport | None) -> tuple[bytes, CapturedError | None, str | None]:
+    """``outputs`` pickled (their large arrays in shared memory, with ``transport``), the
+    error, and why shared memory was not used. An output that does not pickle ends them: the
+    outputs before it are sent, with a ``TypeError`` that names its item."""
+    try:
+        sent, reason = _encoded(outputs, transport)
+        return sent, error, reason
+    except Exception as failure:  # whatever pickling raises
+        bad = next((i for i, output in enumerate(outputs) if not _pickles(output)), 0)
+        sent, reason = _encoded(outputs[:bad], transport)
+        return sent, _unpicklable(outputs[bad:bad + 1], index + bad, failure), reason
+
+
+def _encoded(outputs: list, transport: Transport | None) -> tuple[bytes, str | None]:
+    return (_dumps(outputs), None) if transport is None else encode(transport, outputs, _dumps)
+
+
+def _dumps(value: Any) -> bytes:
+    """``value`` pickled, as loky would (cloudpickle, where plain pickle cannot)."""
+    try:
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except Exception:  # a lambda, a class made at run time...
+        import cloudpickle
+
+        return cloudpickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        _dumps(value)
+    except Exception:
+        return False
+    return True
+
+
+def _unpicklable(output: list, item: int, failure: Exception) -> CapturedError:
+    kind = type(output[0]).__name__ if output else "unknown"
+    try:
+        raise TypeError(f"processes(): the result for item {item} (of type {kind}) does not "
+                        f"pickle, so it cannot leave the worker process: {failure}") from failure
+    except TypeError as error:
+        return capture(error)
 
 
 _MALLOPT = {-1: 64 << 20, -2: 16 << 20, -3: 32 << 20}  # glibc's trim, top pad, mmap threshold
@@ -191,31 +355,55 @@ def _idle(seconds: float) -> None:
 
 
 class _Pool:
-    """What both pools keep: the runs of a stage, each with its results queue under a token,
-    and whether the pipe fallback was announced."""
+    """What both pools keep: the runs of a stage, each with its results queue under a token
+    and the thread that consumes it, and whether the pipe fallback was announced."""
 
     def __init__(self, n_workers: int) -> None:
         self.n_workers = n_workers
-        self._lock = threading.Lock()
-        self._routes: dict[int, queue.SimpleQueue] = {}
+        self.forget_runs()
         self._tokens = itertools.count()
         self._warned = False
         _POOLS.add(self)
 
+    def forget_runs(self) -> None:
+        """Hold no run (also in a forked child, whose parent's runs are not its own)."""
+        self._lock = threading.Lock()
+        self._routes: dict[int, queue.SimpleQueue] = {}
+        self._consumers: dict[int, threading.Thread] = {}
+
     def open(self, results: queue.SimpleQueue) -> int:
-        with self._lock:
+        """A new run, consumed by this thread, whose results go to ``results``."""
+        with _runs_lock, self._lock:  # see _wait_for_consumers
             token = next(self._tokens)
             self._routes[token] = results
+            self._consumers[token] = threading.current_thread()
             return token
 
     def close_run(self, token: int) -> None:
         with self._lock:
             self._routes.pop(token, None)
+            self._consumers.pop(token, None)
+
+    def consumers(self) -> list[threading.Thread]:
+        """The threads that consume the runs still open."""
+        with self._lock:
+            return list(self._consumers.values())
+
+    def submit(self, token: int, task: tuple) -> None:
+        """Send ``task`` of run ``token`` to the workers (not if the run is closed), or run it
+        in this thread where there are none to send it to (see :func:`_runs_here`)."""
+        if token in self._routes and not self._send(token, task):
+            self._route(_run_task(*task))
+
+    def _send(self, token: int, task: tuple) -> bool:
+        """Send ``task`` to the workers; False if there are none to send it to."""
+        raise NotImplementedError
 
     def _route(self, result: tuple) -> None:
-        """Put a task's result on its run's queue (dropped if the run is closed); warn once
-        that results went through the pipe for want of shared memory."""
-        token, *entry, fallback = result
+        """Put a task's result on its run's queue (dropped unread if the run is closed); warn
+        once that results went through the pipe for want of shared memory. It runs in
+        joblib's or loky's threads, so it raises nothing: an error goes to the run."""
+        token, seq, outputs, error, seconds, slots, fallback = result
         if fallback is not None and not self._warned:
             self._warned = True
             warnings.warn(f"processes(): no room in shared memory ({_FALLBACKS[fallback]}): "
@@ -223,8 +411,14 @@ class _Pool:
                           stacklevel=1)
         with self._lock:
             results = self._routes.get(token)
-        if results is not None:
-            results.put(Message(*entry))
+        if results is None:
+            return
+        if isinstance(outputs, bytes):  # pickled by the worker (see _run_task)
+            try:
+                outputs = pickle.loads(outputs)
+            except Exception as failure:  # say, a class that this process cannot import
+                outputs, error = [], capture(failure)
+        results.put(Message(seq, outputs, error, seconds, slots))
 
 
 class ProcessPool(_Pool):
@@ -240,14 +434,20 @@ class ProcessPool(_Pool):
     def __init__(self, n_workers: int, backend: Any) -> None:
         super().__init__(n_workers)
         self.backend = backend
+        self._generation = 0  # of the joblib generator now fed; older ones only finish
+        self._closed = False
+        self._last_task = time.monotonic()
+
+    def forget_runs(self) -> None:
+        super().forget_runs()
         self._tasks: collections.deque = collections.deque()
         self._pump: threading.Thread | None = None
         self._parallel: Any = None  # the joblib call of the newest generator
-        self._generation = 0  # of the joblib generator now fed; older ones only finish
-        self._feeding = self._closed = False
-        self._last_task = time.monotonic()
+        self._feeding = False
 
-    def submit(self, token: int, task: tuple) -> None:
+    def _send(self, token: int, task: tuple) -> bool:
+        if _exiting:  # the pools are stopped: a thread that starts now runs its tasks itself
+            return False
         with self._lock:
             self._tasks.append((token, task))
             self._last_task = time.monotonic()
@@ -257,6 +457,7 @@ class ProcessPool(_Pool):
                 self._pump = threading.Thread(target=self._pump_results, name="fpipe-joblib",
                                               args=(self._generation,), daemon=True)
                 self._pump.start()
+        return True
 
     def _pump_results(self, generation: int) -> None:
         from joblib import Parallel, delayed, parallel_config
@@ -355,18 +556,19 @@ class LokyPool(_Pool):
     in about a round trip. Results of a closed run are dropped; the workers stay warm.
     """
 
-    def __init__(self, n_workers: int) -> None:
-        super().__init__(n_workers)
+    def forget_runs(self) -> None:
+        super().forget_runs()
         self._running: dict[int, set] = {}  # each run's futures that are not done
-        self._closed = False
 
-    def submit(self, token: int, task: tuple) -> None:
-        if self._closed:
-            return
-        future, executor = _loky_submit(self.n_workers, task)
+    def _send(self, token: int, task: tuple) -> bool:
+        placed = _loky_submit(self.n_workers, task)
+        if placed is None:
+            return False
+        future, executor = placed
         with self._lock:
             self._running.setdefault(token, set()).add(future)
         future.add_done_callback(functools.partial(self._done, token, executor))
+        return True
 
     def close_run(self, token: int) -> None:
         """Drop the run's results, and its tasks that no worker has taken yet: a stage that
@@ -394,7 +596,7 @@ class LokyPool(_Pool):
             results = self._routes.get(token)
         if results is None:
             return
-        if isinstance(error, concurrent.futures.BrokenExecutor):  # a worker died
+        if isinstance(error, concurrent.futures.BrokenExecutor) and not _exiting:  # a worker died
             # loky fails the tasks first and kills the other workers after: wait for that
             # (not here, in loky's thread) before removing the names they made
             threading.Thread(target=_fail_broken, args=(executor, results, capture(error)),
@@ -410,8 +612,8 @@ class LokyPool(_Pool):
         """Nothing to end: the stage holds no joblib call between its tasks."""
 
     def shutdown(self) -> None:
-        """Submit no more tasks and drop those that have not started."""
-        self._closed = True  # one store, atomic: this is also a finalizer (see ProcessPool)
+        """Drop the tasks that have not started (the stage is collected, or at exit)."""
+        # no lock: this is also a finalizer (see ProcessPool)
         for future in self._futures():
             future.cancel()
 
@@ -422,11 +624,22 @@ class LokyPool(_Pool):
             return
         _, late = concurrent.futures.wait(running, max(0.0, deadline - time.monotonic()))
         if late and _loky["executor"] is not None:
-            _loky["executor"].shutdown(wait=False, kill_workers=True)
+            _kill_workers(_loky["executor"])
 
     def _futures(self) -> list:
         # no lock (see shutdown): a copy of each set, taken while it may change, is enough
         return [future for futures in list(self._running.values()) for future in list(futures)]
+
+
+def _kill_workers(executor: Any) -> None:
+    """Kill the executor's workers and what they started. loky then finds its executor broken
+    and ends it. (Its own ``shutdown(kill_workers=True)`` fails in loky's thread on a task that
+    a closed run cancelled, and leaves the workers running: the interpreter then waits for
+    them at exit.)"""
+    from joblib.externals.loky.backend.utils import kill_process_tree
+
+    for process in list(executor._processes.values()):
+        kill_process_tree(process)
 
 
 def _fail_broken(executor: Any, results: queue.SimpleQueue, error: CapturedError) -> None:
@@ -435,8 +648,37 @@ def _fail_broken(executor: Any, results: queue.SimpleQueue, error: CapturedError
     results.put(Message.failure(error))
 
 
+def _at_exit() -> None:
+    """threading's exit hook (see :func:`_set_exit_hook`). Python waits for its non-daemon
+    threads after the exit hooks, so a thread still reading a process stage would find loky's
+    executor stopped under it: first wait for those threads, as Python would. Then stop every
+    pool, give the running tasks a moment, and kill the workers of those that still run (of
+    closed runs, or of daemon threads)."""
+    if _exiting:  # set twice (see _set_exit_hook)
+        return
+    try:
+        _wait_for_consumers()
+    finally:
+        _shutdown_pools()
+
+
+def _wait_for_consumers() -> None:
+    """Join the live non-daemon threads that consume a process stage, until none is left;
+    a run that opens after that runs its tasks itself."""
+    global _exiting
+    current = threading.current_thread()
+    while True:
+        with _runs_lock:  # against a run that opens meanwhile (see _Pool.open)
+            waiting = [thread for pool in list(_POOLS) for thread in pool.consumers()
+                       if thread.is_alive() and not thread.daemon and thread is not current]
+            if not waiting:
+                _exiting = True
+                return
+        for thread in waiting:
+            thread.join()
+
+
 def _shutdown_pools() -> None:
-    # at exit: stop every pool, give running tasks a moment, then kill what still runs
     global _exiting
     _exiting = True  # no new executor for a submit that loky refuses now
     pools = list(_POOLS)
@@ -452,6 +694,29 @@ def _set_exit_hook() -> None:
     # its hook when it starts an executor; ours is set again whenever another hook came after
     # it, so that it runs first and ends our joblib generators while loky's executor works.
     with _exit_hook:
+        if _finalized.get("pid") != os.getpid():  # once per process (and forked child)
+            _finalized["pid"] = os.getpid()
+            multiprocessing.util.Finalize(None, _at_child_exit, exitpriority=20)
         hooks = getattr(threading, "_threading_atexits", [])
-        if not hooks or getattr(hooks[-1], "func", None) is not _shutdown_pools:
-            threading._register_atexit(_shutdown_pools)
+        if hooks and getattr(hooks[-1], "func", None) is _at_exit:
+            return
+        try:
+            threading._register_atexit(_at_exit)
+        except RuntimeError:  # the hooks run now: too late (see _runs_here)
+            pass
+
+
+_finalized: dict[str, int] = {}
+
+
+def _at_child_exit() -> None:
+    """multiprocessing's exit hook: in a child process that multiprocessing started, it runs
+    instead of threading's exit hooks (which it skips), and before it waits for the child's
+    own children, loky's workers among them. So end the stages, then loky's executor (what its
+    own threading hook would do), and its temporary folders (joblib removes them at exit,
+    which such a child skips too): else the child waits for ever for its idle workers."""
+    if _exiting:  # threading's exit hooks ran: this is not such a child
+        return
+    _at_exit()
+    if _loky["executor"] is not None:
+        _loky["executor"].terminate()

@@ -12,12 +12,20 @@ free for the worker to reuse once the last is garbage-collected. The worker neve
 slab: when none is free it makes another, within its byte budget; past the budget, or when
 ``/dev/shm`` is full, the result goes through the pipe as before.
 
-Names. A slab is named ``fpipe-shm-<owner>-<worker>-<serial>-<token>`` (the owner is the
-consumer's pid). The consumer unlinks the name as soon as it has mapped the slab, so a slab in
-use has no name: the kernel frees it when the last process that maps it exits, whatever
-kills them. A name exists only between the worker making the slab and the consumer mapping it;
-:func:`sweep` removes the names whose processes died in that window, and runs when a consumer
-starts, when a worker dies and when the consumer exits.
+Names. A slab is named ``fpipe-shm-<uid>-<owner>-<worker>-<serial>-<token>`` (the owner is the
+consumer's pid, the uid the user's). The consumer unlinks the name as soon as it has mapped the
+slab, so a slab in use has no name: the kernel frees it when the last process that maps it
+exits, whatever kills them. A name exists only between the worker making the slab and the
+consumer mapping it; :func:`sweep` removes the names whose processes died in that window, and
+runs when a consumer starts, when a worker dies and when the consumer exits. It looks only at
+the names of this user (``/dev/shm`` is shared by every user, and only its owner may remove a
+name there), and skips a name it cannot remove.
+
+Runs. The slabs belong to the run of a stage that the transport serves (:meth:`Transport.for_consumer`
+starts one): while the run lasts, a worker reuses them from chunk to chunk; once it ends
+(:func:`end_run`), the consumer lets go of them as soon as no array of theirs is alive, and the
+workers unmap them at their next task or within about half a second. A run is marked by an
+empty file, ``fpipe-run-<uid>-<owner>-<token>``, which the consumer removes when the run ends.
 
 This module imports neither torch nor joblib; :mod:`fpipe.torch` registers torch tensors.
 """
@@ -28,6 +36,7 @@ import atexit
 import contextlib
 import errno
 import importlib
+import itertools
 import math
 import mmap
 import os
@@ -35,7 +44,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,10 +54,12 @@ __all__: list[str] = []  # private: the process stage is its user
 
 DIRECTORY = "/dev/shm"
 PREFIX = "fpipe-shm-"
+RUN_PREFIX = "fpipe-run-"
 THRESHOLD = 16 * 1024  # smaller arrays go through the pipe (measured: docs/concepts.md)
 _HEADER = 64  # the slab's first bytes: its state, 0 (free) or the generation handed out
 _ALIGN = 64
 _MIN_SLAB = 1 << 20
+_ROOM = 4 << 20  # a new slab is this much larger than its result at most (chunks vary)
 _WATCH_SECONDS = 0.5  # how often a worker checks that its consumer is alive
 _MAX_BUDGET = 256 << 20
 # map every page at once: faulting in a fresh slab page by page cost 50 ms per 19 MB
@@ -96,36 +107,58 @@ def _codec(path: str) -> Any:
 @dataclass(frozen=True)
 class Transport:
     """What a worker needs to send its results through shared memory: the consumer's pid,
-    the size below which arrays stay in the pipe, its byte budget, and the registered types."""
+    the size below which arrays stay in the pipe, its byte budget, the registered types, and
+    the run whose slabs these are ("": slabs that last as long as the worker)."""
 
     owner: int
     threshold: int = THRESHOLD
     budget: int = 1 << 30
     kinds: tuple = ()
+    run: str = ""
 
     @classmethod
     def for_consumer(cls, workers: int, threshold: int = THRESHOLD,
                      budget: int | None = None) -> Transport:
-        """The transport of this process's stage; the first one removes what killed runs left."""
+        """The transport of a new run of this process's stage (end it with :func:`end_run`);
+        the first one removes what killed runs left."""
         _sweep_once()
         budget = default_budget(workers) if budget is None else budget
-        return cls(os.getpid(), threshold, budget, tuple(sorted(_KINDS.items())))
+        run = secrets.token_hex(8)
+        os.close(os.open(_run_path(os.getpid(), run), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        _reader().start_run(run)
+        return cls(os.getpid(), threshold, budget, tuple(sorted(_KINDS.items())), run)
+
+
+def end_run(transport: Transport) -> None:
+    """In the consumer: the run is over. Its slabs are let go of here once no array of theirs
+    is alive, and by the workers soon (see the module's docstring)."""
+    if transport.run:
+        _unlink(os.path.basename(_run_path(transport.owner, transport.run)))
+        _reader().forget_run(transport.run)
 
 
 # --- names --------------------------------------------------------------------------------
 
 
 def _name(owner: int, serial: int) -> str:
-    return f"{PREFIX}{owner}-{os.getpid()}-{serial}-{secrets.token_hex(4)}"
+    return f"{PREFIX}{os.getuid()}-{owner}-{os.getpid()}-{serial}-{secrets.token_hex(4)}"
+
+
+def _run_path(owner: int, run: str) -> str:
+    return os.path.join(DIRECTORY, f"{RUN_PREFIX}{os.getuid()}-{owner}-{run}")
 
 
 def _pids(name: str) -> tuple[int, int] | None:
-    """``(owner, worker)`` of a slab name, or None for a name that is not one."""
-    parts = name[len(PREFIX):].split("-")
-    if not name.startswith(PREFIX) or len(parts) != 4 or not parts[0].isdigit() \
-            or not parts[1].isdigit():
+    """``(owner, worker)`` of this user's slab name (a run's name: ``(owner, owner)``), or
+    None for any other name."""
+    # a slab: uid, owner, worker, serial, token; a run: uid, owner, token
+    prefix, count = (PREFIX, 5) if name.startswith(PREFIX) else (RUN_PREFIX, 3)
+    parts = name[len(prefix):].split("-")
+    if not name.startswith(prefix) or len(parts) != count \
+            or not all(part.isdigit() for part in parts[:-1]) or parts[0] != str(os.getuid()):
         return None
-    return int(parts[0]), int(parts[1])
+    owner = int(parts[1])
+    return (owner, int(parts[2])) if prefix == PREFIX else (owner, owner)
 
 
 def _alive(pid: int) -> bool:
@@ -139,28 +172,34 @@ def _alive(pid: int) -> bool:
 
 
 def _unlink(name: str) -> bool:
+    """Remove ``name`` from ``/dev/shm``; False if it is gone, or not ours to remove."""
     try:
         os.unlink(os.path.join(DIRECTORY, name))
-    except FileNotFoundError:
+    except (FileNotFoundError, PermissionError):
         return False
     return True
 
 
-def names(owner: int | None = None) -> list[str]:
-    """The slab names now in ``/dev/shm`` (of ``owner`` only, if given)."""
+def _names(owner: int | None, runs: bool) -> list[str]:
     try:
         found = os.listdir(DIRECTORY)
     except OSError:
         return []
-    return sorted(name for name in found if (pids := _pids(name)) is not None
-                  and owner in (None, pids[0]))
+    prefixes = (PREFIX, RUN_PREFIX) if runs else (PREFIX,)
+    return sorted(name for name in found if name.startswith(prefixes)
+                  and (pids := _pids(name)) is not None and owner in (None, pids[0]))
+
+
+def names(owner: int | None = None) -> list[str]:
+    """This user's slab names now in ``/dev/shm`` (of ``owner`` only, if given)."""
+    return _names(owner, runs=False)
 
 
 def sweep(owner: int | None = None) -> list[str]:
-    """Remove the names that nobody will map: those whose consumer died, and, if ``owner`` is
-    given, those of ``owner`` whose worker died. Returns the names removed."""
+    """Remove this user's names that nobody will map: those whose consumer died, and, if
+    ``owner`` is given, the slabs of ``owner`` whose worker died. Returns the names removed."""
     removed = []
-    for name in names():
+    for name in _names(None, runs=True):
         consumer, worker = _pids(name)
         orphan = not _alive(consumer) or (consumer == owner and not _alive(worker))
         if orphan and _unlink(name):
@@ -179,7 +218,7 @@ def _sweep_once() -> None:
 
 def release_owner() -> None:
     """Remove every name this process owns: at exit nobody will map them any more."""
-    for name in names(os.getpid()):
+    for name in _names(os.getpid(), runs=True):
         _unlink(name)
 
 
@@ -203,11 +242,12 @@ class _Slab:
 
 
 class _Writer:
-    """A worker's slabs for one consumer."""
+    """A worker's slabs for one run of a consumer."""
 
-    def __init__(self, owner: int) -> None:
-        self.owner, self.slabs, self.serial = owner, [], 0
+    def __init__(self, owner: int, run: str) -> None:
+        self.owner, self.run, self.slabs = owner, run, []
         self.generation = 0
+        self.closed = False  # the run ended: no new slab (set holding _naming)
         self.retired: list[tuple] = []  # slabs the consumer may unmap, told with the next result
         self.open: list[tuple[_Slab, int]] = []  # slabs lent to this task's arrays, generation
         self.sent: set[tuple] = set()  # of those, the (key, generation) that a result holds
@@ -247,11 +287,11 @@ class _Writer:
 
     def slab_for(self, nbytes: int, budget: int) -> _Slab | str:
         """A free slab of at least ``nbytes``, or why there is none (``"budget"``, ``"full"``).
-        Free slabs are given up while the worker holds more than ``budget`` (stages of one
-        consumer share a worker's slabs and may have different budgets), or to make room."""
+        Free slabs are given up while the worker holds more than ``budget`` for the consumer
+        (its runs share the budget, and may have different ones), or to make room."""
         free = sorted((slab for slab in self.slabs if slab.state[0] == 0),
                       key=lambda slab: slab.capacity)
-        held = sum(len(slab.mm) for slab in self.slabs)
+        held = _held(self.owner)
         while free and held > budget:
             held -= self._retire(free.pop())
         fitting = [slab for slab in free if slab.capacity >= nbytes]
@@ -259,16 +299,20 @@ class _Writer:
             return fitting[0]
         for slab in free:  # all too small for the results of now: keep none of them
             held -= self._retire(slab)
-        # room to grow: chunks vary in size, and a new slab costs both sides its page faults
-        size = _HEADER + max(_MIN_SLAB, -(-nbytes * 2 // mmap.PAGESIZE) * mmap.PAGESIZE)
+        # a little room to grow (chunks vary in size, and a new slab costs both sides its page
+        # faults), but no more: a slab's pages are resident in both processes
+        size = _HEADER + max(_MIN_SLAB, -(-(nbytes + min(nbytes, _ROOM)) // mmap.PAGESIZE)
+                             * mmap.PAGESIZE)
         if held + size > budget:
             return "budget"
         return self._create(size)
 
     def _create(self, size: int) -> _Slab | str:
         with _naming:  # the watchdog must not exit between the name and the list of slabs
-            self.serial += 1
-            name = _name(self.owner, self.serial)
+            if self.closed:  # the run ended while its last task ran: its result is not wanted
+                return "budget"
+            serial = next(_serials)
+            name = _name(self.owner, serial)
             fd = os.open(os.path.join(DIRECTORY, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 os.posix_fallocate(fd, 0, size)  # reserve the pages now: a full tmpfs is
@@ -280,7 +324,7 @@ class _Writer:
                 raise
             finally:
                 os.close(fd)
-            slab = _Slab((os.getpid(), self.serial), name, mm)
+            slab = _Slab((os.getpid(), serial, self.run), name, mm)
             self.slabs.append(slab)
             return slab
 
@@ -295,17 +339,40 @@ class _Writer:
         for slab in self.slabs:
             _unlink(slab.name)
 
+    def run_ended(self) -> bool:
+        """Whether the consumer ended this writer's run (a run's file is gone)."""
+        return bool(self.run) and not os.path.exists(_run_path(self.owner, self.run))
 
-_writers: dict[tuple[int, int], _Writer] = {}  # (this pid, owner) -> writer
-_naming = threading.Lock()  # held while a slab is named and not yet listed
+
+_writers: dict[tuple[int, int, str], _Writer] = {}  # (this pid, owner, run) -> writer
+_naming = threading.Lock()  # held while a slab is named and not yet listed, or writers dropped
+_serials = itertools.count(1)  # of this process's slabs: a slab's key is (pid, serial, run)
 
 
-def _writer(owner: int) -> _Writer:
-    key = (os.getpid(), owner)
+def _writer(transport: Transport) -> _Writer:
+    key = (os.getpid(), transport.owner, transport.run)
     writer = _writers.get(key)
     if writer is None:
-        writer = _writers[key] = _Writer(owner)
+        with _naming:
+            writer = _writers[key] = _Writer(transport.owner, transport.run)
     return writer
+
+
+def _held(owner: int) -> int:
+    """Bytes of the slabs this worker holds for ``owner``, in all its runs."""
+    return sum(len(slab.mm) for key, writer in list(_writers.items())
+               if key[:2] == (os.getpid(), owner) for slab in writer.slabs)
+
+
+def drop_ended_runs() -> None:
+    """In a worker: let go of the slabs of the runs that their consumer ended (their names
+    removed; the memory goes once no lent array of theirs is alive here either)."""
+    with _naming:
+        for key, writer in list(_writers.items()):
+            if key[0] == os.getpid() and writer.run_ended():
+                writer.closed = True
+                writer.unlink_all()
+                del _writers[key]
 
 
 class _Ref:
@@ -323,30 +390,42 @@ class _Ref:
                          array.dtype, array.shape, self.kind, self.retired)
 
 
-def encode(transport: Transport, value: Any) -> tuple[Any, str | None]:
+def encode(transport: Transport, value: Any,
+           dumps: Callable[[Any], bytes] | None = None) -> tuple[Any, str | None]:
     """``value`` with its large arrays moved to a slab, and None; or ``value`` unchanged and
     why it could not be (``"budget"`` or ``"full"``). In the consumer's own process (a thread
-    backend), ``value`` stays as it is."""
+    backend), ``value`` stays as it is. With ``dumps``, what comes out is ``dumps`` of that
+    value, and the slab is reserved for the result only once ``dumps`` returned (an error
+    that it raises leaves the slabs free)."""
     if os.getpid() == transport.owner:
         return value, None
+    dumps = dumps or _same
     refs: list[_Ref] = []
     swapped = _swap(value, refs, transport)
     if not refs:
-        return value, None
-    writer = _writer(transport.owner)
+        return dumps(value), None
+    writer = _writer(transport)
     lent = [ref for ref in refs if _in_lent_slab(writer, ref)]
     copied = [ref for ref in refs if ref.slab is None]
     if copied:
         offsets, total = _layout(copied)
         slab = writer.slab_for(total, transport.budget)
         if isinstance(slab, str):
-            return value, slab  # the lent slabs are freed when the task ends
+            return dumps(value), slab  # the lent slabs are freed when the task ends
         _fill(writer, slab, copied, offsets)
+    refs[0].retired = tuple(writer.retired)
+    sent = dumps(swapped)
+    if copied:
+        copied[0].slab.state[0] = copied[0].generation  # reserved until the consumer lets go
     writer.sent.update((ref.slab.key, ref.generation) for ref in lent)
     for ref in refs:
         ref.slab.unnamed = True  # the consumer removes the name when it maps the slab
-    refs[0].retired, writer.retired = tuple(writer.retired), []
-    return swapped, None
+    writer.retired = []
+    return sent, None
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _in_lent_slab(writer: _Writer, ref: _Ref) -> bool:
@@ -375,7 +454,6 @@ def _fill(writer: _Writer, slab: _Slab, refs: list[_Ref], offsets: list[int]) ->
         target = data[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
         np.copyto(target, array, casting="no")
         ref.slab, ref.offset, ref.generation = slab, start, writer.generation
-    slab.state[0] = writer.generation  # reserved until the consumer drops the last array
 
 
 def _swap(value: Any, refs: list, transport: Transport) -> Any:
@@ -432,16 +510,18 @@ _task: list[Transport] = []  # the transport of the task this worker runs, while
 @contextlib.contextmanager
 def lending(transport: Transport | None) -> Iterator[None]:
     """While a worker runs a task (and encodes its outputs) for ``transport``, :func:`empty`
-    lends it slabs; at the end, the lent slabs that no sent array lies in are free again."""
+    lends it slabs; at the end, the lent slabs that no sent array lies in are free again.
+    The slabs of the runs that ended are let go of first."""
     if transport is None or os.getpid() == transport.owner:
         yield
         return
+    drop_ended_runs()
     _task.append(transport)
     try:
         yield
     finally:
         _task.pop()
-        _writer(transport.owner).close_task()
+        _writer(transport).close_task()
 
 
 def empty(shape: Any, dtype: Any) -> np.ndarray:
@@ -452,7 +532,7 @@ def empty(shape: Any, dtype: Any) -> np.ndarray:
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if transport is None or nbytes < transport.threshold or dtype.hasobject:
         return np.empty(shape, dtype)
-    lent = _writer(transport.owner).lend(nbytes)
+    lent = _writer(transport).lend(nbytes)
     if lent is None:
         return np.empty(shape, dtype)
     slab, _ = lent
@@ -467,7 +547,8 @@ _watched: set[int] = set()
 def watch_owner(owner: int) -> None:
     """In a worker whose parent is the consumer ``owner``: exit within about half a second
     of the consumer's death (its slabs' names removed first), instead of idling for minutes
-    as an orphan."""
+    as an orphan; meanwhile, let go of the slabs of the runs that ended as soon as they do,
+    not at the next task only."""
     if owner in _watched or os.getpid() == owner or os.getppid() != owner:
         return
     _watched.add(owner)
@@ -477,10 +558,13 @@ def watch_owner(owner: int) -> None:
 def _watch(owner: int) -> None:
     while os.getppid() == owner:
         time.sleep(_WATCH_SECONDS)
+        drop_ended_runs()
     _naming.acquire()  # held until the exit: no slab is named after this
-    writer = _writers.get((os.getpid(), owner))
-    if writer is not None:
-        writer.unlink_all()
+    for key, writer in list(_writers.items()):
+        if key[:2] == (os.getpid(), owner):
+            writer.unlink_all()
+            if writer.run:
+                _unlink(os.path.basename(_run_path(owner, writer.run)))
     os._exit(0)
 
 
@@ -505,11 +589,13 @@ def _release(state: np.ndarray, pid: int) -> None:
 
 
 class _Reader:
-    """The slabs this consumer has mapped, and the leases now alive."""
+    """The slabs this consumer has mapped for the runs that have not ended, and the leases
+    now alive (a lease keeps its slab mapped, also once the reader has let go of it)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.slabs: dict[tuple, np.ndarray] = {}
+        self.slabs: dict[tuple, np.ndarray] = {}  # (worker pid, serial, run) -> the slab
+        self.runs: set[str] = {""}  # the runs that have not ended ("": slabs with no run)
         self.leases: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.lock = threading.Lock()
 
@@ -521,7 +607,9 @@ class _Reader:
             if lease is None:
                 slab = self.slabs.get(key)
                 if slab is None:
-                    slab = self.slabs[key] = self._map(key, name)
+                    slab = self._map(key, name)
+                    if key[2] in self.runs:  # else a late result of a run that ended
+                        self.slabs[key] = slab
                 lease = self.leases[(key, generation)] = _Lease(slab)
                 weakref.finalize(lease, _release, slab[:8].view(np.int64), self.pid)
             return lease
@@ -550,6 +638,17 @@ class _Reader:
     def forget_dead(self) -> None:
         with self.lock:
             self._forget_dead()
+
+    def start_run(self, run: str) -> None:
+        with self.lock:
+            self.runs.add(run)
+
+    def forget_run(self, run: str) -> None:
+        """Let go of the slabs of ``run``: each is unmapped once no array views it."""
+        with self.lock:
+            self.runs.discard(run)
+            for key in [key for key in self.slabs if key[2] == run]:
+                del self.slabs[key]
 
 
 _readers: dict[int, _Reader] = {}

@@ -27,7 +27,7 @@ from ..skipping import OnError, SkipLog, check_max_errors, check_on_error
 from ._core import JOIN_SECONDS, Stage, Stream, as_stream, next_chunk_size
 from ._joblib import ShippedCall, process_pool
 from ._messages import Message
-from ._shm import Transport
+from ._shm import Transport, end_run
 from ._shm import available as shared_memory_available
 from .simple import ItemCall, at_epoch, error_options, stage_repr
 
@@ -95,9 +95,8 @@ class _Run:
                 if not reserved or self.stopping:
                     return
                 chunk = self._read(seq, reserved)
-                if chunk is None:
+                if chunk is None or not self._submit(seq, index, chunk, reserved):
                     return
-                self.executor.submit(seq, index, chunk, reserved)
                 seq, index = seq + 1, index + len(chunk)
         finally:
             if self.stopping:
@@ -120,6 +119,15 @@ class _Run:
         if self.per_item and len(chunk) < reserved:
             self.slots.release(reserved - len(chunk))
         return chunk
+
+    def _submit(self, seq: int, index: int, chunk: list, reserved: int) -> bool:
+        """Hand the chunk to the executor; on an error, tell the consumer and return False."""
+        try:
+            self.executor.submit(seq, index, chunk, reserved)
+        except BaseException as error:
+            self.results.put(Message(seq, [], capture(error), 0.0, reserved))
+            return False
+        return True
 
     def close_upstream(self) -> None:
         with self._lock:
@@ -438,6 +446,8 @@ class _ProcessWorkers:
     def stop(self) -> None:
         if self._token is not None:
             self._pool.close_run(self._token)
+        if self._transport is not None:
+            end_run(self._transport)
 
     def join(self, deadline: float) -> None:
         pass

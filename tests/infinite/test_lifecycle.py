@@ -267,6 +267,9 @@ def test_a_worker_error_carries_the_worker_traceback():
         list(batch_iter())
     text = "".join(traceback.format_exception(info.value))
     assert "RemoteTraceback" in text and 'raise KeyError(f"bad item {x}")' in text
+    # once, whole: the worker's traceback, then the error raised here (not again for each
+    # background stage that the error crossed on its way)
+    assert text.count("KeyError: 'bad item 5'") == 2 and text.count("errors.RemoteTraceback:") == 1
     batch_iter.close()
 
 

@@ -84,3 +84,38 @@ maybe_negate = random_apply(0.5, negate)
 def fpipe_threads():
     return [t for t in threading.enumerate() if t.name.startswith("fpipe-")
             and t.name != "fpipe-joblib"]
+
+
+def lock_at(x, bad=20):
+    """``x``, except a lock (which does not pickle) at item ``bad``."""
+    return threading.Lock() if x == bad else x
+
+
+def doubled_here(x):
+    """``(2 * x, pid)``: the result, and which process made it."""
+    return 2 * x, os.getpid()
+
+
+def stage_in_a_child(results, n_workers):
+    """In a child process: the output of two process stages over range(20), the warnings they
+    gave, and this process's pid, put on ``results``."""
+    import warnings
+
+    from fpipe import processes
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outputs = [list(processes(doubled_here, n_workers=n_workers)(range(20))) for _ in range(2)]
+    results.put((outputs, [str(warning.message) for warning in caught], os.getpid()))
+
+
+def announced_sleep(x, seconds, flag):
+    """Create the file ``flag`` (a worker has started), then sleep ``seconds``."""
+    open(flag, "a").close()
+    time.sleep(seconds)
+    return x
+
+
+def large(i, nbytes):
+    """An array of ``nbytes`` bytes, all ``i``."""
+    return np.full(nbytes, i % 256, np.uint8)

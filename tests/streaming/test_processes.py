@@ -24,6 +24,7 @@ from .helpers import (
     exit_worker,
     fail_at,
     jitter,
+    lock_at,
     logged_sleep,
     noisy,
     pid,
@@ -116,6 +117,26 @@ def test_a_worker_error_arrives_whole_after_the_items_before_it():
             got.append(x)
     assert got == list(range(7))
     assert "in fail_at" in str(raised.value.__cause__)  # the worker's traceback
+
+
+def test_a_worker_traceback_shows_the_file_line_and_source_of_a_function_sent_by_value():
+    def local(x):  # pickled by value, as lambdas and the functions of __main__ are
+        return x if x < 3 else {}["no such key"]
+
+    with pytest.raises(KeyError) as raised:
+        list(loky(local)(range(5)))
+    worker = str(raised.value.__cause__)
+    line = local.__code__.co_firstlineno + 1
+    assert f'File "{__file__}", line {line}, in local' in worker
+    assert 'return x if x < 3 else {}["no such key"]' in worker and "<dynamic-code>" not in worker
+
+
+def test_a_result_that_does_not_pickle_ends_the_results_after_those_before_it():
+    got = []
+    with pytest.raises(TypeError, match="result for item 20 .*does not pickle.*lock"):
+        for x in loky(lock_at, chunk_size=64)(range(100)):
+            got.append(x)
+    assert got == list(range(20))
 
 
 def test_an_exception_that_does_not_pickle_arrives_as_a_worker_error():

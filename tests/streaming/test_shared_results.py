@@ -95,10 +95,11 @@ def test_torch_tensors_come_back_as_tensors_viewing_shared_memory():
     torch = pytest.importorskip("torch")
     import fpipe.torch  # noqa: F401
 
-    out = list(fp.processes(_tensor, n_workers=2)(range(6)))
+    with fp.processes(_tensor, n_workers=2)(range(6)) as stream:
+        out = [next(stream) for _ in range(6)]
+        slabs = list(_shm._reader().slabs.values())  # the run's slabs, until it ends
     assert all(isinstance(t, torch.Tensor) and t.shape == (3, 64, 64) for t in out)
     assert [int(t[0, 0, 0]) for t in out] == list(range(6))
-    slabs = _shm._reader().slabs.values()
     assert all(any(s.ctypes.data <= t.data_ptr() < s.ctypes.data + s.nbytes for s in slabs)
                for t in out)
 
@@ -127,15 +128,14 @@ def test_the_repr_names_a_switched_off_transport():
 
 
 KILLED = """
-import itertools, os
+import itertools
+import psutil
 import fpipe as fp
 from tests.streaming.test_shared_results import picture
 
 stream = fp.processes(picture, n_workers=2)(itertools.count())
 held = [next(stream) for _ in range(50)]
-pids = {child for child in os.listdir("/proc") if child.isdigit()
-        and open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid())}
-print(" ".join(sorted(pids)), flush=True)
+print(" ".join(str(child.pid) for child in psutil.Process().children()), flush=True)
 for item in stream:
     held = held[-50:] + [item]
 """
