@@ -1,4 +1,5 @@
-"""Ctrl-C during an ``Infinite`` loop and during a DataLoader loop, in a fresh interpreter each.
+"""Ctrl-C during an ``Infinite`` loop, during a DataLoader loop, and before a process stage's
+first result, in a fresh interpreter each.
 
 The victim runs a pipeline with threads and worker processes. It starts with SIGINT at its
 default disposition whatever this process ignores (a background job of a shell script ignores
@@ -69,6 +70,15 @@ for epoch in range(10**9):
 """
 
 
+BEFORE_THE_FIRST_RESULT = """
+import fpipe as fp
+from tests.reliability.workers import announced_sleep
+
+for item in fp.processes(announced_sleep, n_workers=2)(range(10)):
+    pass
+"""
+
+
 def interrupt(code: str, args: list[str], group: bool) -> dict:
     """Start ``code``, wait until it prints "running", send SIGINT; measure the exit."""
     victim = start_interruptible([sys.executable, "-c", textwrap.dedent(code), *args], cwd=ROOT,
@@ -115,11 +125,14 @@ def _wait_dead(processes: list, deadline: float) -> list:
         time.sleep(0.01)
 
 
-def _check(outcomes: list[dict]) -> None:
+def _check(outcomes: list[dict], tracebacks: int | None = None) -> None:
+    """Every victim was interrupted and left nothing running; with ``tracebacks``, its stderr
+    holds that many tracebacks (the interrupt's own, nothing of its libraries')."""
     for outcome in outcomes:
         assert outcome["returncode"] != 0 and "KeyboardInterrupt" in outcome["stderr"], outcome
         assert outcome["children"] >= 2, "the victim had no worker processes to leave behind"
         assert not outcome["strays"] and outcome["all_gone"] < HANG, outcome
+        assert tracebacks in (None, outcome["stderr"].count("Traceback")), outcome
 
 
 def _report(record, check: str, outcomes: list[dict]) -> None:
@@ -177,3 +190,14 @@ def test_ctrl_c_during_a_dataloader_loop(images, group, trials, burners, record)
     _check(outcomes)
     target = "the process group" if group else "the process"
     _report(record, f"SIGINT to {target} during a DataLoader loop (2 workers)", outcomes)
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["process", "process group"])
+@pytest.mark.parametrize(("trials", "burners"), _trials())
+def test_ctrl_c_before_a_process_stages_first_result(group, trials, burners, record):
+    with cpu_load(burners):
+        outcomes = [interrupt(BEFORE_THE_FIRST_RESULT, [], group) for _ in range(trials)]
+    _check(outcomes, tracebacks=1)
+    target = "the process group" if group else "the process"
+    _report(record, f"SIGINT to {target} before a process stage's first result (30 s items)",
+            outcomes)

@@ -66,6 +66,14 @@ def slow_identity(x):
     return x
 
 
+def announced_sleep(x, seconds=30.0):
+    """Say "running" (from the worker process that runs it), then sleep: a slow item (the
+    issue saw Ctrl-C hang with items of 3 to 30 s)."""
+    print("running", flush=True)
+    time.sleep(seconds)
+    return x
+
+
 def small_item(i: int) -> tuple[np.ndarray, int]:
     """A small array and a label, made in a worker process (the soak's work)."""
     return np.full(16, i % 251, dtype=np.uint8), i

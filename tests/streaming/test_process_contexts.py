@@ -201,3 +201,32 @@ def test_an_error_in_handing_a_chunk_to_the_pool_reaches_the_consumer(monkeypatc
     monkeypatch.setattr(_joblib, "_loky_submit", refused)
     with pytest.raises(RuntimeError, match="the pool refused the chunk"):
         list(fp.processes(abs, n_workers=2)(range(10)))
+
+
+RESIZED = """
+import threading, warnings
+import fpipe as fp
+from tests.streaming.helpers import slow_double
+
+def consume(n_workers, barrier, out):
+    barrier.wait()
+    out[n_workers] = list(fp.processes(slow_double, 0.002, n_workers=n_workers)(range(100)))
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for trial in range(5):
+        barrier, out = threading.Barrier(2), {}
+        threads = [threading.Thread(target=consume, args=(n, barrier, out)) for n in (2, 3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert out == {n: [2 * x for x in range(100)] for n in (2, 3)}
+print([str(warning.message) for warning in caught])
+"""
+
+
+def test_stages_of_two_sizes_started_at_once_from_two_threads_share_the_pool_unresized():
+    result = run(RESIZED)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[]\n"

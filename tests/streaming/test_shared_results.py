@@ -4,21 +4,24 @@ argument and on backends whose workers may be elsewhere; faults leave no segment
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from toolz import pipe
 
 import fpipe as fp
 from fpipe.streaming import _shm
 
-from .helpers import exit_worker
+from .helpers import exit_worker, large
 from .test_shm import ROOT, alive, settled_names, wait_until
 
 pytestmark = [pytest.mark.skipif(not _shm.available(), reason="no /dev/shm on this system"),
@@ -163,3 +166,30 @@ def test_dpipe_style_loky_and_infinite_get_shared_memory_with_no_change():
         batches = list(batch_iter())
     assert [len(b) for b in batches] == [8, 8]
     assert all(_shm.is_shared(image) for batch in batches for image, _ in batch)
+
+
+def _mapped_slabs(pid: int, owner: int) -> list[str]:
+    """The slabs of consumer ``owner`` that process ``pid`` maps (none if it has exited)."""
+    mark = f"/{_shm.PREFIX}{os.getuid()}-{owner}-"
+    try:
+        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except OSError:
+        return []
+    return [line.split()[-2] for line in lines if mark in line]
+
+
+def test_slabs_fit_their_results_and_are_let_go_of_when_the_run_ends():
+    nbytes = 20 << 20
+    stage = fp.processes(large, nbytes, n_workers=2, chunk_size=1,
+                         shared_memory_budget=400 << 20)
+    with stage(range(8)) as stream:
+        out = [next(stream) for _ in range(8)]
+        sizes = [slab.nbytes for slab in _shm._reader().slabs.values()]
+    assert [int(x[0]) for x in out] == list(range(8)) and all(_shm.is_shared(x) for x in out)
+    # room for a slightly larger result, but not twice the size
+    assert sizes and all(nbytes < size <= nbytes + (4 << 20) + (1 << 16) for size in sizes)
+    del out
+    gc.collect()
+    processes = [os.getpid()] + [child.pid for child in psutil.Process().children(recursive=True)]
+    wait_until(lambda: not any(_mapped_slabs(pid, os.getpid()) for pid in processes))
+    assert _shm.names(os.getpid()) == []

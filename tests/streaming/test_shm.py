@@ -287,6 +287,36 @@ def test_the_next_start_removes_what_a_killed_run_left():
         leftover.unlink(missing_ok=True)
 
 
+def test_the_sweep_leaves_other_users_names_and_skips_what_it_may_not_remove(monkeypatch):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    owner, uid = int(dead.stdout), os.getuid()  # a consumer that has exited
+    names = {"unnamed user's": f"{_shm.PREFIX}{owner}-{owner}-1-abcdef01",  # no uid: any user's
+             "other user's": f"{_shm.PREFIX}{uid + 1}-{owner}-{owner}-1-abcdef01",
+             "planted": f"{_shm.PREFIX}{uid}-{owner}-{owner}-2-abcdef02",  # ours by name only
+             "ours": f"{_shm.PREFIX}{uid}-{owner}-{owner}-3-abcdef03"}
+    paths = {kind: Path(_shm.DIRECTORY, name) for kind, name in names.items()}
+    for path in paths.values():
+        path.write_bytes(b"")
+    unlink = os.unlink
+
+    def refused(path, *args, **kwargs):  # what /dev/shm (sticky) says to a user not its owner
+        if Path(path).name in (names["unnamed user's"], names["planted"]):
+            raise PermissionError(1, "Operation not permitted", path)
+        unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", refused)
+    try:
+        removed = _shm.sweep()
+        _shm.Transport.for_consumer(2)  # a new stage starts as usual
+    finally:
+        monkeypatch.undo()
+        for path in paths.values():
+            path.unlink(missing_ok=True)
+    assert names["ours"] in removed
+    assert not {names["unnamed user's"], names["other user's"], names["planted"]} & set(removed)
+
+
 def test_names_of_other_files_are_not_taken_for_slabs():
     uid = os.getuid()
     assert _shm._pids(f"{_shm.PREFIX}{uid}-12-34-5-abcdef01") == (12, 34)
