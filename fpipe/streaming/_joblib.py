@@ -52,7 +52,7 @@ from .simple import ItemCall
 
 _IDLE_SECONDS = (1e-3, 2e-2)  # an idle task sleeps this long, doubling up to the maximum
 _KEEP_ALIVE = 1.0  # the joblib generator ends after this long without a task
-_EXIT_SECONDS = 1.0  # at exit, running tasks get this long before their workers are killed
+_EXIT_SECONDS = 0.25  # at exit, running tasks get this long before their workers are killed
 _STOP = object()
 _POOLS: weakref.WeakSet = weakref.WeakSet()
 _exit_hook = threading.Lock()

@@ -453,7 +453,21 @@ class _ProcessWorkers:
         pass
 
 
-_SHARED_BACKENDS = ("loky", "multiprocessing")  # whose workers run on this machine
+_STREAMING_BACKENDS = "'loky' (the default: worker processes on this machine), 'threading', 'dask'"
+
+
+def _check_backend(backend: Any) -> Any:
+    """``backend``, once joblib can stream through it; else an error that names the ones
+    that work. (joblib's multiprocessing backend hands back no result before its whole call
+    ends, and loses the task of a worker that dies.)"""
+    if not isinstance(backend, str) and not hasattr(backend, "apply_async"):
+        raise TypeError(f"backend must be a joblib backend name or instance; "
+                        f"got backend={backend!r}")
+    if backend == "multiprocessing" or getattr(backend, "supports_return_generator", True) is False:
+        raise ValueError(f"backend={backend!r} cannot run a process stage: joblib returns its "
+                         f"results only once the whole call has ended; use {_STREAMING_BACKENDS}"
+                         " or another backend that joblib streams")
+    return backend
 
 
 class _ProcessStage(_ParallelStage):
@@ -465,10 +479,7 @@ class _ProcessStage(_ParallelStage):
     def __init__(self, *args: Any, backend: Any, shared_memory: bool,
                  shared_memory_budget: int | None, **on_error: Any) -> None:
         super().__init__(*args, **on_error)
-        if not isinstance(backend, str) and not hasattr(backend, "apply_async"):
-            raise TypeError(f"backend must be a joblib backend name or instance; "
-                            f"got backend={backend!r}")
-        self.backend = backend
+        self.backend = _check_backend(backend)
         self.shared_memory = check_bool("shared_memory", shared_memory)
         self.shared_memory_budget = (None if shared_memory_budget is None else
                                      check_integer("shared_memory_budget", shared_memory_budget, 0))
@@ -483,8 +494,7 @@ class _ProcessStage(_ParallelStage):
 
     def _transport(self) -> Transport | None:
         """How this run's results come back in shared memory; None: through the pipe."""
-        if (not self.shared_memory or self.backend not in _SHARED_BACKENDS
-                or not shared_memory_available()):
+        if not self.shared_memory or self.backend != "loky" or not shared_memory_available():
             return None
         return Transport.for_consumer(self.workers, budget=self.shared_memory_budget)
 
@@ -510,13 +520,16 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     processes (-1: one per core), on joblib. Use it for pure-Python work that holds the GIL.
 
     ``backend`` is passed to joblib: ``"loky"`` (the default), ``"threading"``, ``"dask"``
-    (with a ``dask.distributed`` client), or any registered joblib backend. Functions travel
-    with cloudpickle, so lambdas work. ``func`` is pickled once per run; its bytes go with every
-    chunk, and each worker unpickles them once and keeps that copy for the run's chunks. As a
-    DataLoader's dataset in its workers, it keeps its state (an open file, a cache) from chunk
-    to chunk, and each run starts again from the consumer's copy (a worker keeps the functions
-    of its last four runs). A function that pickles to more than 1 MiB goes with every chunk
-    through joblib's pickler instead, which memory-maps its large numpy arrays. Items travel
+    (with a ``dask.distributed`` client), or any registered joblib backend that streams its
+    results (not ``"multiprocessing"``, which joblib does not stream: it is refused). Functions
+    travel with cloudpickle, so lambdas work, and a worker's traceback shows their file and
+    line. ``func`` is pickled once per run; its bytes go with every chunk, and each worker
+    unpickles them once and keeps that copy for the run's chunks. As a DataLoader's dataset in
+    its workers, it keeps its state (an open file, a cache) from chunk to chunk, and each run
+    starts again from the consumer's copy (a worker keeps the functions of its last four runs).
+    Its numpy arrays of 1 MiB or more go beside those bytes through joblib's pickler, which
+    memory-maps them. Results are pickled in the worker: one that does not pickle ends the
+    stream with a ``TypeError`` naming its item, after the items before it. Items travel
     in chunks of at most ``chunk_size`` (about 20 ms of work each); at most
     ``2 * n_workers + buffer_size`` chunks are in the stage at once (two per worker: one in
     work, one waiting, as joblib sends a worker its next task only when one completes).
@@ -533,12 +546,13 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     as soon as the stage object is garbage-collected; ``stage.close()`` ends it at once
     (before closing a dask cluster, say), and the stage starts a new one if it is used again.
 
-    Results come back in shared memory where that pays: on the ``loky`` and
-    ``multiprocessing`` backends (whose workers run on this machine, on Linux), the numpy arrays
-    of at least 16 KiB in a result (also inside tuples, lists, dicts and named tuples, and torch
-    tensors once :mod:`fpipe.torch` is imported) are written once into a reused segment of
-    ``/dev/shm``, and the consumer gets arrays that view it, without a copy. A segment is reused
-    once every array of its chunk of results is garbage-collected. Each worker holds at most
+    Results come back in shared memory where that pays: on ``loky`` (whose workers run on
+    this machine, on Linux), the numpy arrays of at least 16 KiB in a result (also inside
+    tuples, lists, dicts and named tuples, and torch tensors once :mod:`fpipe.torch` is
+    imported) are written once into a segment of ``/dev/shm`` about their size, and the
+    consumer gets arrays that view it, without a copy. A segment is reused within the run once
+    every array of its chunk of results is garbage-collected, and given up when the run ends
+    (its memory goes once no array views it). Each worker holds at most
     ``shared_memory_budget`` bytes of segments (default: a quarter of ``/dev/shm`` shared
     between the workers, at most 256 MiB each, as loky restarts a worker whose memory grew by
     300 MB); past it, or when ``/dev/shm`` is full, results go through the pipe
@@ -553,6 +567,14 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
 
     Order, seeds, ``epoch``, errors and ``on_error`` behave as in :func:`threads` (a callable
     ``on_error`` runs in the worker process, so it must pickle).
+
+    Where joblib can start no worker process, the stage runs ``func`` in its own thread, in
+    this process: in a daemon process (every DataLoader worker), with one ``RuntimeWarning``,
+    and for a thread that starts a stage while the interpreter exits. A forked child starts a
+    pool of its own. At exit, fpipe waits for the live non-daemon threads that read a process
+    stage (as Python would) before it stops the workers; the tasks of closed or abandoned
+    streams get a quarter of a second, then their workers are killed, so Ctrl-C ends the
+    program at once, even before the first result.
 
     >>> with processes(abs, n_workers=2, backend="threading")(range(-2, 3)) as stream:
     ...     list(stream)

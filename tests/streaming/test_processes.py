@@ -208,6 +208,12 @@ def test_a_forgotten_stage_ends_its_joblib_generator_at_once(monkeypatch):
 def test_backend_is_checked_and_shown():
     with pytest.raises(TypeError, match="backend must be a joblib backend"):
         fp.processes(double, backend=3)
+    from joblib.parallel import MultiprocessingBackend
+
+    for backend in ["multiprocessing", MultiprocessingBackend()]:  # joblib does not stream it
+        with pytest.raises(ValueError, match="backend=.*ultiprocessing.* cannot run a process "
+                                             "stage.*'loky'.*'threading'.*'dask'"):
+            fp.processes(double, n_workers=2, backend=backend)
     assert repr(fp.processes(double, n_workers=2, backend="threading")) == (
         "processes(double, n_workers=2, backend='threading')")
 
