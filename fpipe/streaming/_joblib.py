@@ -3,16 +3,16 @@ private APIs it needs: ``Parallel._initialize_backend`` and ``Parallel._backend.
 (joblib's own configuration of its shared loky executor), the executor's
 ``_pending_work_items``, ``_processes`` and ``_executor_manager_thread`` (whether it is busy,
 its workers, whether it runs), ``Parallel._abort``, threading's ``_register_atexit`` and
-``_SHUTTING_DOWN`` (for the exit), and the module state of joblib's reusable executor (dropped
-in a forked child, whose parent's executor is not its own). On loky (the default backend) a
-process stage sends its tasks straight to that executor; on any other backend it keeps one
-joblib generator per stage. It also keeps the size of the loky pool, and the exit hook that
-lets the user's threads finish their process stages and then ends the stages' work before
-loky's executor stops. A run's function reaches each worker once (:class:`ShippedCall`).
-Worker processes pickle their results themselves (so that an item whose result does not
-pickle is found, and the items before it are delivered), send large arrays back through
-:mod:`._shm` (shared memory), keep the memory they free for their next task, and watch that
-their consumer is alive.
+``_SHUTTING_DOWN`` and the thread registries of ``concurrent.futures`` and loky (for the
+exit), and the module state of joblib's reusable executor (dropped in a forked child, whose
+parent's executor is not its own). On loky (the default backend) a process stage sends its
+tasks straight to that executor; on any other backend it keeps one joblib generator per
+stage. It also keeps the size of the loky pool, and the exit hook that lets the user's
+threads finish and then ends the stages' work before loky's executor stops. A run's function
+reaches each worker once (:class:`ShippedCall`). Worker processes pickle their results
+themselves (so that an item whose result does not pickle is found, and the items before it
+are delivered), send large arrays back through :mod:`._shm` (shared memory), keep the memory
+they free for their next task, and watch that their consumer is alive.
 
 Where joblib runs no worker processes — in a daemon process (a DataLoader worker, say), or
 once the interpreter exits — a stage runs its tasks in its own thread, in this process.
@@ -56,7 +56,6 @@ _EXIT_SECONDS = 0.25  # at exit, running tasks get this long before their worker
 _STOP = object()
 _POOLS: weakref.WeakSet = weakref.WeakSet()
 _exit_hook = threading.Lock()
-_runs_lock = threading.Lock()  # the runs' consumers, against the exit's last look at them
 
 
 _loky: dict[str, Any] = {"executor": None, "size": 0, "running": 0, "here": False}
@@ -171,10 +170,10 @@ def _forget_parent_pool() -> None:
     own reusable executor (else the child's first ``Parallel`` call waits for ever on the
     parent's, or fails on resizing it). The parent's executors are kept, never collected
     here: collected, they would wake their thread, which is the parent's."""
-    global _loky_lock, _sizing, _runs_lock, _exit_hook
-    _loky_lock, _sizing = threading.Lock(), threading.Lock()
-    _runs_lock, _exit_hook = threading.Lock(), threading.Lock()
-    _stale.append(_loky["executor"])
+    global _loky_lock, _sizing, _exit_hook
+    _loky_lock, _sizing, _exit_hook = threading.Lock(), threading.Lock(), threading.Lock()
+    if _loky["executor"] is not None:
+        _stale.append(_loky["executor"])
     _loky.update(executor=None, size=0, running=0)
     for pool in list(_POOLS):
         pool.forget_runs()
@@ -294,7 +293,7 @@ def _pickled(outputs: list, error: CapturedError | None, index: int,
     except Exception as failure:  # whatever pickling raises
         bad = next((i for i, output in enumerate(outputs) if not _pickles(output)), 0)
         sent, reason = _encoded(outputs[:bad], transport)
-        return sent, _unpicklable(outputs[bad:bad + 1], index + bad, failure), reason
+        return sent, _unpicklable(outputs[bad], index + bad, failure), reason
 
 
 def _encoded(outputs: list, transport: Transport | None) -> tuple[bytes, str | None]:
@@ -319,11 +318,11 @@ def _pickles(value: Any) -> bool:
     return True
 
 
-def _unpicklable(output: list, item: int, failure: Exception) -> CapturedError:
-    kind = type(output[0]).__name__ if output else "unknown"
+def _unpicklable(output: Any, item: int, failure: Exception) -> CapturedError:
     try:
-        raise TypeError(f"processes(): the result for item {item} (of type {kind}) does not "
-                        f"pickle, so it cannot leave the worker process: {failure}") from failure
+        raise TypeError(f"processes(): the result for item {item} (of type "
+                        f"{type(output).__name__}) does not pickle, so it cannot leave the "
+                        f"worker process: {failure}") from failure
     except TypeError as error:
         return capture(error)
 
@@ -355,8 +354,8 @@ def _idle(seconds: float) -> None:
 
 
 class _Pool:
-    """What both pools keep: the runs of a stage, each with its results queue under a token
-    and the thread that consumes it, and whether the pipe fallback was announced."""
+    """What both pools keep: the runs of a stage, each with its results queue under a token,
+    and whether the pipe fallback was announced."""
 
     def __init__(self, n_workers: int) -> None:
         self.n_workers = n_workers
@@ -367,27 +366,21 @@ class _Pool:
 
     def forget_runs(self) -> None:
         """Hold no run (also in a forked child, whose parent's runs are not its own)."""
-        self._lock = threading.Lock()
+        # reentrant: a stream's finalizer closes its run, and the garbage collector may run it
+        # in a thread that holds the lock
+        self._lock = threading.RLock()
         self._routes: dict[int, queue.SimpleQueue] = {}
-        self._consumers: dict[int, threading.Thread] = {}
 
     def open(self, results: queue.SimpleQueue) -> int:
-        """A new run, consumed by this thread, whose results go to ``results``."""
-        with _runs_lock, self._lock:  # see _wait_for_consumers
+        """A new run, whose results go to ``results``."""
+        with self._lock:
             token = next(self._tokens)
             self._routes[token] = results
-            self._consumers[token] = threading.current_thread()
             return token
 
     def close_run(self, token: int) -> None:
         with self._lock:
             self._routes.pop(token, None)
-            self._consumers.pop(token, None)
-
-    def consumers(self) -> list[threading.Thread]:
-        """The threads that consume the runs still open."""
-        with self._lock:
-            return list(self._consumers.values())
 
     def submit(self, token: int, task: tuple) -> None:
         """Send ``task`` of run ``token`` to the workers (not if the run is closed), or run it
@@ -650,32 +643,42 @@ def _fail_broken(executor: Any, results: queue.SimpleQueue, error: CapturedError
 
 def _at_exit() -> None:
     """threading's exit hook (see :func:`_set_exit_hook`). Python waits for its non-daemon
-    threads after the exit hooks, so a thread still reading a process stage would find loky's
-    executor stopped under it: first wait for those threads, as Python would. Then stop every
-    pool, give the running tasks a moment, and kill the workers of those that still run (of
-    closed runs, or of daemon threads)."""
+    threads only after the exit hooks, one of which stops loky's executor: a training loop in
+    a thread of its own would find its workers gone under it (also through an ``Infinite``
+    or a ``prefetch``, whose daemon threads read the process stage for it). So first wait for
+    those threads, as Python would. Then stop every pool, give the running tasks a moment,
+    and kill the workers of those that still run (of closed or forgotten streams, or of daemon
+    threads); a stage that starts after that runs its tasks itself."""
     if _exiting:  # set twice (see _set_exit_hook)
         return
     try:
-        _wait_for_consumers()
+        _wait_for_user_threads()
     finally:
         _shutdown_pools()
 
 
-def _wait_for_consumers() -> None:
-    """Join the live non-daemon threads that consume a process stage, until none is left;
-    a run that opens after that runs its tasks itself."""
-    global _exiting
-    current = threading.current_thread()
+def _wait_for_user_threads() -> None:
+    """Join the live non-daemon threads, but for those that end only at the exit hooks (the
+    workers of ``concurrent.futures``' thread pools, the threads that manage its and loky's
+    process pools), until none is left."""
     while True:
-        with _runs_lock:  # against a run that opens meanwhile (see _Pool.open)
-            waiting = [thread for pool in list(_POOLS) for thread in pool.consumers()
-                       if thread.is_alive() and not thread.daemon and thread is not current]
-            if not waiting:
-                _exiting = True
-                return
+        waiting = set(threading.enumerate()) - _ended_by_exit_hooks() - {threading.current_thread()}
+        waiting = [thread for thread in waiting if not thread.daemon and thread.is_alive()]
+        if not waiting:
+            return
         for thread in waiting:
             thread.join()
+
+
+def _ended_by_exit_hooks() -> set[threading.Thread]:
+    ended: set[threading.Thread] = set()
+    for module, threads in (("concurrent.futures.thread", "_threads_queues"),
+                            ("concurrent.futures.process", "_threads_wakeups"),
+                            ("joblib.externals.loky.process_executor", "_threads_wakeups")):
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            ended.update(list(getattr(loaded, threads, {}).keys()))
+    return ended
 
 
 def _shutdown_pools() -> None:
@@ -717,6 +720,6 @@ def _at_child_exit() -> None:
     which such a child skips too): else the child waits for ever for its idle workers."""
     if _exiting:  # threading's exit hooks ran: this is not such a child
         return
-    _at_exit()
+    _shutdown_pools()  # the child's other threads are not waited for there
     if _loky["executor"] is not None:
         _loky["executor"].terminate()

@@ -597,7 +597,7 @@ class _Reader:
         self.slabs: dict[tuple, np.ndarray] = {}  # (worker pid, serial, run) -> the slab
         self.runs: set[str] = {""}  # the runs that have not ended ("": slabs with no run)
         self.leases: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # a finalizer may end a run in a thread that holds it
 
     def lease(self, key: tuple, name: str, generation: int, retired: tuple) -> _Lease:
         with self.lock:

@@ -571,10 +571,10 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     Where joblib can start no worker process, the stage runs ``func`` in its own thread, in
     this process: in a daemon process (every DataLoader worker), with one ``RuntimeWarning``,
     and for a thread that starts a stage while the interpreter exits. A forked child starts a
-    pool of its own. At exit, fpipe waits for the live non-daemon threads that read a process
-    stage (as Python would) before it stops the workers; the tasks of closed or abandoned
-    streams get a quarter of a second, then their workers are killed, so Ctrl-C ends the
-    program at once, even before the first result.
+    pool of its own. At exit, fpipe waits for the live non-daemon threads (as Python would)
+    before it stops the workers; the tasks of closed or abandoned streams get a quarter of a
+    second, then their workers are killed, so Ctrl-C ends the program at once, even before the
+    first result.
 
     >>> with processes(abs, n_workers=2, backend="threading")(range(-2, 3)) as stream:
     ...     list(stream)

@@ -134,19 +134,34 @@ from toolz import pipe
 import fpipe as fp
 from tests.streaming.helpers import slow_double
 
-def train():
-    out = list(pipe(range(300), fp.processes(slow_double, 0.01, n_workers=2)))
-    print("done", out == [2 * x for x in range(300)], flush=True)
+def train(shape, started):
+    stage = fp.processes(slow_double, 0.05, n_workers=2, buffer_size=8)  # chunks wait in loky
+    if shape == "alone":
+        items = pipe(range(100), stage)
+    elif shape == "prefetched":  # a daemon thread of fpipe's reads the process stage
+        items = pipe(range(100), stage, fp.prefetch(4))
+    else:  # so does Infinite's
+        batches = fp.Infinite(range(100), stage, batch_size=10, batches_per_epoch=10,
+                              combiner=list)
+        items = (x for batch in batches() for x in batch)
+    out = []
+    for x in items:
+        out.append(x)
+        started.set()  # the main thread returns now, with chunks in the workers
+    print("done", out == [2 * x for x in range(100)], flush=True)
 
 if sys.argv[1] == "warm":
     list(fp.processes(slow_double, n_workers=2)(range(4)))
-threading.Thread(target=train).start()
+started = threading.Event()
+threading.Thread(target=train, args=(sys.argv[2], started)).start()
+started.wait()
 """
 
 
+@pytest.mark.parametrize("shape", ["alone", "prefetched", "Infinite"])
 @pytest.mark.parametrize("pool", ["cold", "warm"])
-def test_a_user_thread_finishes_its_process_stage_after_the_main_thread_returns(pool):
-    result = run(THREAD, pool)
+def test_a_user_thread_finishes_its_process_stage_after_the_main_thread_returns(pool, shape):
+    result = run(THREAD, pool, shape)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "done True\n" and "Traceback" not in result.stderr
 
