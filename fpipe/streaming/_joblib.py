@@ -397,15 +397,15 @@ class _Pool:
         once that results went through the pipe for want of shared memory. It runs in
         joblib's or loky's threads, so it raises nothing: an error goes to the run."""
         token, seq, outputs, error, seconds, slots, fallback = result
+        with self._lock:
+            results = self._routes.get(token)
+        if results is None:
+            return
         if fallback is not None and not self._warned:
             self._warned = True
             warnings.warn(f"processes(): no room in shared memory ({_FALLBACKS[fallback]}): "
                           "results go through the pipe until there is", RuntimeWarning,
                           stacklevel=1)
-        with self._lock:
-            results = self._routes.get(token)
-        if results is None:
-            return
         if isinstance(outputs, bytes):  # pickled by the worker (see _run_task)
             try:
                 outputs = pickle.loads(outputs)
