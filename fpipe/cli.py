@@ -7,7 +7,7 @@ clear line on stderr and an exit status, instead of a traceback:
 - 0: success;
 - 1: a data error (corrupt or truncated input, duplicate keys, an image that does not decode);
 - 2: a usage error (bad option value, missing input file, an output that exists without
-  ``-y/--overwrite``);
+  ``-y/--overwrite``, an output that is one of the inputs);
 - 130: interrupted (Ctrl-C); 141: stdout was closed early (``fpipe cat X | head``), silently.
 
 Anything else is a bug in fpipe and keeps its traceback.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 
@@ -39,7 +40,8 @@ EXIT_BROKEN_PIPE = 141
 # Checked in this order: the first class an exception is an instance of decides its status.
 _STATUSES = (
     (UsageError, EXIT_USAGE_ERROR),
-    ((FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError), EXIT_USAGE_ERROR),
+    ((FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+      shutil.SameFileError), EXIT_USAGE_ERROR),
     ((FpipeError, ValueError, OSError, KeyError), EXIT_DATA_ERROR),
 )
 

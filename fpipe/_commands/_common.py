@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import textwrap
@@ -11,8 +10,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import FpipeError, redacted_url
-from ..storage import DatasetFiles, MsgpackReader, read_keys, read_legacy_index
+from ..errors import FormatError, FpipeError, redacted_url
+from ..storage import DatasetFiles, MsgpackReader, read_classes, read_keys, read_legacy_index
 
 __all__ = [
     "HelpFormatter",
@@ -21,6 +20,7 @@ __all__ = [
     "add_output_options",
     "chosen_seed",
     "copy_classes",
+    "data_file",
     "dataset_keys",
     "fraction",
     "human_bytes",
@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 CLASSES_SUFFIX = ".classes.json"
+_NAMED = 5  # datasets named in the message about a folder
 
 
 class UsageError(FpipeError, ValueError):
@@ -182,25 +183,36 @@ def open_dataset(path: str | Path) -> Any:
     is missing."""
     if isinstance(path, str) and "://" in path:  # credentials from the environment (fsspec's way)
         return MsgpackReader(path)
+    return MsgpackReader(data_file(path))
+
+
+def data_file(path: str | Path) -> Path:
+    """``path``, checked to name a data file: a folder, a missing file or a special file raise
+    a clear error (a folder's names the datasets in it).
+
+    >>> import tempfile
+    >>> data_file(tempfile.mkdtemp())
+    Traceback (most recent call last):
+    ...
+    fpipe._commands._common.UsageError: ... is a folder, not a dataset (it holds no X.msgpack)
+    """
     path = Path(path)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.msgpack"))
-        hint = f" (it holds {', '.join(found[:5])})" if found else ""
-        raise UsageError(f"{path} is a folder, not a dataset{hint}")
+        more = f" and {len(found) - _NAMED} more" if len(found) > _NAMED else ""
+        held = f"it holds {', '.join(found[:_NAMED])}{more}" if found else "it holds no X.msgpack"
+        raise UsageError(f"{path} is a folder, not a dataset ({held})")
     if not path.exists():
         raise FileNotFoundError(f"dataset {path} not found")
-    return MsgpackReader(path)
+    if not path.is_file():
+        raise UsageError(f"{path} is not a regular file, so not a dataset")
+    return path
 
 
 def load_classes(path: str | Path) -> dict | None:
-    """The parsed ``.classes.json`` beside dataset ``path``, or None when there is none."""
-    file = Path(str(path) + CLASSES_SUFFIX)
-    if not file.is_file():
-        return None
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise FpipeError(f"{file}: not valid JSON ({error})") from error
+    """The checked ``.classes.json`` beside dataset ``path``, or None when there is none
+    (:func:`fpipe.storage.read_classes`)."""
+    return read_classes(path)
 
 
 def copy_classes(source: Path, targets: Sequence[Path]) -> None:
@@ -212,7 +224,13 @@ def copy_classes(source: Path, targets: Sequence[Path]) -> None:
 
 
 def dataset_keys(reader: Any) -> list[str]:
-    """Every key of the dataset that ``reader`` (a MsgpackReader) reads, in file order."""
-    if DatasetFiles(reader.path).keys.exists():
-        return read_keys(reader.path)
-    return read_legacy_index(reader.path)[0]
+    """Every key of the dataset that ``reader`` (a MsgpackReader) reads, in file order; a keys
+    file that does not hold one str per sample raises FormatError naming it."""
+    keys_file = DatasetFiles(reader.path).keys
+    if not keys_file.exists():
+        return read_legacy_index(reader.path)[0]
+    keys = read_keys(reader.path)
+    if len(keys) != len(reader):
+        raise FormatError(f"the keys file holds {len(keys)} keys for {len(reader)} samples",
+                          path=keys_file)
+    return keys

@@ -8,8 +8,9 @@ import os
 import shutil
 from pathlib import Path
 
+from ..errors import FormatError
 from ..storage._staging import dataset_files, staged_datasets
-from ._common import UsageError, add_command, add_output_options, say
+from ._common import add_command, add_output_options, data_file, say
 
 __all__ = ["add_parsers", "move_dataset"]
 
@@ -37,12 +38,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def move_dataset(source: Path, target: Path, overwrite: bool = False) -> list[Path]:
     """Rename dataset ``source`` to ``target``; return the new files."""
-    if not source.is_file():
-        raise FileNotFoundError(f"dataset {source} not found")
-    if source.resolve() == target.resolve():
-        raise UsageError(f"SRC and DST are the same file: {source}")
-    files = dataset_files(source)
-    with staged_datasets([target], overwrite) as (staged,):
+    files = dataset_files(data_file(source))
+    with staged_datasets([target], overwrite, sources=files) as (staged,):
         for file in files:
             suffix = file.name[len(source.name):]
             if suffix == ".md5":
@@ -55,12 +52,16 @@ def move_dataset(source: Path, target: Path, overwrite: bool = False) -> list[Pa
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
+    """A new name for ``source`` (a symlink stays a symlink, as ``mv`` moves it)."""
     try:
-        os.link(source, target)
+        os.link(source, target, follow_symlinks=False)
     except OSError as error:
         if error.errno not in (errno.EXDEV, errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK):
             raise
-        shutil.copy2(source, target)
+        if not (source.is_symlink() or source.is_file()):
+            raise FormatError("not a regular file: fpipe mv moves files and symlinks",
+                              path=source) from None
+        shutil.copy2(source, target, follow_symlinks=False)
 
 
 def _write_md5(md5: Path, target: Path, old: str, new: str) -> None:

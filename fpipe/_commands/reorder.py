@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import FpipeError
 from ..random import item_rng
 from ..storage import MsgpackReader, QuasiShuffler, RawWriter, Shuffler
-from ..storage._staging import staged_datasets
+from ..storage._staging import dataset_files, staged_datasets
 from ._common import (
     CLASSES_SUFFIX,
     UsageError,
@@ -73,7 +73,9 @@ def _add_shuffle(commands: argparse._SubParsersAction) -> None:
         "  fpipe shuffle huge.msgpack huge-shuffled.msgpack --mode quasi --buf-size 0.05",
         _run_shuffle)
     parser.add_argument("input", metavar="IN", help="the dataset to shuffle")
-    parser.add_argument("output", metavar="OUT", help="the dataset to write (may be IN, with -y)")
+    parser.add_argument("output", metavar="OUT",
+                        help="the dataset to write (not IN: write a new one, then 'fpipe mv' "
+                             "it onto IN)")
     parser.add_argument("--mode", choices=("true", "quasi"), default="true",
                         help="true: a uniform permutation (default); quasi: chunked and buffered")
     _seed_option(parser, "shuffle")
@@ -163,9 +165,14 @@ def _write_copy(args: argparse.Namespace, source: Path, target: Path,
                 pairs: Iterable[tuple[str, Any]], total: int) -> None:
     """Write ``(key, packed bytes)`` pairs to the dataset ``target`` through a staging folder,
     with the class names stored beside ``source``."""
-    with staged_datasets([target], args.overwrite) as (staged,):
+    with staged_datasets([target], args.overwrite, sources=dataset_files(source)) as (staged,):
         _copy(pairs, staged, total, target.name, args)
         copy_classes(source, [staged])
+
+
+def _files_of(datasets: Sequence[Path]) -> list[Path]:
+    """Every file of the input datasets, which no output may replace."""
+    return [file for dataset in datasets for file in dataset_files(dataset)]
 
 
 def _written(args: argparse.Namespace, outputs: Sequence[Path]) -> None:
@@ -220,7 +227,7 @@ def _run_merge(args: argparse.Namespace) -> int:
         streams = [_merged_samples(*inputs) for inputs in zip(readers, tables, sources)]
         pairs = (_interleaved(streams, lengths, chosen_seed(args)) if args.strategy == "random"
                  else itertools.chain.from_iterable(streams))
-        with staged_datasets([target], args.overwrite) as (staged,):
+        with staged_datasets([target], args.overwrite, sources=_files_of(sources)) as (staged,):
             _copy(pairs, staged, sum(lengths), target.name, args)
             _store_merged_classes(args, sources, staged, classes, tables)
     finally:
@@ -345,7 +352,7 @@ def _run_split(args: argparse.Namespace) -> int:
         n = len(reader)
         bounds = part_bounds(n, len(targets), args.counts, args.fractions)
         order = _split_order(n, args)
-        with staged_datasets(targets, args.overwrite) as staged:
+        with staged_datasets(targets, args.overwrite, sources=dataset_files(source)) as staged:
             for target, path, low, high in zip(targets, staged, bounds, bounds[1:]):
                 part = np.sort(order[low:high]) if args.shuffle else order[low:high]
                 _copy(_in_blocks(reader, part), path, high - low, target.name, args)

@@ -15,6 +15,7 @@ from ..storage import (
     BloomFilter,
     DatasetFiles,
     md5_file,
+    open_regular,
     read_key_hashes,
     read_keys,
     read_legacy_index,
@@ -26,7 +27,15 @@ from ..storage import (
 )
 from ..storage._staging import staging_folder
 from ..storage.format import hash_key
-from ._common import add_command, human_bytes, progress_bar, refuse_options, say, shows_progress
+from ._common import (
+    add_command,
+    data_file,
+    human_bytes,
+    progress_bar,
+    refuse_options,
+    say,
+    shows_progress,
+)
 from ._images import image_problems
 
 __all__ = ["add_parsers", "check_dataset"]
@@ -115,13 +124,11 @@ def _check_any(dataset: str, args: argparse.Namespace) -> tuple[list[str], str]:
 
 def check_dataset(path: Path, args: argparse.Namespace) -> tuple[list[str], str]:
     """The problems found in dataset ``path``, and what was checked."""
-    files = DatasetFiles(path)
-    if not files.data.is_file():
-        raise FileNotFoundError(f"dataset {path} not found")
-    problems = _check_md5(files, args)
+    files = DatasetFiles(data_file(path))
+    problems, checked_files = _check_md5(files, args)
     index, index_problems = _check_index(files)
     problems += index_problems
-    checked = f"md5 of {len(_md5_entries(files))} files, index"
+    checked = f"md5 of {checked_files} files, index"
     if index is not None and not args.quick:
         problems += _check_samples(files, index, args)
         checked += f", {len(index[0])} samples"
@@ -132,26 +139,46 @@ def check_dataset(path: Path, args: argparse.Namespace) -> tuple[list[str], str]
     return problems, checked
 
 
-def _md5_entries(files: Any) -> dict[str, str]:
-    return read_md5(files.data) if files.md5.exists() else {}
-
-
-def _check_md5(files: Any, args: argparse.Namespace) -> list[str]:
-    if not files.md5.exists():
-        return [f"{files.md5.name} is missing: nothing to check the files against"]
+def _check_md5(files: Any, args: argparse.Namespace) -> tuple[list[str], int]:
+    """Problems with the checksums, and how many files were checked against them."""
+    if not os.path.lexists(files.md5):
+        return [f"{files.md5.name} is missing: nothing to check the files against"], 0
+    try:
+        entries = read_md5(files.data)
+    except FormatError as error:
+        return [str(error)], 0
     problems = []
-    entries = _md5_entries(files)
     if files.data.name not in entries:
         problems.append(f"{files.md5.name} has no entry for {files.data.name}")
+    # Only the dataset's own files, in its folder: an entry is a name from a file that anyone
+    # may have written, so "../../etc/hostname" or a FIFO is reported, never read.
+    own = {path.name: path for path in files.members if path != files.md5}
     for name, expected in entries.items():
-        target = files.data.with_name(name)
-        if not target.exists():
-            problems.append(f"{name} is missing (listed in {files.md5.name})")
-            continue
+        problem = _md5_problem(own.get(name), name, expected, files, args)
+        if problem:
+            problems.append(problem)
+    return problems, sum(name in own for name in entries)
+
+
+def _md5_problem(target: Path | None, name: str, expected: str, files: Any,
+                 args: argparse.Namespace) -> str:
+    listed = f"listed in {files.md5.name}"
+    if target is None:
+        return f"{name!r} is not a file of this dataset ({listed}); it was not read"
+    if not os.path.lexists(target):
+        return f"{name} is missing ({listed})"
+    try:
         actual = md5_file(target, progress=target == files.data and shows_progress(args))
-        if actual != expected:
-            problems.append(f"{name}: md5 is {actual}, {files.md5.name} says {expected}")
-    return problems
+    except (FormatError, OSError) as error:
+        return f"{name} cannot be checked ({listed}): {_reason(error)}"
+    return "" if actual == expected else f"{name}: md5 is {actual}, {files.md5.name} says {expected}"
+
+
+def _reason(error: FormatError | OSError) -> str:
+    """What went wrong, without the file name that the problem line names already."""
+    if isinstance(error, FormatError):
+        return error.reason
+    return error.strerror or str(error)
 
 
 def _check_index(files: Any) -> tuple[tuple[list, np.ndarray] | None, list[str]]:
@@ -205,21 +232,38 @@ def _check_keys(files: Any, keys: list) -> list[str]:
     if len(set(keys)) != len(keys):
         return [f"index: {len(keys) - len(set(keys))} duplicate keys"]
     problems = []
-    if files.key_hashes.exists():
-        salt, hashes = read_key_hashes(files.data)
-        if len(hashes) != len(keys):
-            problems.append(f"{files.key_hashes.name}: {len(hashes)} hashes for {len(keys)} keys")
-        else:
-            wrong = [i for i, key in enumerate(keys) if hash_key(key, salt) != int(hashes[i])]
-            if wrong:
-                problems.append(f"{files.key_hashes.name}: {len(wrong)} hashes do not match "
-                                f"their keys (first: sample {wrong[0]})")
-    if files.filter.exists():
-        bloom = BloomFilter.loads(files.filter.read_bytes())
-        absent = sum(key not in bloom for key in keys)
-        if absent:
-            problems.append(f"{files.filter.name}: {absent} keys are not in the filter")
+    for check in (_check_key_hashes, _check_filter):
+        try:
+            problems += check(files, keys)
+        except (FormatError, OSError, ValueError) as error:
+            problems.append(f"index: {error}")
     return problems
+
+
+def _check_key_hashes(files: Any, keys: list) -> list[str]:
+    if not files.key_hashes.exists():
+        return []
+    salt, hashes = read_key_hashes(files.data)
+    if len(hashes) != len(keys):
+        return [f"{files.key_hashes.name}: {len(hashes)} hashes for {len(keys)} keys"]
+    wrong = [i for i, key in enumerate(keys) if hash_key(key, salt) != int(hashes[i])]
+    if wrong:
+        return [f"{files.key_hashes.name}: {len(wrong)} hashes do not match their keys "
+                f"(first: sample {wrong[0]})"]
+    return []
+
+
+def _check_filter(files: Any, keys: list) -> list[str]:
+    if not files.filter.exists():
+        return []
+    with open_regular(files.filter) as file:
+        data = file.read()
+    try:
+        bloom = BloomFilter.loads(data)
+    except ValueError as error:
+        raise FormatError(f"corrupt Bloom filter ({error})", path=files.filter) from error
+    absent = sum(key not in bloom for key in keys)
+    return [f"{files.filter.name}: {absent} keys are not in the filter"] if absent else []
 
 
 def _check_samples(files: Any, index: tuple[list, np.ndarray], args: argparse.Namespace) -> list[str]:

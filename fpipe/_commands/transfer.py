@@ -7,10 +7,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..storage._staging import staged_datasets
+from ..storage import DatasetFiles, open_regular
+from ..storage._staging import dataset_files, staged_datasets
 from ..storage.remote import is_url
-from ..storage.transfer import SIBLINGS, Upload, download_dataset
-from ._common import add_command, add_output_options, say, shows_progress
+from ..storage.transfer import Upload, download_dataset
+from ._common import add_command, add_output_options, data_file, say, shows_progress
 
 __all__ = ["add_parsers", "copy_dataset"]
 
@@ -42,8 +43,8 @@ def _run_copy(args: argparse.Namespace) -> int:
 
 def copy_dataset(source: str, target: str, overwrite: bool = False, progress: bool = False) -> None:
     """Copy the dataset ``source`` to ``target`` (each a path or a URL), all files of it."""
-    if not is_url(source) and not Path(source).is_file():
-        raise FileNotFoundError(2, "dataset not found", source)
+    if not is_url(source):
+        data_file(source)
     if not is_url(target):
         _to_path(source, Path(target), overwrite, progress)
         return
@@ -56,14 +57,21 @@ def copy_dataset(source: str, target: str, overwrite: bool = False, progress: bo
 
 
 def _to_path(source: str, target: Path, overwrite: bool, progress: bool) -> None:
-    with staged_datasets([target], overwrite) as (staged,):
+    inputs = [] if is_url(source) else dataset_files(source)
+    with staged_datasets([target], overwrite, sources=inputs) as (staged,):
         if is_url(source):
             _fetch(source, staged, progress)
             return
-        for suffix in ("", *SIBLINGS):
-            path = Path(source + suffix)
-            if path.exists():
-                shutil.copyfile(path, str(staged) + suffix)
+        for path, copy in zip(DatasetFiles(source).members, DatasetFiles(staged).members):
+            if path in inputs:
+                _copy_regular(path, copy)
+
+
+def _copy_regular(source: Path, target: Path) -> None:
+    """Copy a regular file; a FIFO or a device (a symlink to /dev/zero) raises FormatError
+    instead of blocking or copying forever."""
+    with open_regular(source) as data, open(target, "xb") as copy:
+        shutil.copyfileobj(data, copy, 1 << 20)
 
 
 def _fetch(url: str, path: Path, progress: bool) -> None:

@@ -8,7 +8,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -245,7 +245,8 @@ def _write_files(args: argparse.Namespace) -> int:
     if args.append:  # OUT has the class list that numbers the labels (or none is needed)
         written = _write_samples(out, entries, make, args, append=True)
     else:
-        with staged_datasets([out], args.overwrite) as (staged,):
+        with staged_datasets([out], args.overwrite,
+                             sources=_read_files(args.source, entries)) as (staged,):
             written = _write_samples(staged, entries, make, args)
             if labels:
                 _write_labels(staged, labels, args)
@@ -338,6 +339,14 @@ def _given_labels(source: str, listing: Listing) -> list:
                          f"{len(names)} classes: {', '.join(map(str, unknown[:_NAMED_LABELS]))}"
                          + ("..." if len(unknown) > _NAMED_LABELS else ""))
     return names
+
+
+def _read_files(source: str, entries: list[Entry]) -> Iterator[str]:
+    """The files that writing reads (which the output must not replace): a list or JSON
+    lines file, and the files it lists."""
+    if Path(source).is_file():
+        yield source
+    yield from (entry.path for entry in entries if entry.path is not None)
 
 
 def _appended_labels(out: Path, listing: Listing) -> list:

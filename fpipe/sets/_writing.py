@@ -9,6 +9,7 @@ half-written dataset under the output names.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -26,6 +27,7 @@ import numpy as np
 from ..errors import check_integer
 from ..random import Seed, item_rng
 from ..storage._staging import staged_datasets
+from ..storage.format import read_classes
 from ._fetch import Archive, check_base_url, fetch, shows_progress
 
 __all__ = ["KnownDataset", "Records", "WriteOptions", "classes_path", "encode_png", "load_classes",
@@ -63,9 +65,9 @@ def load_classes(dataset: str | os.PathLike) -> dict[str, tuple[str, ...]]:
     >>> load_classes(path)
     {'label': ('cat', 'dog')}
     """
-    path = classes_path(dataset)
-    with open(path, encoding="utf-8") as file:
-        stored = json.load(file)
+    stored = read_classes(dataset)
+    if stored is None:
+        raise FileNotFoundError(errno.ENOENT, "no class names stored", str(classes_path(dataset)))
     return {field: tuple(names) for field, names in stored["classes"].items()}
 
 

@@ -21,13 +21,15 @@ True
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
+import stat
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, BinaryIO, Union
 
 import msgpack
 import numpy as np
@@ -52,7 +54,9 @@ __all__ = [
     "key_salt",
     "md5_file",
     "new_packer",
+    "open_regular",
     "pack_sample",
+    "read_classes",
     "read_key_hashes",
     "read_keys",
     "read_legacy_index",
@@ -143,9 +147,26 @@ class DatasetFiles:
         return self.offsets, self.keys, self.key_hashes, self.filter
 
     @property
+    def classes(self) -> Path:
+        """The class names of label fields, as JSON (written by ``fpipe write`` and the
+        well-known dataset writers; see :func:`read_classes`)."""
+        return self._sibling(".classes.json")
+
+    @property
     def all_files(self) -> tuple[Path, ...]:
         """Every file a writer creates: data, index files and ``.md5``."""
         return self.data, *self.index_files, self.md5
+
+    @property
+    def members(self) -> tuple[Path, ...]:
+        """Every file of the dataset, the data file first: the files a writer creates, the
+        legacy ``.index`` and ``.classes.json``. Commands that replace, copy or move a dataset
+        touch these and no other file, whatever its name begins with.
+
+        >>> print(*(path.name for path in DatasetFiles("a").members[5:]))
+        a.md5 a.index a.classes.json
+        """
+        return (*self.all_files, self.legacy_index, self.classes)
 
 
 # --- the sample codec ------------------------------------------------------------------------
@@ -530,6 +551,39 @@ def _bloom_hashes(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 
 # --- index files -----------------------------------------------------------------------------
 
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+          (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+
+
+def open_regular(path: PathLike) -> BinaryIO:
+    """``path`` opened for reading in binary mode, if it is a regular file (symlinks followed).
+
+    Anything else raises :class:`~fpipe.errors.FormatError` at once: a FIFO would block the
+    open or the read forever, a device such as ``/dev/zero`` never ends. The file is opened
+    without blocking and checked on the open descriptor, so it cannot change in between.
+
+    >>> open_regular("/dev/zero")
+    Traceback (most recent call last):
+    ...
+    fpipe.errors.FormatError: /dev/zero: not a regular file but a device
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+            raise FormatError(f"not a regular file but {kind}", path=path)
+        return open(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_regular(path: PathLike) -> bytes:
+    with open_regular(path) as file:
+        return file.read()
+
+
 def read_offsets(path: PathLike) -> np.ndarray:
     """The sample offsets of a dataset as a uint64 array of ``n + 1`` entries.
 
@@ -542,7 +596,7 @@ def read_offsets(path: PathLike) -> np.ndarray:
     [0, 3, 7]
     """
     offsets = DatasetFiles(path).offsets
-    data = offsets.read_bytes()
+    data = _read_regular(offsets)
     if len(data) % 8 or not data:
         raise FormatError(f"an offsets file holds n + 1 uint64; got {len(data)} bytes", path=offsets)
     return np.frombuffer(data, dtype=_OFFSET).astype(np.uint64)
@@ -558,10 +612,18 @@ def read_keys(path: PathLike) -> list[str]:
     ['a', 'b']
     """
     keys = DatasetFiles(path).keys
+    data = _read_regular(keys)
     try:
-        return msgpack.unpackb(keys.read_bytes())
+        found = msgpack.unpackb(data)
     except DECODE_ERRORS as error:
         raise FormatError(f"corrupt keys file ({error})", path=keys) from error
+    if type(found) is not list:
+        raise FormatError(f"a keys file holds one msgpack array of str; got "
+                          f"{_article(type(found).__name__)}", path=keys)
+    wrong = next((i for i, key in enumerate(found) if type(key) is not str), None)
+    if wrong is not None:
+        raise FormatError(f"key {wrong} is {found[wrong]!r:.40}, not a str", path=keys)
+    return found
 
 
 def read_key_hashes(path: PathLike) -> tuple[bytes, np.ndarray]:
@@ -575,7 +637,7 @@ def read_key_hashes(path: PathLike) -> tuple[bytes, np.ndarray]:
     (True, True)
     """
     key_hashes = DatasetFiles(path).key_hashes
-    data = key_hashes.read_bytes()
+    data = _read_regular(key_hashes)
     if len(data) < 8 or len(data) % 8:
         raise FormatError(f"a key hashes file holds a salt and n uint64; got {len(data)} bytes",
                           path=key_hashes)
@@ -597,8 +659,9 @@ def read_legacy_index(path: PathLike) -> tuple[list[str], np.ndarray]:
     (['a', 'b'], [0, 7, 14])
     """
     files = DatasetFiles(path)
+    data = _read_regular(files.legacy_index)
     try:
-        pairs = msgpack.unpackb(files.legacy_index.read_bytes(), object_pairs_hook=list,
+        pairs = msgpack.unpackb(data, object_pairs_hook=list,
                                 strict_map_key=False)
         starts = np.array([start for _, start in pairs] + [files.data.stat().st_size], np.uint64)
         keys = [key for key, _ in pairs]
@@ -618,7 +681,7 @@ def md5_file(path: PathLike, read_size: int = 1 << 20, progress: bool = False) -
     'd41d8cd98f00b204e9800998ecf8427e'
     """
     md5 = hashlib.md5()
-    with open(path, "rb", buffering=0) as file, _byte_bar(path, progress) as bar:
+    with open_regular(path) as file, _byte_bar(path, progress) as bar:
         while block := file.read(read_size):
             md5.update(block)
             bar.update(len(block))
@@ -648,8 +711,9 @@ def read_md5(path: PathLike) -> dict[str, str]:
     'd41d8cd98f00b204e9800998ecf8427e'
     """
     files = DatasetFiles(path)
+    data = _read_regular(files.md5)
     try:
-        text = files.md5.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise FormatError(f"corrupt md5 file ({error})", path=files.md5) from error
     entries = {}
@@ -659,6 +723,61 @@ def read_md5(path: PathLike) -> dict[str, str]:
         if rest[:1] in (" ", "*") and rest[1:]:
             entries[rest[1:]] = digest
     return _renamed(entries, files.data.name)
+
+
+def read_classes(path: PathLike) -> dict | None:
+    """What the ``.classes.json`` beside data file ``path`` holds, or None when there is none.
+
+    It is a JSON object whose ``"classes"`` maps each label field to its class names (strings;
+    ``names[i]`` names label ``i``); its other entries (``"dataset"``, ...) are free.
+    Any other content raises :class:`~fpipe.errors.FormatError` naming the file.
+
+    >>> import tempfile, os
+    >>> data = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+    >>> read_classes(data) is None
+    True
+    >>> _ = DatasetFiles(data).classes.write_text('{"classes": {"label": ["cat", "dog"]}}')
+    >>> read_classes(data)["classes"]
+    {'label': ['cat', 'dog']}
+    >>> _ = DatasetFiles(data).classes.write_text('[1, 2]')
+    >>> read_classes(data)
+    Traceback (most recent call last):
+    ...
+    fpipe.errors.FormatError: ...x.msgpack.classes.json: not a class list: the file holds an array, ...
+    """
+    file = DatasetFiles(path).classes
+    try:
+        data = _read_regular(file)
+    except FileNotFoundError:
+        return None
+    try:
+        stored = json.loads(data)
+    except ValueError as error:  # JSON syntax, or bytes that are not UTF-8
+        raise FormatError(f"not valid JSON ({error})", path=file) from error
+    problem = _classes_problem(stored)
+    if problem:
+        raise FormatError(f"not a class list: {problem}, not an object like "
+                          '{"classes": {"label": ["cat", "dog"]}}', path=file)
+    return stored
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number",
+               float: "a number", bool: "a boolean", type(None): "null"}
+
+
+def _classes_problem(stored: Any) -> str:
+    """What is wrong with a parsed ``.classes.json`` (empty when nothing is)."""
+    if type(stored) is not dict:
+        return f"the file holds {_JSON_TYPES[type(stored)]}"
+    if "classes" not in stored:
+        return 'it has no "classes"'
+    classes = stored["classes"]
+    if type(classes) is not dict:
+        return f'"classes" is {_JSON_TYPES[type(classes)]}'
+    for field, names in classes.items():
+        if type(names) is not list or not all(type(name) is str for name in names):
+            return f'"classes" of {field!r} is not a list of strings'
+    return ""
 
 
 _SUFFIXES = ("", ".offsets", ".keys", ".key_hashes", ".filter", ".index")

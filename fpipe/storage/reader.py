@@ -51,6 +51,7 @@ from .format import (
     hash_key,
     hash_keys,
     md5_file,
+    open_regular,
     read_key_hashes,
     read_legacy_index,
     read_md5,
@@ -218,14 +219,14 @@ class _KeyTable:
 
 
 def _read_key_table(path: Path, expected: int) -> _KeyTable:
-    try:
-        with open(path, "rb") as file:
-            unpacker = msgpack.Unpacker(file, raw=True, read_size=1 << 20)
+    with open_regular(path) as file:
+        try:
+            unpacker = msgpack.Unpacker(file, read_size=1 << 20)
             count = unpacker.read_array_header()
             if count == expected:
                 pieces, lengths = _key_batches(unpacker, count)
-    except (msgpack.OutOfData, *DECODE_ERRORS) as error:
-        raise FormatError(f"corrupt keys file ({error})", path=path) from error
+        except (msgpack.OutOfData, *DECODE_ERRORS) as error:
+            raise FormatError(f"corrupt keys file ({error})", path=path) from error
     if count != expected:
         raise FormatError(f"the keys file holds {count} keys for {expected} samples", path=path)
     return _KeyTable(pieces, lengths)
@@ -238,10 +239,21 @@ def _key_batches(unpacker: msgpack.Unpacker, count: int) -> tuple[list, list]:
         batch = list(islice(unpacker, wanted))  # the iteration ends quietly at the file's end
         if len(batch) != wanted:
             raise ValueError(f"it ends after {first + len(batch)} of {count} keys")
-        b"\0".join(batch).decode()  # every key is UTF-8 (a NUL keeps them apart)
-        lengths.append(np.fromiter(map(len, batch), np.int64, len(batch)))
-        pieces.append(b"".join(batch))
+        text = _joined_keys(batch, first)
+        blob = text.encode()
+        # UTF-8 lengths are the str lengths when every key is ASCII (one encode for all)
+        sizes = map(len, batch) if len(blob) == len(text) else map(len, map(str.encode, batch))
+        lengths.append(np.fromiter(sizes, np.int64, len(batch)))
+        pieces.append(blob)
     return pieces, lengths
+
+
+def _joined_keys(batch: list, first: int) -> str:
+    try:
+        return "".join(batch)
+    except TypeError:  # msgpack bin comes back as bytes: keys are str
+        at = next(i for i, key in enumerate(batch) if type(key) is not str)
+        raise ValueError(f"key {first + at} is {batch[at]!r:.40}, not a str") from None
 
 
 class _HashIndex:
@@ -351,7 +363,7 @@ class MsgpackReader(Reader):
         if not index.exists():
             raise FileNotFoundError(errno.ENOENT, "dataset index not found: need "
                                     f"{self._files.offsets.name} or {index.name}", str(self._files.offsets))
-        with open(index, "rb") as file:
+        with open_regular(index) as file:
             try:
                 return msgpack.Unpacker(file, read_size=16).read_map_header()
             except (msgpack.OutOfData, *DECODE_ERRORS) as error:
@@ -446,9 +458,13 @@ class MsgpackReader(Reader):
         if self._bloom is None:
             path = self._files.filter
             try:
-                self._bloom = BloomFilter.loads(path.read_bytes())
+                with open_regular(path) as file:
+                    data = file.read()
             except FileNotFoundError:
                 self._bloom = False
+                return None
+            try:
+                self._bloom = BloomFilter.loads(data)
             except ValueError as error:
                 raise FormatError(f"corrupt Bloom filter ({error})", path=path) from error
         return self._bloom or None

@@ -30,10 +30,16 @@ def test_shuffle_true_and_quasi_keep_every_sample_and_follow_the_seed(dataset, t
     assert keys(tmp_path / "true-2.msgpack") != keys(tmp_path / "true-1.msgpack")
 
 
-def test_shuffle_in_place_needs_overwrite_and_is_safe(dataset, tmp_path, capsys):
-    raw = _raw(dataset)
-    assert "exists; pass -y/--overwrite" in fails(2, "shuffle", dataset, dataset)
-    ok("shuffle", dataset, dataset, "-y", "-q")
+def test_shuffle_never_writes_over_its_input_but_mv_puts_the_result_there(dataset, tmp_path,
+                                                                          capsys):
+    raw, files = _raw(dataset), {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for spelling in (dataset, tmp_path / "." / dataset.name):
+        for overwrite in ((), ("-y",)):
+            assert "an output never replaces an input" in fails(2, "shuffle", dataset, spelling,
+                                                                *overwrite)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+    ok("shuffle", dataset, tmp_path / "new.msgpack", "-q")
+    ok("mv", tmp_path / "new.msgpack", dataset, "-y", "-q")
     assert _raw(dataset) == raw and list(_raw(dataset)) != list(raw)
     assert ok("verify", dataset).startswith(f"{dataset}: ok")
     assert "--buf-size must be > 0" in mistake(capsys, 2, "shuffle", dataset, tmp_path / "x.msgpack",

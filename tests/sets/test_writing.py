@@ -70,15 +70,23 @@ def test_an_existing_dataset_is_kept_unless_overwrite(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out/test.msgpack.classes.json").write_text("{}")
     (tmp_path / "out/notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="test.msgpack exists; pass -y/--overwrite"):
+    with pytest.raises(FileExistsError, match=r"test.msgpack.classes.json \(a file of dataset "
+                                              r".*test.msgpack\) exists; pass -y/--overwrite"):
         dataset.write(tmp_path / "out", tmp_path)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["notes.txt",
                                                                    "test.msgpack.classes.json"]
     (tmp_path / "out/train.msgpack.index").write_text("a stale legacy index")
+    mine = ["train.msgpack.bak", "train.msgpack.bak2", "test.pdf", "test.txt", "train.msgpacks",
+            "train.msgpack.keys.old", "train.msgpack.d/inside.txt"]
+    (tmp_path / "out/train.msgpack.d").mkdir()
+    for name in mine:
+        (tmp_path / "out" / name).write_text(f"the user's {name}")
     dataset.write(tmp_path / "out", tmp_path, overwrite=True)
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert "train.msgpack.index" not in names and "notes.txt" in names
-    assert len(names) == 1 + 2 * 7, names  # notes, and each split's data, 5 index files, classes
+    assert all((tmp_path / "out" / name).read_text() == f"the user's {name}" for name in mine)
+    # notes and the user's files, and each split's data, 5 index files, classes
+    assert len(names) == 1 + len(mine) + 2 * 7, names
 
 
 def test_a_failed_run_leaves_no_dataset_and_no_staging_folder(tmp_path):
