@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, redacted_url
+from ..errors import FormatError, FpipeError, redacted_url
 from ..storage import (
     BloomFilter,
     DatasetFiles,
@@ -27,6 +27,7 @@ from ..storage import (
 )
 from ..storage._staging import staging_folder
 from ..storage.format import hash_key
+from ..storage.recovery import DamagedDataError
 from ._common import (
     add_command,
     data_file,
@@ -74,18 +75,25 @@ def _add_index(commands: argparse._SubParsersAction) -> None:
     index = add_command(
         commands, "index", "rebuild the index of a damaged data file, or convert a legacy .index",
         "Rebuild the index files (.offsets, .keys, .key_hashes, .filter) and .md5 of a data "
-        "file by reading its samples, e.g. after the writer was killed. The scan stops at the "
-        "first incomplete sample; the bytes from there on are cut off the data file, so the "
-        "result is a valid dataset of every complete sample. A dataset with only a legacy "
-        "X.msgpack.index (datadings < 3.1) is converted from that index instead (--scan reads "
-        "the samples anyway). The new files are written beside the dataset and renamed into "
-        "place at the end.",
-        "  fpipe index killed.msgpack --dry-run\n  fpipe index killed.msgpack", _run_index)
+        "file by reading its samples, e.g. after the writer was killed. Every intact sample is "
+        "kept. An incomplete last sample (a writer killed while writing it) is cut off the data "
+        "file. Damage elsewhere does not end the scan: it goes on where samples parse again, "
+        "and the bytes in between are a damaged region. With damaged regions nothing is changed "
+        "unless -y is given; then the intact samples are written to a new data file, and the "
+        "original is kept as DATASET.damaged. --dry-run lists what would be done. A dataset "
+        "with only a legacy X.msgpack.index (datadings < 3.1) is converted from that index "
+        "instead (--scan reads the samples anyway). The new files are written beside the "
+        "dataset and renamed into place at the end.",
+        "  fpipe index killed.msgpack --dry-run\n  fpipe index killed.msgpack\n"
+        "  fpipe index damaged.msgpack -y", _run_index)
     index.add_argument("dataset", metavar="DATASET", help="the data file (X.msgpack)")
     index.add_argument("--scan", action="store_true",
                        help="rebuild from the samples even when a legacy .index exists")
     index.add_argument("--dry-run", action="store_true",
-                       help="report what would be recovered; change nothing")
+                       help="report what would be recovered, cut and dropped; change nothing")
+    index.add_argument("-y", "--drop-damaged", action="store_true",
+                       help="drop damaged regions between samples: write the intact samples to "
+                            "a new data file, keeping the original as DATASET.damaged")
     index.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
 
@@ -313,47 +321,53 @@ def _hint(problems: list[str]) -> str:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    files = DatasetFiles(args.dataset)
-    if not files.data.is_file():
-        raise FileNotFoundError(f"data file {files.data} not found")
+    files = DatasetFiles(data_file(args.dataset))
     if files.legacy_index.exists() and not files.offsets.exists() and not args.scan:
         count = _convert_legacy(files, args.dry_run, shows_progress(args))
         verb = "would convert" if args.dry_run else "converted"
         say(args, f"{files.data}: {verb} the legacy index ({count} samples)")
         return 0
-    with progress_bar(args, total=files.data.stat().st_size, desc="scanning", unit="B",
-                      unit_scale=True) as bar:
-        report = _rebuild(files.data, args.dry_run, lambda done: bar.update(done - bar.n))
-    say(args, _rebuild_summary(files.data, report, args.dry_run))
+    size = files.data.stat().st_size
+    try:
+        report = _rebuild(files.data, size, args)
+    except DamagedDataError as error:
+        _say_damage(args, error.report)
+        raise FpipeError(f"{files.data}: {error.report.damage()}. Nothing was changed; "
+                         f"'-y' drops the damaged bytes, keeps the {error.report.samples} intact "
+                         f"samples and the original as {error.report.backup}") from None
+    say(args, _rebuild_summary(files.data, size, report, args.dry_run))
+    _say_damage(args, report)
     return 0
 
 
-def _rebuild(data: Path, dry_run: bool, progress: Callable[[int], object]) -> Any:
-    """Rebuild through a link in a staging folder, so that the index files are written there
-    and only renamed into place when the scan succeeded."""
-    with staging_folder(data) as folder:
-        link = folder / data.name
-        os.symlink(data.resolve(), link)
-        report = rebuild_index(link, truncate=not dry_run, progress=progress)
-        link.unlink()
-        if not dry_run:
-            _move_all(folder, data.parent)
-    return report
+def _rebuild(data: Path, size: int, args: argparse.Namespace) -> Any:
+    with progress_bar(args, total=size, desc="scanning", unit="B", unit_scale=True) as bar:
+        return rebuild_index(data, progress=lambda done: bar.update(done - bar.n),
+                             drop_damaged=args.drop_damaged, dry_run=args.dry_run)
 
 
-def _move_all(folder: Path, target: Path) -> None:
-    for staged in sorted(folder.iterdir()):
-        os.replace(staged, target / staged.name)
-
-
-def _rebuild_summary(data: Path, report: Any, dry_run: bool) -> str:
+def _rebuild_summary(data: Path, size: int, report: Any, dry_run: bool) -> str:
     verb = "would index" if dry_run else "indexed"
     text = f"{data}: {verb} {report.samples} samples ({human_bytes(report.valid_bytes)})"
+    if report.damaged:
+        drop = "would drop" if dry_run else "dropped"
+        keep = "would keep" if dry_run else "kept"
+        text += (f"; {drop} {len(report.damaged)} damaged region(s), "
+                 f"{sum(region.size for region in report.damaged)} bytes ({keep} the original "
+                 f"data file as {report.backup})")
     if report.incomplete_bytes:
         cut = "would cut off" if dry_run else "cut off"
         text += (f"; {cut} {report.incomplete_bytes} bytes of an incomplete sample at byte "
-                 f"{report.valid_bytes}")
+                 f"{size - report.incomplete_bytes}")
     return text
+
+
+def _say_damage(args: argparse.Namespace, report: Any) -> None:
+    for region in report.damaged[:_MAX_SAMPLE_PROBLEMS]:
+        say(args, f"  damaged: bytes {region.start}-{region.stop} ({region.size} bytes): "
+                  f"{region.reason}")
+    if len(report.damaged) > _MAX_SAMPLE_PROBLEMS:
+        say(args, f"  ... and {len(report.damaged) - _MAX_SAMPLE_PROBLEMS} more damaged regions")
 
 
 def _convert_legacy(files: Any, dry_run: bool, progress: bool) -> int:
@@ -366,5 +380,6 @@ def _convert_legacy(files: Any, dry_run: bool, progress: bool) -> int:
         with staging_folder(files.data) as folder:
             write_index(folder / files.data.name, keys, offsets,
                         md5_file(files.data, progress=progress))
-            _move_all(folder, files.data.parent)
+            for staged in sorted(folder.iterdir()):
+                os.replace(staged, files.data.parent / staged.name)
     return len(keys)

@@ -9,14 +9,15 @@
 {'key': 'a', 'label': 0}
 """
 
-from . import base, format, order, reader, sharded, unpacked, writer
+from . import base, format, order, reader, recovery, sharded, unpacked, writer
 from .base import *
 from .format import *
 from .order import *
 from .reader import *
+from .recovery import *
 from .sharded import *
 from .unpacked import *
 from .writer import *
 
 __all__ = sorted({*base.__all__, *format.__all__, *order.__all__, *reader.__all__,  # noqa: PLE0605
-                  *sharded.__all__, *unpacked.__all__, *writer.__all__})
+                  *recovery.__all__, *sharded.__all__, *unpacked.__all__, *writer.__all__})

@@ -21,7 +21,8 @@ keys must be new to the dataset:
 >>> [sample["key"] for sample in MsgpackReader(path)]
 ['cat', 'bird', 'ant']
 
-A data file whose writer was killed before closing is recovered with :func:`rebuild_index`.
+A data file whose writer was killed before closing is recovered with
+:func:`~fpipe.storage.recovery.rebuild_index`.
 """
 
 from __future__ import annotations
@@ -36,22 +37,17 @@ import threading
 import weakref
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from ..errors import FormatError, check_integer, redacted_url
 from .format import (
-    DECODE_ERRORS,
     DatasetFiles,
     PathLike,
-    decode_numpy,
-    md5_file,
     new_packer,
     read_keys,
     read_md5,
@@ -59,13 +55,11 @@ from .format import (
     write_index,
 )
 
-__all__ = ["FileWriter", "RawWriter", "RebuildReport", "Writer", "rebuild_index"]
+__all__ = ["FileWriter", "RawWriter", "Writer"]
 
 _DEFAULT_BUFFER = 1 << 20
 # Below this buffer size blocks are written in the caller's thread (no hand-off per block).
 _THREAD_MIN = 1 << 16
-_MAX_MESSAGE = 2 ** 32 - 1
-_PROGRESS_EVERY = 4096  # samples between two calls of rebuild_index's progress
 
 
 class Writer:
@@ -541,88 +535,3 @@ def _progress_bar(path: Path, progress: bool, tqdm_kwargs: dict) -> Any:
 
     options = {"desc": path.name, "unit": " samples", "mininterval": 0.5, **tqdm_kwargs}
     return tqdm(**options)
-
-
-@dataclass(frozen=True)
-class RebuildReport:
-    """What :func:`rebuild_index` recovered: ``samples`` complete samples in ``valid_bytes``
-    bytes, and ``incomplete_bytes`` bytes after them that did not form a complete sample.
-
-    >>> RebuildReport(samples=2, valid_bytes=20, incomplete_bytes=3)
-    RebuildReport(samples=2, valid_bytes=20, incomplete_bytes=3)
-    """
-
-    samples: int
-    valid_bytes: int
-    incomplete_bytes: int
-
-
-def rebuild_index(path: PathLike, *, truncate: bool = True,
-                  progress: Callable[[int], object] | None = None) -> RebuildReport:
-    """Rebuild every index file of data file ``path`` by scanning its msgpack stream.
-
-    Recovers a dataset whose writer was killed: each complete sample (a map with a str
-    ``"key"``) is indexed; the scan stops at the first incomplete or corrupt message (one that
-    a reader could not decode, numpy values included). With
-    ``truncate=True`` the bytes from there on are cut off the data file, so the result is a
-    clean, valid dataset; with ``truncate=False`` the data file is left as it is (readers
-    ignore the tail, :meth:`~fpipe.storage.reader.MsgpackReader.verify_data` reports it).
-    ``progress``, if given, is called now and then with the number of bytes scanned so far
-    (for a progress bar), and once more at the end.
-
-    >>> import os, tempfile
-    >>> from fpipe.storage import pack_sample, MsgpackReader
-    >>> path = os.path.join(tempfile.mkdtemp(), "killed.msgpack")
-    >>> with open(path, "wb") as file:
-    ...     _ = file.write(pack_sample({"key": "a"}) + pack_sample({"key": "b"})[:-2])
-    >>> rebuild_index(path)
-    RebuildReport(samples=1, valid_bytes=7, incomplete_bytes=5)
-    >>> reader = MsgpackReader(path)
-    >>> len(reader), reader.get(0)
-    (1, {'key': 'a'})
-    """
-    files = DatasetFiles(path)
-    size = files.data.stat().st_size
-    keys, offsets = _scan(files.data, size, progress or _ignore)
-    valid = offsets[-1]
-    if truncate and valid < size:
-        os.truncate(files.data, valid)
-    write_index(files.data, keys, offsets, md5_file(files.data))
-    return RebuildReport(samples=len(keys), valid_bytes=valid, incomplete_bytes=size - valid)
-
-
-def _ignore(_: int) -> None:
-    pass
-
-
-def _scan(data: Path, size: int, progress: Callable[[int], object]) -> tuple[list[str], array]:
-    keys: dict[str, None] = {}
-    offsets = array("Q", [0])
-    with open(data, "rb") as file:
-        # Decoded as a reader decodes (numpy values too), so that every sample indexed can be
-        # read; a message never exceeds the file.
-        limit = max(1, min(size, _MAX_MESSAGE))
-        unpacker = msgpack.Unpacker(file, read_size=min(1 << 20, limit), strict_map_key=False,
-                                    max_buffer_size=limit, object_hook=decode_numpy)
-        while True:
-            try:
-                sample = unpacker.unpack()
-            except (msgpack.OutOfData, *DECODE_ERRORS):
-                progress(offsets[-1])
-                return list(keys), offsets
-            key = _sample_key(sample, data, len(offsets) - 1, offsets[-1])
-            if key in keys:
-                raise FormatError(f"duplicate key {key!r}", path=data, index=len(offsets) - 1,
-                                  offset=offsets[-1])
-            keys[key] = None
-            offsets.append(unpacker.tell())
-            if len(offsets) % _PROGRESS_EVERY == 0:
-                progress(offsets[-1])
-
-
-def _sample_key(sample: Any, data: Path, index: int, offset: int) -> str:
-    key = sample.get("key") if isinstance(sample, dict) else None
-    if not isinstance(key, str):
-        raise FormatError('a sample without a str "key" cannot be indexed', path=data,
-                          index=index, offset=offset)
-    return key

@@ -1,7 +1,9 @@
 """``fpipe verify`` and ``fpipe index``: finding damage, recovering a cut data file, legacy indexes."""
 
 import msgpack
+import pytest
 
+from fpipe.cli import main
 from fpipe.storage import DatasetFiles, MsgpackReader, read_offsets
 
 from .conftest import fails, keys, leftovers, make_dataset, ok, ok_or_failure
@@ -74,6 +76,70 @@ def test_index_refuses_samples_without_keys_and_changes_nothing(tmp_path):
     path = tmp_path / "nokeys.msgpack"
     path.write_bytes(msgpack.packb({"key": "a"}) + msgpack.packb({"value": 1}))
     message = fails(1, "index", path)
-    assert "sample 1 at byte 7" in message and "without a str \"key\"" in message
+    assert "the first at bytes 7-15" in message and "not a map with a str \"key\"" in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nokeys.msgpack"]
     assert "not found" in fails(2, "index", tmp_path / "none.msgpack")
+
+
+def _one_byte_changed(path, n: int, hit: int):
+    """Dataset ``path`` of ``n`` samples with one byte of sample ``hit`` changed (its map
+    header: no msgpack message begins with 0xc1); the samples' bytes as written."""
+    make_dataset(path, n)
+    offsets = read_offsets(path).tolist()
+    data = path.read_bytes()
+    spans = [data[a:b] for a, b in zip(offsets, offsets[1:])]
+    with open(path, "r+b") as file:
+        file.seek(offsets[hit])
+        file.write(b"\xc1")
+    return spans
+
+
+def _everything(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def run(capsys, status: int, *argv) -> tuple[str, str]:
+    """``fpipe argv`` in this process: it returns ``status``, with at most one line on stderr;
+    its stdout and stderr."""
+    code = main([str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    assert code == status and len(err.splitlines()) <= 1, (code, out, err)
+    return out, err
+
+
+@pytest.mark.parametrize("n, hit", [(1000, 10), (212, 100), (50, 0), (50, 49), (3, 1)])
+def test_index_keeps_every_intact_sample_and_drops_damage_only_when_asked(tmp_path, capsys, n,
+                                                                          hit):
+    path = tmp_path / "hurt.msgpack"
+    spans = _one_byte_changed(path, n, hit)
+    before = _everything(tmp_path)
+    dry, _ = run(capsys, 0, "index", path, "--dry-run")
+    assert f"would index {n - 1} samples" in dry and "would drop 1 damaged region(s)" in dry
+    assert f"damaged: bytes {sum(map(len, spans[:hit]))}-" in dry
+    _, message = run(capsys, 1, "index", path)
+    assert f"{path}: 1 damaged region ({len(spans[hit])} bytes)" in message
+    assert f"keeps the {n - 1} intact samples and the original as {path}.damaged" in message
+    assert _everything(tmp_path) == before, "a refused rebuild changed a file"
+    done, _ = run(capsys, 0, "index", path, "-y")
+    assert f"dropped 1 damaged region(s), {len(spans[hit])} bytes" in done
+    with MsgpackReader(path) as reader:
+        assert list(reader.iter(raw=True)) == spans[:hit] + spans[hit + 1:]
+    assert (tmp_path / "hurt.msgpack.damaged").read_bytes() == before["hurt.msgpack"]
+    assert run(capsys, 0, "verify", path)[0].startswith(f"{path}: ok")
+    assert leftovers(tmp_path) == []
+
+
+def test_index_errors_name_the_users_file_not_a_staging_copy(tmp_path):
+    path = tmp_path / "twice.msgpack"
+    path.write_bytes(msgpack.packb({"key": "a"}) + msgpack.packb({"key": "b"})
+                     + msgpack.packb({"key": "a"}))
+    for dry in ((), ("--dry-run",)):
+        message = fails(1, "index", path, *dry)
+        assert f"{path}: sample 2 at byte 14: duplicate key 'a'" in message
+        assert ".fpipe-" not in message
+    path.write_bytes(msgpack.packb({"key": "a"}) + msgpack.packb({"key": 7}))
+    for dry in ((), ("--dry-run",)):
+        output = ok_or_failure(1 if not dry else 0, "index", path, *dry)
+        assert ".fpipe-" not in output
+    assert ".fpipe-" not in fails(1, "index", path) and str(path) in fails(1, "index", path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["twice.msgpack"]

@@ -1,25 +1,20 @@
-"""Writers: files written, guards, buffering, progress, close-on-error, rebuild_index."""
+"""Writers: files written, guards, buffering, progress, close-on-error."""
 
 import gc
-import itertools
 import os
 import shutil
 import subprocess
-import sys
 import threading
 
 import msgpack
 import pytest
 
-from fpipe.errors import FormatError
 from fpipe.storage import (
     DatasetFiles,
     FileWriter,
     MsgpackReader,
     RawWriter,
     pack_sample,
-    read_md5,
-    rebuild_index,
 )
 from fpipe.storage import writer as writer_module
 
@@ -216,89 +211,3 @@ def test_an_error_in_the_writing_thread_reaches_the_writer(tmp_path, monkeypatch
     assert not _writer_threads() and not (tmp_path / "set.msgpack.offsets").exists()
 
 
-def test_rebuild_index_reproduces_the_writer_index(tmp_path, samples):
-    path = write(tmp_path / "set.msgpack", samples)
-    files = DatasetFiles(path)
-    before = {p: p.read_bytes() for p in (*files.index_files, files.md5)}
-    for p in before:
-        p.unlink()
-    report = rebuild_index(path)
-    assert report == writer_module.RebuildReport(len(samples), os.path.getsize(path), 0)
-    assert {p: p.read_bytes() for p in before} == before
-
-
-def test_rebuild_index_reports_its_progress_in_bytes_up_to_the_last_whole_sample(tmp_path, monkeypatch):
-    monkeypatch.setattr(writer_module, "_PROGRESS_EVERY", 3)
-    samples = make_samples(10)
-    ends = list(itertools.accumulate(len(pack_sample(sample)) for sample in samples))
-    path = write(tmp_path / "set.msgpack", samples)
-    os.truncate(path, os.path.getsize(path) - 3)  # the last sample is cut
-    seen = []
-    report = rebuild_index(path, progress=seen.append)
-    # every third offset (the ends of samples 1, 4 and 7), then the end of the last whole one
-    assert seen == [ends[1], ends[4], ends[7], ends[8]] and ends[8] == report.valid_bytes
-
-
-def test_rebuild_index_recovers_a_truncated_file(tmp_path, samples):
-    path = write(tmp_path / "set.msgpack", samples)
-    size = os.path.getsize(path)
-    os.truncate(path, size - 3)
-    report = rebuild_index(path)
-    assert report.samples == len(samples) - 1 and report.incomplete_bytes == size - 3 - report.valid_bytes
-    assert os.path.getsize(path) == report.valid_bytes
-    reader = MsgpackReader(path)
-    assert reader[:] == samples[:-1] and reader.verify_data()
-
-
-def test_rebuild_index_without_truncation_leaves_the_tail(tmp_path, samples):
-    path = write(tmp_path / "set.msgpack", samples)
-    with open(path, "ab") as file:
-        file.write(b"\x82\xa3key")
-    report = rebuild_index(path, truncate=False)
-    assert report.samples == len(samples) and report.incomplete_bytes == 5
-    reader = MsgpackReader(path)
-    assert reader[:] == samples and not reader.verify_data()
-
-
-def test_rebuild_index_stops_at_corruption(tmp_path):
-    good = b"".join(pack_sample({"key": str(i)}) for i in range(3))
-    (tmp_path / "set.msgpack").write_bytes(good + b"\xc1" + pack_sample({"key": "late"}))
-    report = rebuild_index(tmp_path / "set.msgpack")
-    assert report.samples == 3 and report.valid_bytes == len(good)
-    assert [s["key"] for s in MsgpackReader(tmp_path / "set.msgpack")] == ["0", "1", "2"]
-
-
-@pytest.mark.parametrize("content, match", [
-    (pack_sample({"key": 1}), "str"), (pack_sample([1, 2]), "str"),
-    (pack_sample({"key": "a"}) * 2, "duplicate key 'a'")])
-def test_rebuild_index_needs_unique_str_keys(tmp_path, content, match):
-    (tmp_path / "set.msgpack").write_bytes(content)
-    with pytest.raises(FormatError, match=match):
-        rebuild_index(tmp_path / "set.msgpack")
-
-
-def test_rebuild_index_of_an_empty_file(tmp_path):
-    (tmp_path / "set.msgpack").write_bytes(b"")
-    assert rebuild_index(tmp_path / "set.msgpack").samples == 0
-    assert list(MsgpackReader(tmp_path / "set.msgpack")) == []
-
-
-KILLED_WRITER = """
-import os, sys
-from fpipe.storage import FileWriter
-writer = FileWriter(sys.argv[1], buffering=0)
-for i in range(100):
-    writer.write({"key": str(i), "payload": b"x" * 100})
-os._exit(3)
-"""
-
-
-def test_a_killed_writer_is_recovered_by_rebuild_index(tmp_path):
-    path = tmp_path / "killed.msgpack"
-    result = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path)])
-    assert result.returncode == 3 and not DatasetFiles(path).offsets.exists()
-    report = rebuild_index(path)
-    assert report.samples == 100 and report.incomplete_bytes == 0
-    reader = MsgpackReader(path)
-    assert reader[99] == {"key": "99", "payload": b"x" * 100} and reader.verify_data()
-    assert read_md5(path)["killed.msgpack"]

@@ -1,0 +1,594 @@
+"""Rebuild the index of a data file from its samples, without losing an intact one.
+
+A data file is msgpack messages back to back, so its index can be rebuilt by reading them in
+order: what :func:`rebuild_index` (and ``fpipe index``) does for a dataset whose writer was
+killed, or whose index files are lost. Damage in the middle does not end the scan. At a message
+that is not a sample, the scan looks for the next place where samples parse again, two in a row
+or one up to the end of the file, and goes on from there; the bytes in between are a
+:class:`DamagedRegion`. Only a tail that is one incomplete message (a writer killed while
+writing it) is cut off without asking. A damaged region between samples is dropped only when
+``drop_damaged=True`` says so, and then the original data file is kept beside the new one:
+
+>>> import os, tempfile
+>>> from fpipe.storage import MsgpackReader, pack_sample
+>>> path = os.path.join(tempfile.mkdtemp(), "hurt.msgpack")
+>>> samples = [pack_sample({"key": key, "n": 1}) for key in "abcd"]
+>>> with open(path, "wb") as file:
+...     _ = file.write(samples[0] + b"\\xc1\\xc1 a damaged patch" + b"".join(samples[1:]))
+>>> rebuild_index(path)
+Traceback (most recent call last):
+...
+fpipe.storage.recovery.DamagedDataError: ...hurt.msgpack: 1 damaged region (18 bytes) lies ...
+>>> report = rebuild_index(path, drop_damaged=True)
+>>> report.samples, report.damaged[0].start, report.damaged[0].stop, report.backup.name
+(4, 10, 28, 'hurt.msgpack.damaged')
+>>> [sample["key"] for sample in MsgpackReader(path)]
+['a', 'b', 'c', 'd']
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgpack
+import numpy as np
+
+from ..errors import FormatError
+from ._staging import staging_folder
+from .format import (
+    DECODE_ERRORS,
+    PathLike,
+    corrupt_reason,
+    decode_numpy,
+    open_regular,
+    read_offsets,
+    write_index,
+)
+
+__all__ = ["DamagedDataError", "DamagedRegion", "RebuildReport", "rebuild_index"]
+
+_MAX_MESSAGE = 2 ** 32 - 1  # msgpack's own bound on a message's length fields
+_PROGRESS_EVERY = 4096  # samples between two calls of rebuild_index's progress
+_SEARCH_BLOCK = 1 << 20  # bytes searched at a time for where samples begin again
+# A candidate message is decoded from its first 4 KiB (most end within a few bytes), and may
+# be at most 1 MiB or twice the largest sample seen (see _Scan.window): random bytes that
+# declare a huge string are not read to the end of the file.
+_CANDIDATE_READ = 4096
+_CANDIDATE_WINDOW = 1 << 20
+_KEY = b"\xa3key"  # the str "key", as msgpack packs it
+# Samples in a row that mark where the intact samples begin again: with the fields of samples
+# seen before, and of any fields when there are none to go by.
+_RUNS_AGAIN, _RUNS_OF_ANY = 2, 8
+_OLD_INDEX_TRIES = 256  # old offsets tried before the old index is taken not to fit
+# Samples found again after damage must have the fields of samples seen before (maps with a
+# "key" nested in a sample are not samples), unless the dataset has more kinds than this.
+_SHAPES = 64
+_INCOMPLETE = "an incomplete message: it runs past the end of the file"
+_OVERRUN = "a sample that runs into the samples after it"
+
+
+@dataclass(frozen=True)
+class DamagedRegion:
+    """Bytes ``[start, stop)`` of a data file where no sample could be read, and why (what the
+    first message there was).
+
+    >>> DamagedRegion(10, 28, "corrupt sample").size
+    18
+    """
+
+    start: int
+    stop: int
+    reason: str
+
+    @property
+    def size(self) -> int:
+        """How many bytes the region holds."""
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    """What :func:`rebuild_index` found: ``samples`` intact samples, ``valid_bytes`` bytes in
+    all; an incomplete last message of ``incomplete_bytes`` bytes; the ``damaged`` regions
+    between samples; and where the original data file is kept when they are dropped
+    (``backup``).
+
+    >>> RebuildReport(samples=2, valid_bytes=20, incomplete_bytes=3)
+    RebuildReport(samples=2, valid_bytes=20, incomplete_bytes=3, damaged=(), backup=None)
+    """
+
+    samples: int
+    valid_bytes: int
+    incomplete_bytes: int
+    damaged: tuple[DamagedRegion, ...] = ()
+    backup: Path | None = None
+
+    def damage(self) -> str:
+        """The damaged regions in a sentence: how many, their bytes, the first and why.
+
+        >>> print(RebuildReport(4, 40, 0, (DamagedRegion(10, 28, "bad"),)).damage())
+        1 damaged region (18 bytes) lies between intact samples; the first at bytes 10-28: bad
+        """
+        regions = self.damaged
+        if not regions:
+            return "no damaged region"
+        many = len(regions) > 1
+        return (f"{len(regions)} damaged region{'s' if many else ''} "
+                f"({sum(region.size for region in regions)} bytes) {'lie' if many else 'lies'} "
+                f"between intact samples; the first at bytes {regions[0].start}-"
+                f"{regions[0].stop}: {regions[0].reason}")
+
+
+class DamagedDataError(FormatError):
+    """:func:`rebuild_index` changed nothing: damaged bytes lie between intact samples, and
+    rebuilding would drop them. ``report`` says what ``drop_damaged=True`` would do.
+
+    >>> region = DamagedRegion(10, 28, "corrupt sample")
+    >>> report = RebuildReport(4, 40, 0, (region,), Path("x.msgpack.damaged"))
+    >>> print(DamagedDataError(report, "x.msgpack"))  # doctest: +NORMALIZE_WHITESPACE
+    x.msgpack: 1 damaged region (18 bytes) lies between intact samples; the first at bytes
+    10-28: corrupt sample. Nothing was changed: drop_damaged=True rebuilds the index of the 4
+    intact samples, writing them to a new data file and keeping the original as x.msgpack.damaged
+    """
+
+    def __init__(self, report: RebuildReport, path: PathLike) -> None:
+        self.report = report
+        super().__init__(report.damage() + ". Nothing was changed: drop_damaged=True "
+                         f"rebuilds the index of the {report.samples} intact samples, writing "
+                         "them to a new data file and keeping the original as "
+                         f"{report.backup}", path=path)
+
+    def __reduce__(self) -> tuple:
+        return DamagedDataError, (self.report, self.path)
+
+
+def rebuild_index(path: PathLike, *, truncate: bool = True,
+                  progress: Callable[[int], object] | None = None, drop_damaged: bool = False,
+                  backup: PathLike | None = None, dry_run: bool = False) -> RebuildReport:
+    """Rebuild every index file (and the ``.md5``) of data file ``path`` from its samples.
+
+    Every intact sample, a message that a reader decodes (numpy values included) into a map
+    with a str ``"key"``, is indexed; a key found twice raises :class:`FormatError` and nothing
+    changes. What follows the last sample, if it is one incomplete message, is cut off the data
+    file (``truncate=False`` leaves it; readers ignore it). Damaged regions between samples,
+    or a damaged tail, raise :class:`DamagedDataError` and change nothing, unless
+    ``drop_damaged=True``: then the intact samples are written to a new data file, which
+    replaces ``path``, and the original is kept at ``backup`` (default ``path`` +
+    ``".damaged"``, which must not exist). ``dry_run=True`` only reports what a rebuild
+    would do. The new files are written in a staging folder beside ``path`` and renamed into
+    place at the end. ``progress``, if given, is called now and then with the number of bytes
+    scanned so far (for a progress bar), and once more at the end.
+
+    >>> import os, tempfile
+    >>> from fpipe.storage import pack_sample, MsgpackReader
+    >>> path = os.path.join(tempfile.mkdtemp(), "killed.msgpack")
+    >>> with open(path, "wb") as file:
+    ...     _ = file.write(pack_sample({"key": "a"}) + pack_sample({"key": "b"})[:-2])
+    >>> rebuild_index(path)
+    RebuildReport(samples=1, valid_bytes=7, incomplete_bytes=5, damaged=(), backup=None)
+    >>> reader = MsgpackReader(path)
+    >>> len(reader), reader.get(0)
+    (1, {'key': 'a'})
+    """
+    data = Path(path)
+    scan = _scan(data, progress or _ignore)
+    kept = Path(backup) if backup is not None else data.with_name(data.name + ".damaged")
+    report = scan.report(kept if scan.damaged else None)
+    if dry_run:
+        return report
+    if scan.damaged and not drop_damaged:
+        raise DamagedDataError(report, data)
+    if scan.damaged:
+        _rewrite(data, scan, kept)
+    else:
+        _reindex(data, scan, truncate)
+    return report
+
+
+def _ignore(_: int) -> None:
+    pass
+
+
+# --- the scan ----------------------------------------------------------------------------
+
+
+class _Scan:
+    """What a scan found: the samples to index (keys and byte spans), the damaged regions
+    and where an incomplete tail begins; and where the old index, if any, says samples begin."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path, self.size = path, size
+        self.keys: dict[str, None] = {}
+        self.starts, self.stops = array("Q"), array("Q")
+        self.damaged: list[DamagedRegion] = []
+        self.tail = size
+        self.largest = 0
+        self.old = _old_offsets(path)
+        self._after = 0  # the first old offset past the last sample looked at
+        self.shapes: Counter | None = Counter()  # the fields of the samples, how often
+        self.last_shape: frozenset = frozenset()
+
+    def expected(self, suspect: int | None) -> _Expected:
+        """What samples found again must look like: the fields of samples seen twice or
+        more (one may be damaged), leaving out the one at byte ``suspect`` (the last before
+        the damage, which may be cut short)."""
+        shapes = Counter(self.shapes)
+        if suspect is not None and self.shapes is not None:
+            shapes[self.last_shape] -= 1
+        known = frozenset(shape for shape, count in shapes.items() if count > 1)
+        return _Expected(known, _RUNS_AGAIN if known else _RUNS_OF_ANY)
+
+    def window(self) -> int:
+        """How large a sample found again after damage may be: twice the largest seen or in
+        the old index, at least 1 MiB."""
+        spans = np.diff(self.old) if len(self.old) > 1 else np.zeros(1, np.uint64)
+        return max(_CANDIDATE_WINDOW, 2 * self.largest, 2 * int(spans.max()))
+
+    def overruns(self, start: int, stop: int) -> bool:
+        """Whether the old index has a sample begin at ``start`` and the next before
+        ``stop``: the sample that parsed there (a damaged one) swallowed the next. Samples
+        are looked at in the order of the file."""
+        old, after = self.old, self._after
+        while after < len(old) and old[after] <= start:
+            after += 1
+        self._after = after
+        return 0 < after < len(old) and old[after - 1] == start and old[after] < stop
+
+    def was_boundary(self, offset: int) -> bool:
+        """Whether the old index has a sample begin (or the data end) at ``offset``."""
+        at = int(np.searchsorted(self.old, offset))
+        return at < len(self.old) and int(self.old[at]) == offset
+
+    def add(self, sample: dict, start: int, stop: int) -> None:
+        key = sample["key"]
+        if key in self.keys:
+            raise FormatError(f"duplicate key {key!r}", path=self.path, index=len(self.keys),
+                              offset=start)
+        self.keys[key] = None
+        self.last_shape = frozenset(sample)
+        if self.shapes is not None:
+            self.shapes[self.last_shape] += 1
+            if len(self.shapes) > _SHAPES:
+                self.shapes = None
+        self.starts.append(start)
+        self.stops.append(stop)
+        self.largest = max(self.largest, stop - start)
+
+    def drop_last(self) -> None:
+        if self.shapes is not None:
+            self.shapes[self.last_shape] -= 1
+        self.keys.popitem()
+        self.starts.pop()
+        self.stops.pop()
+
+    def spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each sample starts and stops, as uint64 arrays (views, no copy)."""
+        return np.frombuffer(self.starts, np.uint64), np.frombuffer(self.stops, np.uint64)
+
+    def report(self, backup: Path | None) -> RebuildReport:
+        starts, stops = self.spans()
+        return RebuildReport(len(self.keys), int((stops - starts).sum()), self.size - self.tail,
+                             tuple(self.damaged), backup)
+
+
+def _old_offsets(data: Path) -> np.ndarray:
+    """The offsets of the index being replaced, sorted; none when it is missing or unreadable.
+    Damage in the data file leaves them right where it is not: they confirm where intact
+    samples begin and end."""
+    try:
+        return np.unique(read_offsets(data))
+    except (FormatError, OSError):
+        return np.zeros(0, np.uint64)
+
+
+@dataclass(frozen=True)
+class _Expected:
+    """What samples found again after damage look like: their fields (one of ``shapes``; any,
+    when empty), and how many in a row it takes."""
+
+    shapes: frozenset
+    run: int
+
+    def fits(self, message: Any) -> bool:
+        return _is_sample(message) and (not self.shapes or frozenset(message) in self.shapes)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """Where the samples of a run stopped: the offset, why (None: the message runs past the
+    end of the file), and the first sample of the run."""
+
+    offset: int
+    reason: str | None
+    first: int
+
+
+def _scan(data: Path, progress: Callable[[int], object]) -> _Scan:
+    with open_regular(data) as file:
+        scan = _Scan(data, os.fstat(file.fileno()).st_size)
+        position = 0
+        while position < scan.size:
+            failure = _read_run(file, position, scan, progress)
+            if failure is None:
+                break
+            position = _resynchronise(file, failure, scan)
+    progress(scan.stops[-1] if scan.stops else 0)
+    return scan
+
+
+def _read_run(file: BinaryIO, position: int, scan: _Scan,
+              progress: Callable[[int], object]) -> _Failure | None:
+    """Index the samples from ``position`` on, up to the end (None) or a failure."""
+    file.seek(position)
+    # Decoded as a reader decodes (numpy values too), so that every sample indexed can be
+    # read; a message never exceeds the rest of the file.
+    limit = max(1, min(scan.size - position, _MAX_MESSAGE))
+    unpacker = msgpack.Unpacker(file, read_size=min(1 << 20, limit), strict_map_key=False,
+                                max_buffer_size=limit, object_hook=decode_numpy)
+    first = len(scan.keys)
+    while (start := position + unpacker.tell()) < scan.size:
+        try:
+            sample = unpacker.unpack()
+        except msgpack.OutOfData:
+            return _Failure(start, None, first)
+        except DECODE_ERRORS as error:
+            return _Failure(start, None if _past_the_end(error) else corrupt_reason(error),
+                            first)
+        if not _is_sample(sample):
+            return _Failure(start, 'a message that is not a map with a str "key"', first)
+        if scan.overruns(start, position + unpacker.tell()):
+            return _Failure(start, _OVERRUN, first)
+        scan.add(sample, start, position + unpacker.tell())
+        if len(scan.keys) % _PROGRESS_EVERY == _PROGRESS_EVERY - 1:
+            progress(scan.stops[-1])
+    return None
+
+
+def _past_the_end(error: BaseException) -> bool:
+    """Whether a decoding error says that the message declares more bytes or items than the
+    rest of the file holds (the decoder's limits are the rest of the file): it is cut."""
+    return isinstance(error, msgpack.BufferFull) or (
+        isinstance(error, ValueError) and " exceeds max_" in str(error))
+
+
+def _is_sample(message: Any) -> bool:
+    return isinstance(message, dict) and isinstance(message.get("key"), str)
+
+
+def _resynchronise(file: BinaryIO, failure: _Failure, scan: _Scan) -> int:
+    """Record the damage at ``failure``; return where the samples begin again (or the end).
+
+    The search starts just after the start of the last sample before the failure: if the
+    samples begin again inside it, that sample swallowed some of their bytes (a damaged
+    length) and is itself damaged. So is one that the old index says ended later."""
+    previous = scan.starts[-1] if len(scan.keys) > failure.first else None
+    floor = failure.offset + 1 if previous is None else previous + 1
+    expected = scan.expected(previous)
+    again = _next_on_old_index(file, floor, scan)
+    if again is None:
+        again = _next_run(file, floor, failure.offset, scan, expected)
+    start, reason = failure.offset, failure.reason or _INCOMPLETE
+    if previous is not None and again is not None and again < failure.offset:
+        start, reason = previous, _OVERRUN
+    elif previous is not None and _cut_short(scan, previous, failure.offset):
+        start, reason = previous, "a sample that ends before the old index says it does"
+    if start != failure.offset:
+        scan.drop_last()
+    if again is not None:
+        scan.damaged.append(DamagedRegion(start, again, reason))
+    elif failure.reason is None and start == failure.offset:
+        scan.tail = failure.offset
+    else:
+        scan.damaged.append(DamagedRegion(start, scan.size, reason))
+    return scan.size if again is None else again
+
+
+def _cut_short(scan: _Scan, start: int, stop: int) -> bool:
+    """Whether the old index has a sample begin at ``start`` but not end at ``stop``."""
+    return scan.was_boundary(start) and not scan.was_boundary(stop)
+
+
+def _next_on_old_index(file: BinaryIO, start: int, scan: _Scan) -> int | None:
+    """The first place from ``start`` on where the old index has a sample begin and one
+    parses that ends where the old index has the next begin (or at the end of the file).
+    None when there is no old index, or it does not describe the bytes after the damage
+    (bytes were inserted or removed): then the bytes themselves are searched."""
+    fd, first = file.fileno(), int(np.searchsorted(scan.old, start))
+    for offset in scan.old[first:first + _OLD_INDEX_TRIES].tolist():
+        if offset >= scan.size:
+            break
+        data = _Bytes(fd, memoryview(b""), offset)
+        for message, end in _messages(data, offset, min(scan.size - offset, scan.window())):
+            if _is_sample(message) and (end == scan.size or scan.was_boundary(end)) and \
+                    _boundaries_between(scan.old, offset, end) == 0:
+                return offset
+            break
+    return None
+
+
+def _boundaries_between(old: np.ndarray, start: int, stop: int) -> int:
+    return int(np.searchsorted(old, stop) - np.searchsorted(old, start, "right"))
+
+
+def _next_run(file: BinaryIO, start: int, past: int, scan: _Scan,
+              expected: _Expected) -> int | None:
+    """The first offset from ``start`` on where samples as ``expected`` parse back to back,
+    past byte ``past`` (the failure), and then ``expected.run`` in a row, or up to the end.
+
+    Candidates are the bytes that begin a msgpack map (a sample is a map) and have the str
+    ``"key"`` within a window after them (a sample has a ``"key"``): the candidates in the
+    random bytes of an incomplete image cost nothing. A candidate before ``past`` is inside
+    the sample before the failure; its run must cross the failure, so that the maps with a
+    ``"key"`` nested in an intact sample are not taken for samples."""
+    fd, window = file.fileno(), scan.window()
+    for base in range(start, scan.size, _SEARCH_BLOCK):
+        stop = min(base + _SEARCH_BLOCK, scan.size)
+        reach = min(max(stop, past) + window, scan.size)
+        data = _Bytes(fd, memoryview(os.pread(fd, reach - base, base)), base)
+        for offset in _candidates(data, stop, window):
+            if _runs_at(data, offset, max(offset, past), scan, expected):
+                return offset
+    return None
+
+
+def _candidates(data: _Bytes, stop: int, window: int) -> list[int]:
+    """The offsets below ``stop`` of bytes in ``data`` that begin a map with a ``"key"``
+    less than ``window`` bytes after them."""
+    block = np.frombuffer(data.block[:stop - data.base], np.uint8)
+    maps = np.flatnonzero(((block & 0xF0) == 0x80) | (block == 0xDE) | (block == 0xDF))
+    maps += data.base
+    anchors = data.anchors()
+    following = np.searchsorted(anchors, maps)
+    near = np.append(anchors, np.iinfo(np.int64).max)[following] < maps + window
+    return maps[near].tolist()
+
+
+class _Bytes:
+    """Bytes of the data file: from a block in memory where it has them, else read."""
+
+    def __init__(self, fd: int, block: memoryview, base: int) -> None:
+        self.fd, self.block, self.base = fd, block, base
+
+    def at(self, start: int, size: int) -> Any:
+        first = start - self.base
+        if first + size <= len(self.block):
+            return self.block[first:first + size]
+        return os.pread(self.fd, size, start)
+
+    def anchors(self) -> np.ndarray:
+        """Where the block holds the str ``"key"`` (file offsets, increasing)."""
+        block, found = self.block.obj, []
+        at = block.find(_KEY)
+        while at >= 0:
+            found.append(at + self.base)
+            at = block.find(_KEY, at + 1)
+        return np.array(found, np.int64)
+
+
+def _runs_at(data: _Bytes, offset: int, past: int, scan: _Scan, expected: _Expected) -> bool:
+    """Whether samples as ``expected`` parse back to back from ``offset`` to beyond byte
+    ``past``, and then ``expected.run`` in a row, or up to the end of the file."""
+    after = 0
+    reach = past - offset + expected.run * scan.window()
+    for message, end in _messages(data, offset, min(scan.size - offset, reach)):
+        if not expected.fits(message):
+            return False
+        if end > past:
+            after += 1
+            if end == scan.size or after == expected.run:
+                return True
+    return False
+
+
+def _messages(data: _Bytes, offset: int, window: int) -> Iterator[tuple[Any, int]]:
+    """The messages from ``offset`` on, each with the offset where it ends, up to the first
+    that does not decode or would reach beyond ``window`` bytes. The bytes go to the decoder
+    4 KiB at first, then 4 times more each time it wants more."""
+    unpacker = msgpack.Unpacker(max_buffer_size=window, strict_map_key=False,
+                                object_hook=decode_numpy)
+    fed, more = 0, _CANDIDATE_READ
+    while True:
+        try:
+            message = unpacker.unpack()
+        except msgpack.OutOfData:
+            if fed == window:
+                return
+            size = min(more, window - fed)
+            unpacker.feed(data.at(offset + fed, size))
+            fed, more = fed + size, 4 * more
+            continue
+        except DECODE_ERRORS:
+            return
+        yield message, offset + unpacker.tell()
+
+
+# --- writing the result ------------------------------------------------------------------
+
+
+def _reindex(data: Path, scan: _Scan, truncate: bool) -> None:
+    """Index the samples, which lie back to back from byte 0; cut an incomplete tail."""
+    end = scan.stops[-1] if scan.stops else 0
+    kept = end if truncate else scan.size
+    digest = _md5_of(data, kept)
+    offsets = np.concatenate([[0], scan.spans()[1]]).astype(np.uint64)
+    with staging_folder(data) as folder:
+        write_index(folder / data.name, list(scan.keys), offsets, digest)
+        if kept < scan.size:
+            os.truncate(data, kept)
+        _move_all(folder, data.parent)
+
+
+def _rewrite(data: Path, scan: _Scan, backup: Path) -> None:
+    """Write the samples to a new data file that replaces ``data``; keep the original."""
+    if os.path.lexists(backup):
+        raise FileExistsError(errno.EEXIST, "the original of a damaged data file would be kept "
+                              "there, but the name is taken; move it away", str(backup))
+    with staging_folder(data) as folder:
+        staged = folder / data.name
+        offsets, digest = _copy_samples(data, staged, scan)
+        write_index(staged, list(scan.keys), offsets, digest)
+        _keep(data, backup)
+        _move_all(folder, data.parent)
+
+
+def _copy_samples(data: Path, target: Path, scan: _Scan) -> tuple[np.ndarray, str]:
+    """Copy the samples' bytes to ``target``, back to back; their new offsets and the MD5."""
+    starts, stops = scan.spans()
+    md5 = hashlib.md5()
+    with open_regular(data) as source, open(target, "xb") as copy:
+        for start, stop in _runs(starts, stops):
+            _copy_range(source, copy, start, stop, md5)
+    offsets = np.concatenate([[0], np.cumsum(stops - starts)]).astype(np.uint64)
+    return offsets, md5.hexdigest()
+
+
+def _runs(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
+    """The byte ranges of samples that lie back to back, merged."""
+    breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1
+    firsts = np.concatenate([[0], breaks]).astype(np.int64)
+    lasts = np.concatenate([breaks - 1, [len(starts) - 1]]).astype(np.int64)
+    return list(zip(starts[firsts].tolist(), stops[lasts].tolist())) if len(starts) else []
+
+
+def _copy_range(source: BinaryIO, copy: BinaryIO, start: int, stop: int, md5: Any) -> None:
+    source.seek(start)
+    while start < stop:
+        block = source.read(min(1 << 20, stop - start))
+        if not block:
+            raise FormatError("the data file shrank while it was being rebuilt", path=source.name)
+        copy.write(block)
+        md5.update(block)
+        start += len(block)
+
+
+def _keep(data: Path, backup: Path) -> None:
+    """A second name for the original data file (a copy where hard links are not allowed)."""
+    try:
+        os.link(data, backup)
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+            raise
+        shutil.copy2(data, backup)
+
+
+def _md5_of(path: Path, length: int) -> str:
+    md5 = hashlib.md5()
+    with open_regular(path) as file:
+        while length and (block := file.read(min(1 << 20, length))):
+            md5.update(block)
+            length -= len(block)
+    return md5.hexdigest()
+
+
+def _move_all(folder: Path, target: Path) -> None:
+    for staged in sorted(folder.iterdir()):
+        os.replace(staged, target / staged.name)
