@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 import textwrap
@@ -18,20 +19,24 @@ __all__ = [
     "UsageError",
     "add_command",
     "add_output_options",
+    "buffer_size",
     "chosen_seed",
     "copy_classes",
     "data_file",
     "dataset_keys",
     "fraction",
     "human_bytes",
+    "int_between",
     "load_classes",
     "non_negative_int",
     "open_dataset",
     "positive_int",
+    "positive_number",
     "progress_bar",
     "refuse_options",
     "say",
     "shows_progress",
+    "workers",
 ]
 
 CLASSES_SUFFIX = ".classes.json"
@@ -102,15 +107,67 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high`` (for counts that start threads or
+    processes, or sizes that allocate: a typo of a few digits must not hang or exhaust memory).
+
+    >>> int_between(1, 256)("300")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be between 1 and 256; got 300
+    """
+    def checked(text: str) -> int:
+        value = _int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}; got {value}")
+        return value
+    checked.__name__ = f"integer from {low} to {high}"
+    return checked
+
+
+#: The most threads or processes a command starts for one ``--workers`` option.
+workers = int_between(1, 256)
+
+
 def fraction(text: str) -> float:
     """An argparse type: a number in [0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number; got {text!r}") from None
+    value = _number(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1; got {text}")
     return value
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0.
+
+    >>> positive_number("inf")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be a finite number > 0; got 'inf'
+    """
+    value = _number(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text!r}")
+    return value
+
+
+def buffer_size(text: str) -> float | int:
+    """An argparse type: a fraction of the dataset below 1, or a whole number of samples.
+
+    >>> buffer_size("0.05"), buffer_size("64"), buffer_size("1e3")
+    (0.05, 64, 1000)
+    >>> buffer_size("2.5")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be a fraction below 1 or a whole number of samples; got '2.5'
+    """
+    value = positive_number(text)
+    if value < 1:
+        return value
+    if value != int(value):
+        raise argparse.ArgumentTypeError("must be a fraction below 1 or a whole number of "
+                                         f"samples; got {text!r}")
+    return int(value)
 
 
 def _int(text: str) -> int:
@@ -142,6 +199,16 @@ def chosen_seed(args: argparse.Namespace) -> int:
     """``args.seed``, or 0 when the option was not given (its default is None, so that
     :func:`refuse_options` can tell a seed given where nothing is drawn)."""
     return 0 if args.seed is None else args.seed
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number; got {text!r}") from None
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f"must be a number; got {text!r}")
+    return value
 
 
 def shows_progress(args: argparse.Namespace) -> bool:

@@ -16,10 +16,13 @@ from ._common import (
     UsageError,
     add_command,
     chosen_seed,
+    non_negative_int,
     open_dataset,
     positive_int,
+    positive_number,
     progress_bar,
     refuse_options,
+    workers,
 )
 from ._images import encoded_image
 
@@ -48,14 +51,14 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("dataset", metavar="DATASET", help="the dataset file (X.msgpack)")
     parser.add_argument("--modes", default=",".join(_MODES), metavar="LIST",
                         help=f"comma-separated reads to measure ({','.join(_MODES)})")
-    parser.add_argument("--seconds", type=float, default=5.0,
+    parser.add_argument("--seconds", type=positive_number, default=5.0,
                         help="stop each measurement after this long (5)")
     parser.add_argument("--raw", action="store_true", help="do not decode the samples")
-    parser.add_argument("--seed", type=int, help="seed of the shuffled reads (0)")
+    parser.add_argument("--seed", type=non_negative_int, help="seed of the shuffled reads (0)")
     pipeline = parser.add_argument_group("pipeline")
     pipeline.add_argument("--pipeline", action="store_true",
                           help="also read through a pipeline and print the per-stage table")
-    pipeline.add_argument("--workers", type=positive_int,
+    pipeline.add_argument("--workers", type=workers,
                           help=f"decoding processes of the pipeline ({_WORKERS})")
     pipeline.add_argument("--batch-size", type=positive_int,
                           help=f"batch size ({_BATCH_SIZE})")
@@ -68,8 +71,6 @@ def _run_bench(args: argparse.Namespace) -> int:
     if unknown or not (modes or args.pipeline):
         raise UsageError(f"--modes must be a comma-separated list of {', '.join(_MODES)}; "
                          f"got {args.modes!r}")
-    if args.seconds <= 0:
-        raise UsageError(f"--seconds must be > 0; got {args.seconds}")
     _check_unused_options(args, modes)
     with open_dataset(args.dataset) as reader:
         if not len(reader):

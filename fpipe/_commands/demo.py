@@ -34,6 +34,7 @@ from . import write
 from ._common import (
     UsageError,
     add_command,
+    int_between,
     load_classes,
     non_negative_int,
     positive_int,
@@ -84,11 +85,11 @@ def _add_data_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_training_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size", type=positive_int, default=32,
+    parser.add_argument("--size", type=int_between(1, 1024), default=32,
                         help="side of the square images the model sees (32)")
     parser.add_argument("--epochs", type=positive_int, default=3, help="epochs to train (3)")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="batch size (32)")
-    parser.add_argument("--workers", type=non_negative_int, default=2,
+    parser.add_argument("--workers", type=int_between(0, 256), default=2,
                         help="worker processes that read and augment (2)")
     parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="seed of the images, the shuffles and the augmentation (0)")

@@ -28,9 +28,11 @@ from ._common import (
     UsageError,
     add_command,
     add_output_options,
+    buffer_size,
     chosen_seed,
     copy_classes,
     dataset_keys,
+    fraction,
     human_bytes,
     non_negative_int,
     open_dataset,
@@ -79,9 +81,9 @@ def _add_shuffle(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--mode", choices=("true", "quasi"), default="true",
                         help="true: a uniform permutation (default); quasi: chunked and buffered")
     _seed_option(parser, "shuffle")
-    parser.add_argument("--buf-size", type=float, metavar="F",
-                        help="quasi: buffer size, a fraction of IN below 1 or a number of "
-                             "samples (0.01)")
+    parser.add_argument("--buf-size", type=buffer_size, metavar="F",
+                        help="quasi: buffer size, a fraction of IN below 1 or a whole number "
+                             "of samples (0.01)")
     parser.add_argument("--chunk-size", type=positive_int, metavar="N",
                         help="quasi: samples per contiguous read (16)")
     add_output_options(parser)
@@ -124,7 +126,7 @@ def _add_split(commands: argparse._SubParsersAction) -> None:
     sizes = parser.add_mutually_exclusive_group(required=True)
     sizes.add_argument("--counts", nargs="+", type=non_negative_int, metavar="N",
                        help="samples per part")
-    sizes.add_argument("--fractions", nargs="+", type=float, metavar="F",
+    sizes.add_argument("--fractions", nargs="+", type=fraction, metavar="F",
                        help="fraction of IN per part (rounded so that the parts add up)")
     parser.add_argument("-o", "--outputs", nargs="+", required=True, metavar="OUT",
                         help="the parts to write, in order")
@@ -196,20 +198,14 @@ def _run_shuffle(args: argparse.Namespace) -> int:
         refuse_options({"--buf-size": args.buf_size, "--chunk-size": args.chunk_size},
                        "with --mode true (they set --mode quasi's reads)")
     buf_size = _QUASI_BUFFER if args.buf_size is None else args.buf_size
-    if buf_size <= 0:
-        raise UsageError(f"--buf-size must be > 0; got {args.buf_size}")
     source, target = Path(args.input), Path(args.output)
     with open_dataset(source) as reader:
         order = (Shuffler(reader, seed=chosen_seed(args)) if args.mode == "true" else
-                 QuasiShuffler(reader, buf_size=_buffer(buf_size),
+                 QuasiShuffler(reader, buf_size=buf_size,
                                chunk_size=args.chunk_size or _QUASI_CHUNK, seed=chosen_seed(args)))
         _write_copy(args, source, target, order.iter(yield_key=True, raw=True), len(reader))
     _written(args, [target])
     return 0
-
-
-def _buffer(value: float) -> float | int:
-    return value if value < 1 else int(value)
 
 
 # --- merge ------------------------------------------------------------------------------

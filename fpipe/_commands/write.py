@@ -20,11 +20,13 @@ from ._common import (
     add_command,
     chosen_seed,
     human_bytes,
+    int_between,
     non_negative_int,
     positive_int,
     refuse_options,
     say,
     shows_progress,
+    workers,
 )
 from ._images import checked_suffixes, damage, decode_failure
 from ._inputs import IMAGE_SUFFIXES, JSON_LINES, LIST_FILE, Entry, Listing, list_source
@@ -79,6 +81,7 @@ _EXAMPLE = """\
 
 _FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
 _NAMED_LABELS = 5  # label names shown in one message
+_MAX_SIDE = 16384  # --resize: the largest side a JPEG or WebP image may have
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -97,7 +100,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--append", action="store_true",
                         help="add the samples to the dataset OUT (keys must be new to it; labels "
                              "must be among its classes)")
-    parser.add_argument("--workers", type=positive_int, default=1,
+    parser.add_argument("--workers", type=workers, default=1,
                         help="threads that read and encode files (the output order does not change)")
     parser.add_argument("--shuffle", action="store_true", help="shuffle the samples by --seed")
     parser.add_argument("--seed", type=non_negative_int, help="seed of --shuffle (0)")
@@ -131,7 +134,7 @@ def _add_file_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--separator", metavar="SEP",
                        help="column separator of a list file (default: tab if the first line "
                             "has one, else comma)")
-    group.add_argument("--resize", type=positive_int, metavar="SIZE",
+    group.add_argument("--resize", type=int_between(1, _MAX_SIDE), metavar="SIZE",
                        help="scale images so that their shorter side is SIZE pixels")
     group.add_argument("--encode", choices=sorted(_FORMATS),
                        help="re-encode images in this format (default: keep the original bytes, "
