@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import FpipeError
 from ..storage import DatasetFiles, read_legacy_index, read_offsets
 from ._common import (
     UsageError,
@@ -25,11 +27,12 @@ from ._common import (
 )
 from ._labels import class_lists, field_value
 
-__all__ = ["FieldSummary", "add_parsers", "short_repr"]
+__all__ = ["FieldSummary", "add_parsers", "key_line", "short_repr"]
 
 _MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF8", "GIF"),
           (b"RIFF", "RIFF/WebP"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
 _LIST_ITEMS = 8
+_NEEDS_QUOTES = re.compile("[\x00-\x1f\x7f]")
 _BAR_WIDTH = 40
 _SAMPLES = 1000  # fpipe info examines this many samples unless --samples or --all
 _LABEL = "label"  # the field of fpipe info's histogram unless --label
@@ -57,7 +60,12 @@ def _add_cat(commands: argparse._SubParsersAction) -> None:
     cat.add_argument("-n", "--limit", type=non_negative_int, help="print at most this many samples")
     cat.add_argument("--key", action="append", metavar="KEY",
                      help="print the sample with this key (repeatable)")
-    cat.add_argument("--keys", action="store_true", help="print only the keys")
+    cat.add_argument("--keys", action="store_true",
+                     help="print only the keys, one a line; a key with a control character "
+                          "(a newline, ...) or a leading '\"' is printed as a JSON string")
+    cat.add_argument("-z", "--null", action="store_true",
+                     help="with --keys: end each key with a NUL byte instead, printed as it is "
+                          "(for xargs -0)")
     cat.add_argument("-s", "--max-string", type=positive_int, metavar="N",
                      help=f"shorten bytes and strings longer than N ({_MAX_STRING})")
 
@@ -94,8 +102,9 @@ def _run_cat(args: argparse.Namespace) -> int:
                              f"{len(reader)} samples")
         write = sys.stdout.write
         if args.keys:
+            line = _null_ended if args.null else key_line
             for key in _selected(reader, args, keys_only=True):
-                write(f"{key}\n")
+                write(line(key))
         else:
             width = args.max_string or _MAX_STRING
             for sample in _selected(reader, args, keys_only=False):
@@ -109,6 +118,9 @@ def _check_cat_options(args: argparse.Namespace) -> None:
                        "with --key, which picks the samples by their keys")
     if args.keys:
         refuse_options({"-s/--max-string": args.max_string}, "with --keys, which prints keys whole")
+    else:
+        refuse_options({"-z/--null": args.null}, "without --keys: it ends each key with a NUL "
+                       "byte")
 
 
 def _selected(reader: Any, args: argparse.Namespace, keys_only: bool) -> Iterator:
@@ -126,6 +138,27 @@ def _selected(reader: Any, args: argparse.Namespace, keys_only: bool) -> Iterato
         yield from (reader.find_key(i) for i in range(start, stop))
     elif start < stop:
         yield from reader.iter(start, stop)
+
+
+def key_line(key: str) -> str:
+    """``key`` as a line of ``fpipe cat --keys``: as it is, or as a JSON string when it holds
+    a control character (which would break the line) or begins with a double quote.
+
+    >>> print(key_line("cat/1.jpg"), key_line("two\\nlines"), key_line('"quoted"'), sep="", end="")
+    cat/1.jpg
+    "two\\nlines"
+    "\\"quoted\\""
+    """
+    if _NEEDS_QUOTES.search(key) or key.startswith('"'):
+        return json.dumps(key, ensure_ascii=False) + "\n"
+    return key + "\n"
+
+
+def _null_ended(key: str) -> str:
+    if "\0" in key:
+        raise FpipeError(f"key {key!r} holds a NUL character, which -z/--null cannot separate; "
+                         "leave out -z to print it as a JSON string")
+    return key + "\0"
 
 
 def short_repr(value: Any, width: int = 40) -> str:

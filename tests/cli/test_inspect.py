@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+from fpipe.cli import main
 from fpipe.storage import FileWriter
 
 from .conftest import ENV, fails, make_dataset, mistake, ok
@@ -24,6 +25,41 @@ def test_cat_prints_one_readable_line_per_sample(dataset, capsys):
     # a non-UTF-8 byte in an argument arrives as a lone surrogate, which no dataset holds
     assert "has no sample with key 's0001\\udcff'" in mistake(capsys, 2, "cat", dataset, "--key",
                                                                "s0001\udcff")
+
+
+ODD_KEYS = ["plain/1.jpg", "two\nlines", "cr\rlf", 'say "hi"', '"quoted"', "tab\there",
+            "back\\slash", "é ☃", "del\x7f", "nl\u2028sep", "\x1b[31mred"]
+
+
+def _odd_keys(path):
+    with FileWriter(path) as writer:
+        for key in ODD_KEYS:
+            writer.write({"key": key})
+    return path
+
+
+def test_cat_keys_prints_one_line_per_key_with_odd_ones_as_json(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "fpipe", "cat", str(_odd_keys(
+        tmp_path / "odd.msgpack")), "--keys"], capture_output=True, env=ENV, timeout=120)
+    lines = result.stdout.decode().split("\n")
+    assert lines[-1] == "" and len(lines) == len(ODD_KEYS) + 1
+    assert [json.loads(line) if line.startswith('"') else line for line in lines[:-1]] == ODD_KEYS
+    quoted = [key for key, line in zip(ODD_KEYS, lines) if line.startswith('"')]
+    assert quoted == ["two\nlines", "cr\rlf", '"quoted"', "tab\there", "del\x7f", "\x1b[31mred"]
+
+
+def test_cat_keys_null_separated_for_xargs(tmp_path, capsys):
+    path = _odd_keys(tmp_path / "odd.msgpack")
+    result = subprocess.run([sys.executable, "-m", "fpipe", "cat", str(path), "--keys", "-z"],
+                            capture_output=True, env=ENV, timeout=120)
+    assert result.stdout.decode().split("\0") == [*ODD_KEYS, ""] and result.returncode == 0
+    assert main(["cat", str(path), "--keys", "--null", "-n", "2"]) == 0
+    assert capsys.readouterr().out == "plain/1.jpg\0two\nlines\0"
+    assert "-z/--null has no effect without --keys" in mistake(capsys, 2, "cat", path, "--null")
+    with FileWriter(tmp_path / "nul.msgpack") as writer:
+        writer.write({"key": "a\0b"})
+    assert "holds a NUL character" in fails(1, "cat", tmp_path / "nul.msgpack", "--keys", "-z")
+    assert ok("cat", tmp_path / "nul.msgpack", "--keys") == '"a\\u0000b"\n'
 
 
 def test_cat_survives_a_closed_pipe(tmp_path):
