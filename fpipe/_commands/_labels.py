@@ -14,7 +14,6 @@ each name that a later input adds, in that input's order; so the first input kee
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import msgpack
 
 from ..errors import FormatError, FpipeError
-from ..storage import corrupt_reason, unpack_sample
+from ..storage import corrupt_reason, read_class_file, unpack_sample
 from ..storage.format import DECODE_ERRORS
 from ._common import CLASSES_SUFFIX
 
@@ -45,31 +44,18 @@ def class_file(source: str | Path) -> Path:
 def class_lists(source: str | Path) -> dict[str, list[str]] | None:
     """The class lists of ``source`` (a dataset or a ``.json`` class-list file, see
     :func:`class_file`), per label field; None when there is no such file. A file that is not
-    a class list raises :class:`~fpipe.errors.FpipeError` naming it."""
+    a class list (:func:`fpipe.storage.read_class_file`), or names a class twice, raises
+    :class:`~fpipe.errors.FpipeError` naming it."""
     file = class_file(source)
-    if not file.is_file():
+    stored = read_class_file(file)
+    if stored is None:
         return None
-    try:
-        stored = json.loads(file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise FpipeError(f"{file}: not valid JSON ({error})") from None
-    classes = stored.get("classes") if isinstance(stored, dict) else None
-    if not isinstance(classes, dict):
-        raise FpipeError(f"{file}: not a class list: it must be a JSON object "
-                         '{"classes": {"label": [names...]}}')
-    for field, names in classes.items():
-        _check_names(file, field, names)
-    return classes
-
-
-def _check_names(file: Path, field: str, names: Any) -> None:
-    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
-        raise FpipeError(f"{file}: the classes of {field!r} must be a list of names (strings); "
-                         f"got {json.dumps(names)[:60]}")
-    seen: set[str] = set()
-    twice = [name for name in names if name in seen or seen.add(name)]
-    if twice:
-        raise FpipeError(f"{file}: the classes of {field!r} name {twice[0]!r} twice")
+    for field, names in stored["classes"].items():
+        seen: set[str] = set()
+        twice = [name for name in names if name in seen or seen.add(name)]
+        if twice:
+            raise FpipeError(f"{file}: the classes of {field!r} name {twice[0]!r} twice")
+    return stored["classes"]
 
 
 def union_of(lists: Iterable[Sequence[str]]) -> list[str]:

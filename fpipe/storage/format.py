@@ -56,6 +56,7 @@ __all__ = [
     "new_packer",
     "open_regular",
     "pack_sample",
+    "read_class_file",
     "read_classes",
     "read_key_hashes",
     "read_keys",
@@ -745,7 +746,18 @@ def read_classes(path: PathLike) -> dict | None:
     ...
     fpipe.errors.FormatError: ...x.msgpack.classes.json: not a class list: the file holds an array, ...
     """
-    file = DatasetFiles(path).classes
+    return read_class_file(DatasetFiles(path).classes)
+
+
+def read_class_file(file: PathLike) -> dict | None:
+    """What the class-list file ``file`` holds (see :func:`read_classes`), checked; None when
+    there is no such file.
+
+    >>> read_class_file("/dev/null")
+    Traceback (most recent call last):
+    ...
+    fpipe.errors.FormatError: /dev/null: not a regular file but a device
+    """
     try:
         data = _read_regular(file)
     except FileNotFoundError:

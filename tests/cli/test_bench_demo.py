@@ -26,7 +26,8 @@ def test_bench_measures_every_read_and_the_pipeline(tmp_path):
 def test_bench_mistakes_exit_2(tmp_path, capsys):
     path = make_dataset(tmp_path / "set.msgpack", 10)
     assert "--modes must be a comma-separated list" in fails(2, "bench", path, "--modes", "fast")
-    assert "--seconds must be > 0" in mistake(capsys, 2, "bench", path, "--seconds", "0")
+    assert "--seconds: must be a finite number > 0" in mistake(capsys, 2, "bench", path,
+                                                               "--seconds", "0")
     FileWriter(tmp_path / "empty.msgpack").close()
     assert "is empty" in mistake(capsys, 2, "bench", tmp_path / "empty.msgpack")
 

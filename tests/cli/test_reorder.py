@@ -42,8 +42,8 @@ def test_shuffle_never_writes_over_its_input_but_mv_puts_the_result_there(datase
     ok("mv", tmp_path / "new.msgpack", dataset, "-y", "-q")
     assert _raw(dataset) == raw and list(_raw(dataset)) != list(raw)
     assert ok("verify", dataset).startswith(f"{dataset}: ok")
-    assert "--buf-size must be > 0" in mistake(capsys, 2, "shuffle", dataset, tmp_path / "x.msgpack",
-                                               "--mode", "quasi", "--buf-size", "0")
+    assert "--buf-size: must be a finite number > 0" in mistake(
+        capsys, 2, "shuffle", dataset, tmp_path / "x.msgpack", "--mode", "quasi", "--buf-size", "0")
     assert "invalid choice" in mistake(capsys, 2, "shuffle", dataset, tmp_path / "x.msgpack",
                                        "--mode", "fast")
     assert leftovers(tmp_path) == []

@@ -81,7 +81,8 @@ def test_user_mistakes_exit_2_and_write_nothing(image_folder, tmp_path, capsys):
         capsys, 2, "write", image_folder, out, "--resize", "4", "--quality", "101")
     assert "--download has no effect with files (only with a well-known dataset)" in mistake(
         capsys, 2, "write", image_folder, out, "--download")
-    assert "must be >= 1" in mistake(capsys, 2, "write", image_folder, out, "--workers", "0")
+    assert "must be between 1 and 256" in mistake(capsys, 2, "write", image_folder, out,
+                                                  "--workers", "0")
     assert "is a folder" in mistake(capsys, 2, "write", image_folder, tmp_path)
     assert "--resize has no effect with the well-known dataset mnist" in mistake(
         capsys, 2, "write", "mnist", tmp_path, "--resize", "8")
