@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import check_integer
 from ..random import Seed, item_rng
 from ..storage._staging import staged_datasets
-from ..storage.format import read_classes
+from ..storage.class_lists import read_classes
 from ._fetch import Archive, check_base_url, fetch, shows_progress
 
 __all__ = ["KnownDataset", "Records", "WriteOptions", "classes_path", "encode_png", "load_classes",

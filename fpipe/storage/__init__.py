@@ -9,8 +9,9 @@
 {'key': 'a', 'label': 0}
 """
 
-from . import base, format, order, reader, recovery, sharded, unpacked, writer
+from . import base, class_lists, format, order, reader, recovery, sharded, unpacked, writer
 from .base import *
+from .class_lists import *
 from .format import *
 from .order import *
 from .reader import *
@@ -19,5 +20,6 @@ from .sharded import *
 from .unpacked import *
 from .writer import *
 
-__all__ = sorted({*base.__all__, *format.__all__, *order.__all__, *reader.__all__,  # noqa: PLE0605
-                  *recovery.__all__, *sharded.__all__, *unpacked.__all__, *writer.__all__})
+__all__ = sorted({*base.__all__, *class_lists.__all__, *format.__all__,  # noqa: PLE0605
+                  *order.__all__, *reader.__all__, *recovery.__all__, *sharded.__all__,
+                  *unpacked.__all__, *writer.__all__})

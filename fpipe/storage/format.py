@@ -21,7 +21,6 @@ True
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import stat
@@ -56,13 +55,12 @@ __all__ = [
     "new_packer",
     "open_regular",
     "pack_sample",
-    "read_class_file",
-    "read_classes",
     "read_key_hashes",
     "read_keys",
     "read_legacy_index",
     "read_md5",
     "read_offsets",
+    "read_regular",
     "unpack_sample",
     "write_index",
 ]
@@ -580,7 +578,14 @@ def open_regular(path: PathLike) -> BinaryIO:
         raise
 
 
-def _read_regular(path: PathLike) -> bytes:
+def read_regular(path: PathLike) -> bytes:
+    """The bytes of ``path``, a regular file (see :func:`open_regular`).
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile() as file:
+    ...     read_regular(file.name)
+    b''
+    """
     with open_regular(path) as file:
         return file.read()
 
@@ -597,7 +602,7 @@ def read_offsets(path: PathLike) -> np.ndarray:
     [0, 3, 7]
     """
     offsets = DatasetFiles(path).offsets
-    data = _read_regular(offsets)
+    data = read_regular(offsets)
     if len(data) % 8 or not data:
         raise FormatError(f"an offsets file holds n + 1 uint64; got {len(data)} bytes", path=offsets)
     return np.frombuffer(data, dtype=_OFFSET).astype(np.uint64)
@@ -613,7 +618,7 @@ def read_keys(path: PathLike) -> list[str]:
     ['a', 'b']
     """
     keys = DatasetFiles(path).keys
-    data = _read_regular(keys)
+    data = read_regular(keys)
     try:
         found = msgpack.unpackb(data)
     except DECODE_ERRORS as error:
@@ -638,7 +643,7 @@ def read_key_hashes(path: PathLike) -> tuple[bytes, np.ndarray]:
     (True, True)
     """
     key_hashes = DatasetFiles(path).key_hashes
-    data = _read_regular(key_hashes)
+    data = read_regular(key_hashes)
     if len(data) < 8 or len(data) % 8:
         raise FormatError(f"a key hashes file holds a salt and n uint64; got {len(data)} bytes",
                           path=key_hashes)
@@ -660,7 +665,7 @@ def read_legacy_index(path: PathLike) -> tuple[list[str], np.ndarray]:
     (['a', 'b'], [0, 7, 14])
     """
     files = DatasetFiles(path)
-    data = _read_regular(files.legacy_index)
+    data = read_regular(files.legacy_index)
     try:
         pairs = msgpack.unpackb(data, object_pairs_hook=list,
                                 strict_map_key=False)
@@ -712,7 +717,7 @@ def read_md5(path: PathLike) -> dict[str, str]:
     'd41d8cd98f00b204e9800998ecf8427e'
     """
     files = DatasetFiles(path)
-    data = _read_regular(files.md5)
+    data = read_regular(files.md5)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -724,72 +729,6 @@ def read_md5(path: PathLike) -> dict[str, str]:
         if rest[:1] in (" ", "*") and rest[1:]:
             entries[rest[1:]] = digest
     return _renamed(entries, files.data.name)
-
-
-def read_classes(path: PathLike) -> dict | None:
-    """What the ``.classes.json`` beside data file ``path`` holds, or None when there is none.
-
-    It is a JSON object whose ``"classes"`` maps each label field to its class names (strings;
-    ``names[i]`` names label ``i``); its other entries (``"dataset"``, ...) are free.
-    Any other content raises :class:`~fpipe.errors.FormatError` naming the file.
-
-    >>> import tempfile, os
-    >>> data = os.path.join(tempfile.mkdtemp(), "x.msgpack")
-    >>> read_classes(data) is None
-    True
-    >>> _ = DatasetFiles(data).classes.write_text('{"classes": {"label": ["cat", "dog"]}}')
-    >>> read_classes(data)["classes"]
-    {'label': ['cat', 'dog']}
-    >>> _ = DatasetFiles(data).classes.write_text('[1, 2]')
-    >>> read_classes(data)
-    Traceback (most recent call last):
-    ...
-    fpipe.errors.FormatError: ...x.msgpack.classes.json: not a class list: the file holds an array, ...
-    """
-    return read_class_file(DatasetFiles(path).classes)
-
-
-def read_class_file(file: PathLike) -> dict | None:
-    """What the class-list file ``file`` holds (see :func:`read_classes`), checked; None when
-    there is no such file.
-
-    >>> read_class_file("/dev/null")
-    Traceback (most recent call last):
-    ...
-    fpipe.errors.FormatError: /dev/null: not a regular file but a device
-    """
-    try:
-        data = _read_regular(file)
-    except FileNotFoundError:
-        return None
-    try:
-        stored = json.loads(data)
-    except ValueError as error:  # JSON syntax, or bytes that are not UTF-8
-        raise FormatError(f"not valid JSON ({error})", path=file) from error
-    problem = _classes_problem(stored)
-    if problem:
-        raise FormatError(f"not a class list: {problem}, not an object like "
-                          '{"classes": {"label": ["cat", "dog"]}}', path=file)
-    return stored
-
-
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number",
-               float: "a number", bool: "a boolean", type(None): "null"}
-
-
-def _classes_problem(stored: Any) -> str:
-    """What is wrong with a parsed ``.classes.json`` (empty when nothing is)."""
-    if type(stored) is not dict:
-        return f"the file holds {_JSON_TYPES[type(stored)]}"
-    if "classes" not in stored:
-        return 'it has no "classes"'
-    classes = stored["classes"]
-    if type(classes) is not dict:
-        return f'"classes" is {_JSON_TYPES[type(classes)]}'
-    for field, names in classes.items():
-        if type(names) is not list or not all(type(name) is str for name in names):
-            return f'"classes" of {field!r} is not a list of strings'
-    return ""
 
 
 _SUFFIXES = ("", ".offsets", ".keys", ".key_hashes", ".filter", ".index")

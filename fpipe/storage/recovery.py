@@ -213,6 +213,8 @@ class _Scan:
         self.tail = size
         self.largest = 0
         self.old = _old_offsets(path)
+        self._old_largest = int(np.diff(self.old).max()) if len(self.old) > 1 else 0
+        self._old_items = memoryview(self.old)  # items as Python ints, fast one by one
         self._after = 0  # the first old offset past the last sample looked at
         self.shapes: Counter | None = Counter()  # the fields of the samples, how often
         self.last_shape: frozenset = frozenset()
@@ -230,14 +232,13 @@ class _Scan:
     def window(self) -> int:
         """How large a sample found again after damage may be: twice the largest seen or in
         the old index, at least 1 MiB."""
-        spans = np.diff(self.old) if len(self.old) > 1 else np.zeros(1, np.uint64)
-        return max(_CANDIDATE_WINDOW, 2 * self.largest, 2 * int(spans.max()))
+        return max(_CANDIDATE_WINDOW, 2 * self.largest, 2 * self._old_largest)
 
     def overruns(self, start: int, stop: int) -> bool:
         """Whether the old index has a sample begin at ``start`` and the next before
         ``stop``: the sample that parsed there (a damaged one) swallowed the next. Samples
         are looked at in the order of the file."""
-        old, after = self.old, self._after
+        old, after = self._old_items, self._after
         while after < len(old) and old[after] <= start:
             after += 1
         self._after = after
