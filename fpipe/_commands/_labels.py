@@ -25,7 +25,7 @@ from ..storage import corrupt_reason, read_class_file, unpack_sample
 from ..storage.format import DECODE_ERRORS
 from ._common import CLASSES_SUFFIX
 
-__all__ = ["class_file", "class_lists", "field_span", "field_value", "merged_classes",
+__all__ = ["check_matchable", "class_file", "class_lists", "field_span", "field_value", "merged_classes",
            "renumbered", "renumbering", "union_of"]
 
 _MAP_TYPES = frozenset((*range(0x80, 0x90), 0xDE, 0xDF))  # fixmap, map 16, map 32
@@ -44,18 +44,32 @@ def class_file(source: str | Path) -> Path:
 def class_lists(source: str | Path) -> dict[str, list[str]] | None:
     """The class lists of ``source`` (a dataset or a ``.json`` class-list file, see
     :func:`class_file`), per label field; None when there is no such file. A file that is not
-    a class list (:func:`fpipe.storage.read_class_file`), or names a class twice, raises
-    :class:`~fpipe.errors.FpipeError` naming it."""
-    file = class_file(source)
-    stored = read_class_file(file)
-    if stored is None:
-        return None
-    for field, names in stored["classes"].items():
-        seen: set[str] = set()
-        twice = [name for name in names if name in seen or seen.add(name)]
-        if twice:
-            raise FpipeError(f"{file}: the classes of {field!r} name {twice[0]!r} twice")
-    return stored["classes"]
+    a class list (:func:`fpipe.storage.read_class_file`) raises
+    :class:`~fpipe.errors.FpipeError` naming it. A list may name a class twice (ImageNet's
+    names 'crane' twice); only matching labels by such a name is refused
+    (:func:`check_matchable`)."""
+    stored = read_class_file(class_file(source))
+    return None if stored is None else stored["classes"]
+
+
+def check_matchable(names: Sequence[str], labels: Iterable[str], where: str) -> None:
+    """Refuse to match ``labels`` by name in the class list ``names`` when one of them is a
+    name the list gives twice, so that its number is ambiguous.
+
+    >>> check_matchable(["crane", "ox", "crane"], ["ox"], "x.classes.json")
+    >>> check_matchable(["crane", "ox", "crane"], ["crane"], "x.classes.json")
+    Traceback (most recent call last):
+    ...
+    fpipe.errors.FpipeError: x.classes.json names the class 'crane' twice (numbers 0 and 2), ...
+    """
+    numbers: dict[str, list[int]] = {}
+    for number, name in enumerate(names):
+        numbers.setdefault(name, []).append(number)
+    for label in labels:
+        found = numbers.get(label, ())
+        if len(found) > 1:
+            raise FpipeError(f"{where} names the class {label!r} twice (numbers {found[0]} and "
+                             f"{found[1]}), so a label {label!r} cannot be numbered by its name")
 
 
 def union_of(lists: Iterable[Sequence[str]]) -> list[str]:
@@ -80,6 +94,11 @@ def merged_classes(sources: Sequence[Path]) -> tuple[dict[str, list[str]] | None
     if all(item is None for item in lists):
         return None, [{} for _ in sources]
     _check_comparable(sources, lists)
+    if all(item == lists[0] for item in lists):
+        return lists[0], [{} for _ in sources]
+    for source, item in zip(sources, lists):
+        for names in item.values():
+            check_matchable(names, names, f"{class_file(source)} (merged with other lists)")
     merged = {field: union_of(item[field] for item in lists) for field in lists[0]}
     tables = [{field: renumbering(names, merged[field]) for field, names in item.items()
                if names != merged[field][:len(names)]} for item in lists]

@@ -30,7 +30,7 @@ from ._common import (
 )
 from ._images import checked_suffixes, damage, decode_failure
 from ._inputs import IMAGE_SUFFIXES, JSON_LINES, LIST_FILE, Entry, Listing, list_source
-from ._labels import class_file, class_lists
+from ._labels import check_matchable, class_file, class_lists
 
 if TYPE_CHECKING:
     from ..sets import KnownDataset
@@ -341,6 +341,7 @@ def _given_labels(source: str, listing: Listing) -> list:
         raise UsageError(f"--classes {source}: {len(unknown)} label(s) are not among its "
                          f"{len(names)} classes: {', '.join(map(str, unknown[:_NAMED_LABELS]))}"
                          + ("..." if len(unknown) > _NAMED_LABELS else ""))
+    check_matchable(names, listing.labels, f"--classes {source}: {class_file(source)}")
     return names
 
 

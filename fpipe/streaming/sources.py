@@ -121,8 +121,7 @@ class Sample(Stream):
     def state_dict(self) -> dict:
         """Where this stream stands: the seed, the epoch and the position (or the state of
         dpipe's ``RandomState``), to continue it elsewhere, with what it draws from: the
-        length of the sequence and its weights (:meth:`~fpipe.streaming._draws.Schedule.fingerprint`).
-        A plain dict of constant size.
+        length of the sequence and a digest of its weights. A plain dict of constant size.
 
         >>> a = sample(range(100), random_state=3)
         >>> _ = [next(a) for _ in range(5)]

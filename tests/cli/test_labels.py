@@ -89,6 +89,27 @@ def test_merge_refuses_labels_it_cannot_match_by_name(tmp_path):
     assert not out.exists() and leftovers(tmp_path) == []
 
 
+def test_a_class_list_may_name_a_class_twice_as_imagenets_does(tmp_path, capsys):
+    crane = ["crane", "ox", "crane"]  # ImageNet names 'crane' twice (a bird and a machine)
+    a = _dataset(tmp_path / "a.msgpack", crane, [0, 1, 2], "a")
+    b = _dataset(tmp_path / "b.msgpack", crane, [2, 2], "b")
+    ok("merge", a, b, tmp_path / "out.msgpack")  # equal lists: copied, labels untouched
+    assert load_classes(tmp_path / "out.msgpack") == {"label": tuple(crane)}
+    with MsgpackReader(tmp_path / "out.msgpack") as merged:
+        assert [sample["label"] for sample in merged] == [0, 1, 2, 2, 2]
+    assert "label" in ok("info", a, "--json")
+    other = _dataset(tmp_path / "c.msgpack", ["ox"], [0], "c")
+    assert "names the class 'crane' twice" in fails(1, "merge", a, other,
+                                                     tmp_path / "o2.msgpack")
+    ox = _folder(tmp_path / "ox_only", ["ox"])
+    ok("write", ox, tmp_path / "ox.msgpack", "--classes", a, "-q")
+    with MsgpackReader(tmp_path / "ox.msgpack") as written:
+        assert [sample["label"] for sample in written] == [1]
+    cranes = _folder(tmp_path / "cranes", ["crane"])
+    assert "names the class 'crane' twice" in fails(1, "write", cranes,
+                                                     tmp_path / "c2.msgpack", "--classes", a)
+
+
 def _folder(root, classes):
     for i, name in enumerate(classes):
         (root / name).mkdir(parents=True)
