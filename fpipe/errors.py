@@ -157,6 +157,31 @@ def capture(error: BaseException) -> CapturedError:
     return CapturedError(error, text)
 
 
+def close_after(close: Callable[[], object], error: BaseException) -> None:
+    """``close()`` what ``error`` ends, without hiding ``error``: an error in closing is chained
+    to the end of ``error``'s context, so that ``error`` stays the exception raised and its
+    traceback still shows the other. Not in ``__all__``: streams and ``Infinite`` close so.
+
+    >>> def close():
+    ...     raise OSError("close failed")
+    >>> error = ValueError("the loop failed")
+    >>> close_after(close, error)
+    >>> error.__context__
+    OSError('close failed')
+    """
+    try:
+        close()
+    except BaseException as later:
+        if later.__context__ is error:  # raised while error was handled: no loop
+            later.__context__ = None
+        last, seen = error, {id(error)}
+        while last.__context__ is not None and id(last.__context__) not in seen:
+            last = last.__context__
+            seen.add(id(last))
+        if id(later) not in seen:
+            last.__context__ = later
+
+
 def _picklable(error: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(error))

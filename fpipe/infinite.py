@@ -290,7 +290,7 @@ def _skip_counter(stream: Stream, inputs: int, outputs: int) -> SkippedIndices |
 
 def _discard(stream: Stream, n: int) -> None:
     while n > 0:
-        items = stream.pull(min(n, _SKIP_CHUNK))
+        items = stream.pull(min(n, _SKIP_CHUNK), full=True)
         if not items:
             return
         n -= len(items)

@@ -280,6 +280,16 @@ def background_stages(draw: st.DrawFn) -> tuple:
     return "threads", draw(st.integers(1, 4)), draw(st.integers(1, 3)), draw(chunk_sizes)
 
 
+class Interrupted(BaseException):
+    """A BaseException that is neither KeyboardInterrupt nor SystemExit (laws raise all three)."""
+
+
+# what a source or a stage's function may raise: whatever it is, the items before it come first
+error_kinds = st.sampled_from([ValueError, KeyboardInterrupt, SystemExit, Interrupted])
+# the regrouping stages that one-to-one stages may sit between: none, or batch(k) then unbatch
+regroupings = st.one_of(st.none(), st.integers(1, 9))
+
+
 @st.composite
 def same_rank_shapes(draw: st.DrawFn) -> list[tuple[int, ...]]:
     """1 to 5 array shapes with the same number of dimensions (0 to 3), sides 0 to 5."""

@@ -1,7 +1,9 @@
 """Laws of the stages: conservation and order, the pull contract, seeds that do not depend on
-workers or backends, and the prefetch bound."""
+workers or backends, the prefetch bound, the items before an error of any kind, and sources
+that wait for their consumer."""
 
 import itertools
+import queue
 import time
 from collections import Counter
 
@@ -14,10 +16,12 @@ from property_tests.strategies import (
     add_three,
     background_stages,
     chunk_sizes,
+    error_kinds,
     fails_on_multiples_of_seven,
     item_stages,
     noisy,
     pull_sizes,
+    regroupings,
     stream_items,
 )
 
@@ -28,8 +32,10 @@ def _reference(items, chain):
     return items
 
 
-def _build(chain, background):
+def _build(chain, background, regrouping=None):
     stages = [fp.map(func) if kind == "map" else fp.filter(func) for kind, func in chain]
+    if regrouping is not None:
+        stages += [fp.batch(regrouping), fp.unbatch()]
     for spec in background:
         stages.append(fp.prefetch(spec[1]) if spec[0] == "prefetch" else fp.threads(
             add_three, n_workers=spec[1], buffer_size=spec[2], chunk_size=spec[3]))
@@ -145,3 +151,56 @@ def test_skipping_keeps_exactly_the_good_items_in_order_and_counts_the_rest(
         row = fp.stats(stream)[-1]
     bad = [i for i, x in enumerate(items) if x % 7 == 0]
     assert row.skipped == len(bad) and [r.index for r in row.skipped_items] == bad
+
+
+def _failing_source(items, kind):
+    yield from items
+    raise kind("the source failed")
+
+
+@given(stream_items, st.lists(item_stages, max_size=3), st.lists(background_stages(), max_size=2),
+       regroupings, error_kinds, st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_every_stage_delivers_the_items_before_an_error_of_any_kind(items, chain, background,
+                                                                     regrouping, kind, waits):
+    stages, full_chain = _build(chain, background, regrouping)
+    got = []
+    source = fp.as_stream(_failing_source(items, kind), waits=waits)
+    try:
+        with pipe(source, *stages) as stream:
+            for x in stream:
+                got.append(x)
+    except kind as error:
+        assert "the source failed" in str(error)
+    else:
+        raise AssertionError(f"{kind.__name__} was not raised")
+    assert got == _reference(items, full_chain)
+
+
+def _waiting_source(answers):
+    while (x := answers.get(timeout=60)) is not None:  # a hang fails the law with queue.Empty
+        yield x
+
+
+def _passes(x):
+    return True
+
+
+@given(st.lists(st.sampled_from([("map", add_three), ("map", abs), ("filter", _passes)]),
+                max_size=3),
+       st.lists(background_stages(), max_size=2), st.one_of(st.none(), st.just(1)),
+       st.integers(1, 30))
+@settings(max_examples=30, deadline=None)
+def test_a_source_that_waits_for_the_consumer_runs_through_any_stages(chain, background,
+                                                                       regrouping, steps):
+    # the source gives item k+1 only once the consumer has item k, so no stage may hold an
+    # item back to wait for the next one (a filter keeps them all: the consumer answers each)
+    stages, _ = _build(chain, background, regrouping)
+    answers = queue.Queue()
+    answers.put(0)
+    got = 0
+    with pipe(fp.as_stream(_waiting_source(answers)), *stages) as stream:
+        for _ in stream:
+            got += 1
+            answers.put(got if got < steps else None)
+    assert got == steps

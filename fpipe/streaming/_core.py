@@ -26,12 +26,14 @@ epoch (and the index of the first item) explicitly, to resume a stream.
 from __future__ import annotations
 
 import abc
+import collections
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..errors import CapturedError, check_integer
+from ..errors import CapturedError, check_bool, check_integer, close_after
 
 __all__ = ["Stage", "Stream", "as_stream"]
 
@@ -49,9 +51,13 @@ class Stream(abc.ABC):
     """A lazy stream of items: what a stage returns, and what the next stage reads.
 
     It is an iterator (``next()``, ``for``) and a context manager that closes it. Stages read
-    each other with :meth:`pull`, a chunk at a time. ``next()`` reads ahead of the consumer only
-    while items are cheap: at most 64 items, and only as many as take about 0.1 ms to make.
-    ``waits`` tells whether a pull may wait for other threads (a background stage upstream).
+    each other with :meth:`pull`, a chunk at a time. ``waits`` tells whether a pull may wait:
+    for other threads (a background stage upstream), or for the consumer itself (a source that
+    is not a plain container, such as a generator, may wait for what the consumer does with the
+    items it has). So a pull never holds an item back to wait for the next one: once it has
+    one, it reads on only where that cannot wait. ``next()`` reads ahead so, and only while
+    items are cheap: at most 64 items, as many as take about 0.1 ms to make. Several threads
+    may read one stream: they take turns, and each item goes to one of them.
 
     >>> stream = as_stream(range(5))
     >>> next(stream), stream.pull(3), list(stream)
@@ -61,7 +67,10 @@ class Stream(abc.ABC):
     is a stream or None) and implements:
 
     - ``_pull(n)``: make the next items, at least one and at most ``n``; ``[]`` at the end.
-      An exception raised there closes the stream and reaches the consumer.
+      An exception raised there closes the stream and reaches the consumer. Once it has an
+      output, it returns rather than read an upstream that ``waits`` again.
+    - ``_pull_full(n)``, if it stops early so: the same for a caller that needs all ``n``
+      (``pull(n, full=True)``); the default is ``_pull(n)``.
     - ``_close()``, if it holds anything: release it. It runs once, from :meth:`close`; the
       default closes the upstream.
     - :meth:`start`, if it works in the background: start that work now.
@@ -70,7 +79,8 @@ class Stream(abc.ABC):
     It may call, besides the public methods:
 
     - :meth:`pull_upstream` to read its upstream a chunk at a time (timed for
-      :func:`fpipe.stats`), or ``next(self.upstream)`` to read it item by item;
+      :func:`fpipe.stats`; ``full=True`` when it needs the whole chunk), or
+      ``next(self.upstream)`` to read it item by item;
     - :meth:`defer_error` in an ``except`` block, so that the items made before an error are
       delivered and the error is raised at the next pull;
     - :meth:`reads` for each stream it reads besides its upstream;
@@ -86,7 +96,8 @@ class Stream(abc.ABC):
     [2, 4, 6]
     """
 
-    waits = False  # whether a pull may wait for other threads (or on its upstream's)
+    # whether a pull may wait: for other threads, or for the consumer (see the docstring)
+    waits = False
     skips = None  # the SkipLog of a stage with on_error: the items it left out
 
     def __init__(self, upstream: Stream | None, name: str) -> None:
@@ -97,38 +108,48 @@ class Stream(abc.ABC):
         self._closed = False
         self._meter = _Meter()
         self._reader: _Meter | None = None  # the meter of the stream that reads this one
+        self._turn = threading.Lock()  # held by the thread that reads (several may)
         if upstream is not None:
             self.reads(upstream)
 
-    def pull(self, n: int) -> list:
+    def pull(self, n: int, *, full: bool = False) -> list:
         """The next items, at least one and at most ``n``; ``[]`` once the stream has ended.
+        Once it has an item, it returns rather than wait for more (see :attr:`waits`), unless
+        ``full``: then the caller needs all ``n`` (a batch) and the stream may wait for each.
+        It may still return fewer: ask again.
 
         An error raised while making items is raised after the items made before it, at the
         next pull; the stream then closes itself.
         """
+        with self._turn:
+            return self._pull_in_turn(n, full)
+
+    def _pull_in_turn(self, n: int, full: bool = False) -> list:
         if self._buffer or self._error is not None or self._closed:
-            return self._pull_held(n)
+            items = self._pull_held(n)
+            if items or self._closed:
+                return items
         meter = self._meter
         meter.until_timed -= 1
         if not meter.until_timed:
-            return self._timed_pull(n)
+            return self._timed_pull(n, full)
         try:
-            items = self._pull(n)
-        except BaseException:
-            self.close()
+            items = self._pull_full(n) if full else self._pull(n)
+        except BaseException as error:
+            self._fail(error)
             raise
         meter.items += len(items)
         return items
 
-    def _timed_pull(self, n: int) -> list:
+    def _timed_pull(self, n: int, full: bool) -> list:
         meter, start = self._meter, time.perf_counter()
         if meter.started is None:
             meter.started = start
         meter.until_timed, meter.timing = _TIMED_EVERY, True
         try:
-            items = self._pull(n)
-        except BaseException:
-            self.close()
+            items = self._pull_full(n) if full else self._pull(n)
+        except BaseException as error:
+            self._fail(error)
             raise
         finally:
             meter.timing = False
@@ -137,31 +158,52 @@ class Stream(abc.ABC):
         meter.items += len(items)
         return items
 
+    def _fail(self, error: BaseException) -> None:
+        """Close the stream that ``error`` ends: an error of the closing is chained to it
+        rather than raised in its place. A StopIteration would end the consumer's loop as if
+        the stream had ended, so it is raised as a RuntimeError (as PEP 479 does)."""
+        close_after(self.close, error)
+        if isinstance(error, StopIteration):
+            raise RuntimeError(f"{self.name} raised StopIteration") from error
+
     def _pull_held(self, n: int) -> list:
         if self._buffer:
-            return self._unbuffer(n)
+            items = self._unbuffer(n)
+            if items:
+                return items
         if self._error is not None:
             self._raise_error()
-        return []  # closed
+        return []  # closed, or another reader took the items held
 
     @abc.abstractmethod
     def _pull(self, n: int) -> list:
         """Make the next items, at least one and at most ``n``; ``[]`` at the end. An error
         raised here closes the stream (see :meth:`pull`)."""
 
+    def _pull_full(self, n: int) -> list:
+        """:meth:`_pull` for a caller that needs all ``n`` items (``pull(n, full=True)``): a
+        stream that stops early when its upstream may wait reads on here."""
+        return self._pull(n)
+
     def _unbuffer(self, n: int) -> list:
-        buffer = self._buffer
-        items = buffer[-n:]
-        del buffer[-n:]
-        items.reverse()
+        # one pop at a time: next() pops without taking its turn
+        take, items = self._buffer.pop, []
+        try:
+            for _ in range(n):
+                items.append(take())
+        except IndexError:
+            pass
         return items
 
     def _raise_error(self) -> None:
         error, self._error = self._error, None
-        self.close()
-        if isinstance(error, CapturedError):
-            error.reraise()
-        raise error
+        try:
+            if isinstance(error, CapturedError):
+                error.reraise()
+            raise error
+        except BaseException as raised:
+            self._fail(raised)
+            raise
 
     def __iter__(self) -> Stream:
         return self
@@ -169,16 +211,32 @@ class Stream(abc.ABC):
     def __next__(self) -> Any:
         buffer = self._buffer
         if buffer:
-            return buffer.pop()
+            try:
+                return buffer.pop()
+            except IndexError:  # another thread took the last one
+                pass
+        with self._turn:
+            return self._next_in_turn()
+
+    def _next_in_turn(self) -> Any:
+        buffer = self._buffer
+        if buffer:
+            try:
+                return buffer.pop()  # read by the thread whose turn came first
+            except IndexError:
+                pass
         start = time.perf_counter()
-        items = self.pull(self._read_size)
+        items = self._pull_in_turn(self._read_size)
         seconds = time.perf_counter() - start
         reader = self._reader
         if reader is not None and reader.timing:
             reader.waited += seconds
         if not items:
             raise StopIteration
-        self._read_size = next_chunk_size(len(items), seconds, READ_SECONDS, _READ_AHEAD)
+        count = len(items)
+        self._read_size = next_chunk_size(count, seconds, READ_SECONDS, _READ_AHEAD)
+        if count == 1:  # from a source that may wait, every time
+            return items[0]
         items.reverse()
         first = items.pop()
         self._buffer = items
@@ -186,10 +244,12 @@ class Stream(abc.ABC):
 
     def close(self) -> None:
         """Stop this stream's work (threads are joined, process workers stay warm for the next
-        run) and close its upstream. Closing twice does nothing."""
+        run) and close its upstream. Closing twice does nothing. An error in closing (say, of
+        the source's ``close()``) is raised here, whatever stage the source is read by."""
         if not self._closed:
             self._closed = True
             self._close()
+
 
     def _close(self) -> None:
         if self.upstream is not None:
@@ -217,23 +277,27 @@ class Stream(abc.ABC):
     def __enter__(self) -> Stream:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> None:
+        if error is None:
+            self.close()
+        else:
+            close_after(self.close, error)  # never hide the error of the block
 
     def __repr__(self) -> str:
         return f"<{self.name} stream>"
 
     # --- for the authors of streams (see the class docstring) ---
 
-    def pull_upstream(self, n: int) -> list:
-        """``self.upstream.pull(n)``, timed when this stream's pull is, so that
-        :func:`fpipe.stats` can tell this stream's work from its upstream's."""
+    def pull_upstream(self, n: int, *, full: bool = False) -> list:
+        """``self.upstream.pull(n, full=full)``, timed when this stream's pull is, so that
+        :func:`fpipe.stats` can tell this stream's work from its upstream's. (A stream is the
+        only reader of its upstream, so it reads without taking turns.)"""
         meter = self._meter
         if not meter.timing:
-            return self.upstream.pull(n)
+            return self.upstream._pull_in_turn(n, full)
         start = time.perf_counter()
         try:
-            return self.upstream.pull(n)
+            return self.upstream._pull_in_turn(n, full)
         finally:
             meter.waited += time.perf_counter() - start
 
@@ -267,7 +331,7 @@ class Stream(abc.ABC):
     def reads(self, source: Stream) -> None:
         """Declare that this stream reads ``source`` (its upstream is declared already): the
         time spent waiting for it counts as waiting in :func:`fpipe.stats`, and this stream
-        waits for other threads if ``source`` does."""
+        ``waits`` if ``source`` does."""
         source._reader = self._meter
         if source.waits:
             self.waits = True
@@ -322,20 +386,60 @@ def next_chunk_size(items: int, seconds: float, target: float, cap: int) -> int:
     return max(1, min(cap, 2 * items, int(ideal)))
 
 
-class _Source(Stream):
-    """Any iterable as a stream; ``iter()`` is called at the first pull."""
+_PLAIN = frozenset({itertools.count, itertools.repeat})
+_PLAIN |= frozenset(type(iter(plain)) for plain in (
+    [], (), range(0), range(2 ** 64), "", "\u00e9", b"", bytearray(), {}, {}.values(),
+    {}.items(), set(), collections.deque(), reversed([]), reversed(range(0)), reversed({})))
 
-    def __init__(self, iterable: Iterable) -> None:
+
+def reads_ahead_freely(iterable: Iterable) -> bool:
+    """Whether reading ``iterable`` ahead of its consumer cannot wait for the consumer: it has
+    a length (a list, an array, a dataset, an ordering: its items are there already), or it is
+    an iterator of a built-in container, ``itertools.count`` or ``repeat``, or ``zip`` or
+    ``enumerate`` over such. A generator, or any other iterator, may wait for what the consumer
+    does with the items it has (a feedback loop). Not in ``__all__``.
+
+    >>> reads_ahead_freely(range(3)), reads_ahead_freely(zip(range(3), iter("abc")))
+    (True, True)
+    >>> reads_ahead_freely(x for x in range(3))
+    False
+    """
+    kind = type(iterable)
+    if kind in _PLAIN or hasattr(iterable, "__len__"):
+        return True
+    if kind is zip or kind is enumerate:  # their parts, as pickling lists them
+        parts = iterable.__reduce__()[1]
+        return all(reads_ahead_freely(part) for part in parts if not isinstance(part, int))
+    return False
+
+
+class _Source(Stream):
+    """Any iterable as a stream; ``iter()`` is called at the first pull. It ``waits`` unless
+    told otherwise or :func:`reads_ahead_freely` says it cannot wait for its consumer."""
+
+    def __init__(self, iterable: Iterable, waits: bool) -> None:
         super().__init__(None, f"source({type(iterable).__name__})")
         self._iterable, self._iterator = iterable, None
+        self.waits = waits
 
     def _pull(self, n: int) -> list:
+        if not self.waits:
+            return self._pull_full(n)
+        # one item: the next may wait for what the consumer does with this one
+        if self._iterator is None:
+            self._iterator = iter(self._iterable)
+        try:
+            return [next(self._iterator)]
+        except StopIteration:
+            return []
+
+    def _pull_full(self, n: int) -> list:
         if self._iterator is None:
             self._iterator = iter(self._iterable)
         items: list = []
         try:
             items.extend(itertools.islice(self._iterator, n))
-        except Exception as error:
+        except BaseException as error:
             if not self.defer_error(error, items):
                 raise
         return items
@@ -347,13 +451,29 @@ class _Source(Stream):
             close()
 
 
-def as_stream(iterable: Iterable) -> Stream:
+def as_stream(iterable: Iterable, *, waits: bool | None = None) -> Stream:
     """``iterable`` as a :class:`Stream` (a stream is returned as it is).
+
+    ``waits`` says whether reading the iterable may wait for the consumer of the pipeline (a
+    feedback loop: a generator that yields what the consumer's last step made). Such a
+    source is read one item at a time whenever a stage does not need more (``next()``, a
+    background stage's feeder), so that no item it gave is held back while the next one is
+    read. By default, anything with a length, the iterators of built-in containers,
+    ``itertools.count`` and ``repeat`` (and ``zip`` or ``enumerate`` of those) are read ahead
+    freely, and other iterables (generators, iterators) are taken to wait. ``waits=False``
+    reads a generator that never waits for its consumer ahead in chunks again, which is
+    faster when its items are cheap.
 
     >>> as_stream([1, 2]).pull(5)
     [1, 2]
+    >>> as_stream(x for x in [1, 2]).pull(5), as_stream((x for x in [1, 2]), waits=False).pull(5)
+    ([1], [1, 2])
     """
-    return iterable if isinstance(iterable, Stream) else _Source(iterable)
+    if isinstance(iterable, Stream):
+        return iterable
+    if waits is None:
+        waits = not reads_ahead_freely(iterable)
+    return _Source(iterable, check_bool("waits", waits))
 
 
 # --- stages -----------------------------------------------------------------------------
@@ -426,21 +546,24 @@ class _Mapped(Stream):
         super().__init__(upstream, name)
         self._into, self._index = into, start
 
-    def _pull(self, n: int) -> list:
+    def _pull(self, n: int, full: bool = False) -> list:
         outputs: list = []
         meter = self._meter
         while not outputs:
-            chunk = self.pull_upstream(n) if meter.timing else self.upstream.pull(n)
+            chunk = (self.pull_upstream(n, full=full) if meter.timing
+                     else self.upstream._pull_in_turn(n, full))
             if not chunk:
                 return outputs
             start, self._index = self._index, self._index + len(chunk)
             try:
                 self._into(outputs, chunk, start)
-            except Exception as error:
+            except BaseException as error:
                 if not self.defer_error(error, outputs):
                     raise
         return outputs
 
+    def _pull_full(self, n: int) -> list:
+        return self._pull(n, True)
 
 
 
@@ -468,16 +591,23 @@ class _Generated(Stream):
         self._start, self._iterator = start, None
 
     def _pull(self, n: int) -> list:
+        # past the first output, the generator could wait on an upstream that waits
+        return self._generate(1 if self.upstream.waits else n, _GENERATOR_SLICE)
+
+    def _pull_full(self, n: int) -> list:
+        return self._generate(n, float("inf"))
+
+    def _generate(self, n: int, seconds: float) -> list:
         if self._iterator is None:
             self._iterator = self._start(self.upstream)
         items: list = []
-        deadline = time.perf_counter() + _GENERATOR_SLICE
+        deadline = time.perf_counter() + seconds
         try:
             for item in self._iterator:
                 items.append(item)
                 if len(items) >= n or time.perf_counter() > deadline:
                     break
-        except Exception as error:
+        except BaseException as error:
             if not self.defer_error(error, items):
                 raise
         return items

@@ -102,7 +102,7 @@ class Regrouped(Stream):
                 feed(index, item, out)
                 index += 1
                 self._index = index
-        except Exception as error:
+        except BaseException as error:
             self._made.extend(out)
             if not self.defer_error(error, self._made):
                 raise

@@ -70,6 +70,7 @@ class _Batched(Stream):
         super().__init__(upstream, name)
         self._size, self._predicate, self._drop_last = stage.size, stage.predicate, stage.drop_last
         self._held = _NOTHING  # the item that closed the last predicate batch
+        self._filling: list = []  # the batch being made
 
     def _pull(self, n: int) -> list:
         # more than one batch only while they are cheap and need no waiting for other threads,
@@ -84,19 +85,24 @@ class _Batched(Stream):
                 batches.append(items)
                 if len(batches) >= n or time.perf_counter() > deadline:
                     return batches
-        except Exception as error:
+        except BaseException as error:
+            # the input ends in an error: what it gave of this batch goes out first, as at its end
+            partial, self._filling = self._filling, []
+            if partial and not (self._drop_last and self._size):
+                batches.append(partial)
             if not self.defer_error(error, batches):
                 raise
             return batches
 
     def _sized(self) -> list:
         size = self._size
-        items = self.pull_upstream(size)
+        items = self._filling = self.pull_upstream(size, full=True)
         while 0 < len(items) < size:
-            more = self.pull_upstream(size - len(items))
+            more = self.pull_upstream(size - len(items), full=True)
             if not more:
                 break
             items += more
+        self._filling = []
         return items
 
     def _by_predicate(self) -> list:
@@ -105,12 +111,13 @@ class _Batched(Stream):
             first = next(self.upstream, _NOTHING)
             if first is _NOTHING:
                 return []
-        items = [first]
+        items = self._filling = [first]
         for item in self.upstream:
             if not self._predicate(items, item):
                 self._held = item
                 break
             items.append(item)
+        self._filling = []
         return items
 
 

@@ -29,7 +29,7 @@ from ._joblib import ShippedCall, process_pool
 from ._messages import Message
 from ._shm import Transport, end_run
 from ._shm import available as shared_memory_available
-from .simple import ItemCall, at_epoch, error_options, stage_repr
+from .simple import ItemCall, at_epoch, check_call, error_options, stage_repr
 
 __all__ = ["prefetch", "processes", "threads"]
 
@@ -44,15 +44,16 @@ class _Slots:
     """Room for what a background stage holds; the feeder waits for room, close() wakes it."""
 
     def __init__(self, count: int) -> None:
-        self._free, self._shut = count, False
+        self.count, self._free, self._shut = count, count, False
         self._condition = threading.Condition()
 
-    def acquire(self, most: int) -> int:
-        """Reserve between 1 and ``most`` slots (waiting for one); 0 once closed."""
+    def acquire(self, most: int, least: int = 1) -> int:
+        """Reserve between ``least`` and ``most`` slots, waiting for ``least`` (0: no waiting);
+        0 once closed, or when ``least`` is 0 and none is free."""
         with self._condition:
-            while not self._free and not self._shut:
+            while self._free < least and not self._shut:
                 self._condition.wait()
-            if self._shut:
+            if self._shut or not self._free:
                 return 0
             taken = min(most, self._free)
             self._free -= taken
@@ -69,6 +70,104 @@ class _Slots:
             self._condition.notify_all()
 
 
+class _Handover:
+    """The chunk a feeder is filling from an upstream that ``waits``, and its hand-over to the
+    executor: when it is full, or at once when the consumer waits for it, so that an item read
+    is never held back while the feeder waits for the next one (a source may wait for what the
+    consumer does with the items it has). The feeder and the consumer hand over under one lock,
+    so chunks go out in order.
+
+    ``reserved`` counts the slots held for the items and for the read under way: one per item
+    (``per_item``, prefetch), or one for the chunk (threads, processes)."""
+
+    def __init__(self, executor: Any, results: queue.SimpleQueue, per_item: bool, start: int,
+                 sizer: _Sizer) -> None:
+        self._executor, self._results, self._per_item = executor, results, per_item
+        self._sizer = sizer
+        self.failed = False  # the executor refused a chunk: the consumer has been told
+        self._lock = threading.Lock()
+        self.items: list = []
+        self.reserved = 0
+        self.seq, self._index = 0, start  # the number of the next chunk, its first item's index
+        self._seconds = 0.0  # spent reading the items
+        self._hungry = False  # the consumer waits for the chunk being filled
+
+    def room(self) -> int:
+        """How many more items the feeder may read now without reserving more slots."""
+        if self._per_item:
+            return self.reserved - len(self.items)
+        return self._sizer.size - len(self.items) if self.reserved else 0
+
+    def reserve(self, slots: int) -> None:
+        """The feeder holds ``slots`` more."""
+        with self._lock:
+            self.reserved += slots
+            self._hand_over_if_due()
+
+    def read(self, chunk: list, seconds: float) -> int:
+        """The feeder read ``chunk``; returns the slots it reserved that are not needed now."""
+        with self._lock:
+            self.items += chunk
+            self._seconds += seconds
+            self._hand_over_if_due()
+            return self._spare()
+
+    def flush(self) -> None:
+        """Hand over the items held, if it can."""
+        with self._lock:
+            if self.items and self.reserved >= self._slots():
+                self._hand_over()
+
+    def ended(self, marker: Callable[[int, int], Message]) -> Message:
+        """The input ended (or failed): hand over what is left, and the marker that follows it,
+        ``marker(seq, slots)``."""
+        with self._lock:
+            if self.items:
+                self._hand_over()
+            message, self.reserved = marker(self.seq, self.reserved), 0
+            return message
+
+    def awaits(self, received: int) -> None:
+        """The consumer, which has had the chunks before number ``received``, is about to wait
+        for the next: if that is the one being filled, it goes now (while the feeder may be
+        waiting for the item after it), or as soon as it has an item."""
+        with self._lock:
+            if received < self.seq:
+                return  # it is on its way
+            self._hungry = True
+            self._hand_over_if_due()
+
+    def _hand_over_if_due(self) -> None:
+        due = self._hungry or len(self.items) >= self._sizer.size
+        if self.items and due and self.reserved >= self._slots():
+            self._hand_over()
+
+    def _slots(self) -> int:
+        return len(self.items) if self._per_item else 1
+
+    def _spare(self) -> int:
+        # per item, the slots beyond the chunk's target go back (the target may have shrunk)
+        if not self._per_item:
+            return 0
+        spare = max(0, self.reserved - max(len(self.items), self._sizer.size))
+        self.reserved -= spare
+        return spare
+
+    def _hand_over(self) -> None:
+        chunk, slots, self.items = self.items, self._slots(), []
+        self.reserved -= slots
+        if len(chunk) >= self._sizer.size:  # a chunk handed over early says nothing of sizes
+            self._sizer.pulled(len(chunk), self._seconds)
+        if not self.failed:
+            try:
+                self._executor.submit(self.seq, self._index, chunk, slots)
+            except BaseException as error:  # the consumer hears of it after what came before
+                self._results.put(Message(self.seq, [], capture(error), 0.0, slots))
+                self.failed = True
+        self.seq, self._index = self.seq + 1, self._index + len(chunk)
+        self._seconds, self._hungry = 0.0, False
+
+
 class _Run:
     """The threads of one application of a background stage. They hold this object, never the
     stream, so that a forgotten stream is garbage-collected and its finalizer stops them."""
@@ -78,7 +177,11 @@ class _Run:
         self.upstream, self.executor, self.sizer = upstream, executor, sizer
         self.results: queue.SimpleQueue = queue.SimpleQueue()
         self.slots, self.per_item, self.start = _Slots(slots), per_item, start
+        # an upstream that does not wait fills each chunk in one pull, without the consumer
+        self.handover = (_Handover(executor, self.results, per_item, start, sizer)
+                         if upstream.waits else None)
         self.stopping, self.reading = False, 0.0  # seconds the feeder spent reading
+        self.close_error: BaseException | None = None  # of the upstream's close()
         self._closed_upstream = False
         self._lock = threading.Lock()
         self.feeder = threading.Thread(target=self._feed, name="fpipe-feeder", daemon=True)
@@ -88,21 +191,32 @@ class _Run:
         self.feeder.start()
 
     def _feed(self) -> None:
-        seq, index = 0, self.start
         try:
-            while True:
-                reserved = self.slots.acquire(self.sizer.size if self.per_item else 1)
-                if not reserved or self.stopping:
+            if self.handover is None:
+                self._feed_chunks()
+                return
+            while not self.stopping and not self.handover.failed:
+                room = self._room()
+                if not room or self.stopping or not self._read(room):
                     return
-                chunk = self._read(seq, reserved)
-                if chunk is None or not self._submit(seq, index, chunk, reserved):
-                    return
-                seq, index = seq + 1, index + len(chunk)
         finally:
             if self.stopping:
                 self.close_upstream()
 
-    def _read(self, seq: int, reserved: int) -> list | None:
+    def _feed_chunks(self) -> None:
+        """From an upstream that does not wait: a chunk is what one pull gives into the room
+        held for it."""
+        seq, index = 0, self.start
+        while True:
+            reserved = self.slots.acquire(self.sizer.size if self.per_item else 1)
+            if not reserved or self.stopping:
+                return
+            chunk = self._read_chunk(seq, reserved)
+            if chunk is None or not self._submit(seq, index, chunk, reserved):
+                return
+            seq, index = seq + 1, index + len(chunk)
+
+    def _read_chunk(self, seq: int, reserved: int) -> list | None:
         """The next chunk; on the end or an error, tell the consumer and return None."""
         began = time.perf_counter()
         try:
@@ -129,12 +243,64 @@ class _Run:
             return False
         return True
 
+    def _room(self) -> int:
+        """How many items to read next, once the slots for them are held (waiting for room);
+        0 once the run stops. (A consumer that hands the chunk over takes its slots: the
+        feeder then reserves again.)"""
+        handover = self.handover
+        room = handover.room()
+        while room <= 0:
+            got = self._more_slots()
+            if not got:
+                return 0
+            handover.reserve(got)
+            room = handover.room()
+        return room
+
+    def _more_slots(self) -> int:
+        if not self.per_item:
+            return self.slots.acquire(1)
+        handover = self.handover
+        wanted = max(1, self.sizer.size - len(handover.items))
+        if handover.items:  # the chunk grows by what is free now, or goes as it is
+            got = self.slots.acquire(wanted, least=0)
+            if got:
+                return got
+            handover.flush()
+        # a new chunk waits for half the room, not the first slot freed, or the chunks would
+        # stay as small as the gap that the last one left
+        return self.slots.acquire(wanted, least=min(wanted, max(1, self.slots.count // 2)))
+
+    def _read(self, room: int) -> bool:
+        """Read up to ``room`` items into the chunk being filled (the upstream gives what it
+        has); False at the end or on an error, which follows the items before."""
+        handover, began = self.handover, time.perf_counter()
+        try:
+            chunk = self.upstream.pull(room)
+        except BaseException as error:
+            captured = capture(error)
+            self.results.put(handover.ended(lambda seq, slots: Message(seq, [], captured, 0.0,
+                                                                       slots)))
+            return False
+        if not chunk:
+            self.results.put(handover.ended(Message.end))
+            return False
+        seconds = time.perf_counter() - began
+        self.reading += seconds
+        spare = handover.read(chunk, seconds)
+        if spare:
+            self.slots.release(spare)
+        return True
+
     def close_upstream(self) -> None:
         with self._lock:
             if self._closed_upstream:
                 return
             self._closed_upstream = True
-        self.upstream.close()
+        try:
+            self.upstream.close()
+        except BaseException as error:  # raised by the stream's close(), not in this thread
+            self.close_error = error
 
     def stop(self, join: bool) -> None:
         self.stopping = True
@@ -188,6 +354,7 @@ class _Background(Stream):
         self._pending: dict = {}
         self._next_seq, self._received, self._total = 0, 0, None
         self._ready: list = []
+        self._handed = 0  # how many of the ready results are handed out
         self._ready_slots, self._ready_error = 0, None
         self._work = 0.0
 
@@ -207,11 +374,13 @@ class _Background(Stream):
         if not self._ready and not self._next_chunk():
             self.close()
             return []
-        items = self._ready
-        if len(items) > n:
-            self._ready = items[n:]
-            return items[:n]
-        self._ready = []
+        items, handed = self._ready, self._handed
+        if len(items) - handed > n:
+            self._handed += n
+            return items[handed:handed + n]
+        self._ready, self._handed = [], 0
+        if handed:
+            items = items[handed:]
         if self._ready_error is not None:
             self.defer_error(self._ready_error, items)  # raised after the chunk's results
         self._run.slots.release(self._ready_slots)
@@ -246,7 +415,7 @@ class _Background(Stream):
                 return None if message.is_end else message
             if self._total is not None and self._received == self._total:
                 return None
-            message = results.get()
+            message = self._take(results)
             if self.closed or message.is_wake:
                 return None
             if message.is_failure:  # of the process pool, for every run
@@ -259,12 +428,23 @@ class _Background(Stream):
                 self._received += 1
                 return message
 
+    def _take(self, results: queue.SimpleQueue) -> Message:
+        handover = self._run.handover
+        if handover is not None and results.empty():
+            # about to wait: the chunk waited for must not stay with a feeder that may be
+            # waiting for the item after it
+            handover.awaits(self._next_seq if self._ordered else self._received)
+        return results.get()
+
     def _close(self) -> None:
         if self._run is None:
             super()._close()
             return
         self._finalizer.detach()
         self._run.stop(join=True)
+        error, self._run.close_error = self._run.close_error, None
+        if error is not None:
+            raise error
 
     def shares(self, wall: float) -> tuple[float, float, float]:
         # the workers are busy, or wait for the feeder to read, or wait for room downstream
@@ -361,6 +541,7 @@ class _ParallelStage(Stage):
                  buffer_size: int, ordered: bool, seed: Seed | None, chunk_size: int, *,
                  on_error: OnError = "raise", max_errors: int | None = None) -> None:
         self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
+        check_call(self.kind, func, args, kwargs, workers=True)
         self.ordered = check_bool("ordered", ordered)
         self.n_workers = check_workers(n_workers)
         self.workers = (os.cpu_count() or 1) if self.n_workers == -1 else self.n_workers

@@ -9,12 +9,15 @@ They work in the consumer's thread, a chunk at a time.
 from __future__ import annotations
 
 import builtins
+import inspect
+import operator
+import reprlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..errors import CapturedError, capture, check_callable, check_integer
-from ..functional import call_repr
+from ..functional import call_repr, func_name
 from ..random import Seed, item_rng, optional_entropy, set_active
 from ..skipping import OnError, SkipLog, check_max_errors, check_on_error, handle
 from ._core import Stage, Stream, as_stream, generator_stream, mapped_stream
@@ -39,20 +42,40 @@ class ItemCall:
     def into(self, outputs: list, chunk: list, start: int) -> None:
         """Append the results to ``outputs``; on an error, the results before it stay there.
         With ``on_error`` other than ``"raise"``, a failed item appends its :class:`Skipped`
-        record instead (the consumer's :class:`SkipLog` takes it out)."""
+        record instead (the consumer's :class:`SkipLog` takes it out). A StopIteration from
+        ``func`` is raised as a RuntimeError that names the item (see :func:`stop_error`)."""
         if self.on_error != "raise":
             self._into_skipping(outputs, chunk, start)
             return
-        func, args, kwargs = self.func, self.args, self.kwargs
+        mark = len(outputs)
+        if self.seed is None and not (self.args or self.kwargs):
+            outputs.extend(builtins.map(self.func, chunk))
+            done = len(outputs) - mark
+            if done == len(chunk):
+                return
+            # extend took a StopIteration from func for the end of the chunk: the item that
+            # raised it goes again through the loop, which sees it
+            chunk, start, mark = chunk[done:], start + done, len(outputs)
+        try:
+            self._into_raising(outputs, chunk, start)
+        except StopIteration as stop:
+            index = len(outputs) - mark  # one result per item, up to the one that failed
+            raise stop_error(self.func, chunk[index], start + index) from stop
+
+    def _into_raising(self, outputs: list, chunk: list, start: int) -> None:
+        func, args, kwargs, append = self.func, self.args, self.kwargs, outputs.append
         if self.seed is None:
-            calls = (builtins.map(func, chunk) if not (args or kwargs)
-                     else (func(item, *args, **kwargs) for item in chunk))
-            outputs.extend(calls)
+            if args or kwargs:
+                for item in chunk:
+                    append(func(item, *args, **kwargs))
+            else:
+                for item in chunk:
+                    append(func(item))
             return
         for index, item in enumerate(chunk, start):
             previous = set_active(item_rng(self.seed, self.epoch, index))
             try:
-                outputs.append(func(item, *args, **kwargs))
+                append(func(item, *args, **kwargs))
             finally:
                 set_active(previous)
 
@@ -64,13 +87,15 @@ class ItemCall:
                 outputs.append(handle(self.on_error, error, item, index))
 
     def _call_one(self, item: Any, index: int) -> Any:
-        if self.seed is None:
-            return self.func(item, *self.args, **self.kwargs)
-        previous = set_active(item_rng(self.seed, self.epoch, index))
+        previous = None if self.seed is None else set_active(
+            item_rng(self.seed, self.epoch, index))
         try:
             return self.func(item, *self.args, **self.kwargs)
+        except StopIteration as stop:
+            raise stop_error(self.func, item, index) from stop
         finally:
-            set_active(previous)
+            if self.seed is not None:
+                set_active(previous)
 
     def run(self, chunk: list, start: int) -> tuple[list, CapturedError | None, float]:
         """``(results, captured error or None, seconds)``: what a worker sends back."""
@@ -82,9 +107,54 @@ class ItemCall:
         return outputs, None, time.perf_counter() - began
 
 
+def stop_error(func: Callable, item: Any, index: int) -> RuntimeError:
+    """The error that stands for a StopIteration raised by ``func`` on item ``index``: raised
+    as it is, it would end the consumer's loop as if the stream had ended, and the items after
+    it would be lost without a word. A generator turns it into a RuntimeError too (PEP 479).
+
+    >>> stop_error(abs, "x", 5)
+    RuntimeError("abs raised StopIteration on item 5 ('x')")
+    """
+    return RuntimeError(f"{func_name(func)} raised StopIteration on item {index} "
+                        f"({reprlib.repr(item)})")
+
+
 def stage_repr(name: str, func: Callable, args: tuple, options: dict) -> str:
     """The repr of a stage built by ``name(func, *args, **options)``; None options are left out."""
     return call_repr(name, (func, *args), {k: v for k, v in options.items() if v is not None})
+
+
+def check_call(name: str, func: Callable, args: tuple, kwargs: dict, first: str = "item",
+               workers: bool = False) -> None:
+    """A ``TypeError`` at once if ``func(item, *args, **kwargs)`` does not fit ``func``'s
+    signature: the arguments after ``func`` go to it, and the stage's own options are keyword
+    arguments, so ``threads(load, 2)`` passes 2 to ``load``. A function whose signature cannot
+    be read (some built-ins) is left to its call. ``first`` names what comes before ``args``;
+    ``workers`` says that the stage has ``n_workers``, which the message then suggests.
+
+    >>> check_call("threads", len, (2,), {}, workers=True)
+    Traceback (most recent call last):
+    ...
+    TypeError: threads(len, 2): len(item, 2) does not fit len's signature (too many positional \
+arguments): the arguments after the function go to it; did you mean threads(len, n_workers=2)?
+    """
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None, *args, **kwargs)
+    except TypeError as error:
+        name_of = func_name(func)
+        call = call_repr(name_of, (first, *args), kwargs).replace(repr(first), first, 1)
+        hint = ""
+        if workers and args and isinstance(args[0], int) and not isinstance(args[0], bool):
+            hint = f"; did you mean {name}({name_of}, n_workers={args[0]})?"
+        elif workers:
+            hint = f" (the options of {name}, n_workers= and the others, are keyword arguments)"
+        raise TypeError(f"{stage_repr(name, func, args, kwargs)}: {call} does not fit "
+                        f"{name_of}'s signature ({error}): the arguments after the function go "
+                        f"to it{hint}") from None
 
 
 class _MapStage(Stage):
@@ -93,6 +163,7 @@ class _MapStage(Stage):
     def __init__(self, func: Callable, args: tuple, kwargs: dict, seed: Seed | None,
                  on_error: OnError = "raise", max_errors: int | None = None) -> None:
         self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
+        check_call("map", func, args, kwargs)
         self.seed = optional_entropy(seed)
         self.on_error, self.max_errors = check_on_error(on_error), check_max_errors(max_errors)
 
@@ -149,7 +220,21 @@ class _FilterStage(Stage):
         return mapped_stream(iterable, repr(self), self._into, start)
 
     def _into(self, outputs: list, chunk: list, start: int) -> None:
-        outputs.extend(builtins.filter(self.predicate, chunk))
+        predicate, items = self.predicate, iter(chunk)
+        outputs.extend(builtins.filter(predicate, items))
+        left = operator.length_hint(items)
+        if not left:
+            return
+        # extend took a StopIteration from the predicate for the end of the chunk: the item
+        # that raised it is asked again, where the StopIteration is seen
+        index = len(chunk) - left - 1
+        try:
+            for item in chunk[index:]:
+                if predicate(item):
+                    outputs.append(item)
+                index += 1
+        except StopIteration as stop:
+            raise stop_error(predicate, chunk[index], start + index) from stop
 
     def __repr__(self) -> str:
         return call_repr("filter", (self.predicate,), {})
@@ -233,6 +318,7 @@ def take(n: int) -> Stage:
 class _StreamStage(Stage):
     def __init__(self, func: Callable, args: tuple, kwargs: dict) -> None:
         self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
+        check_call("transform_stream", func, args, kwargs, first="stream")
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
         return generator_stream(iterable, repr(self), self._start)

@@ -206,7 +206,7 @@ class Sample(Stream):
         items: list = []
         try:
             items.extend(map(self._load, ids))
-        except Exception as error:
+        except BaseException as error:
             self._drawn += len(items) + 1  # the id that failed is used up
             if not self.defer_error(error, items):
                 raise
@@ -226,14 +226,17 @@ class Sample(Stream):
                 key = sequence[chooser.index(random_state.random_sample())]
                 self._drawn += 1
                 items.append(self._load(key) if self._loaders else key)
-        except Exception as error:
+        except BaseException as error:
             if not self.defer_error(error, items):
                 raise
         return items
 
     def _load(self, key: Any) -> Any:
         loaders = self._loaders
-        return loaders[0](key) if len(loaders) == 1 else tuple(load(key) for load in loaders)
+        try:
+            return loaders[0](key) if len(loaders) == 1 else tuple(load(key) for load in loaders)
+        except StopIteration as stop:  # would end the stream as if it had run out
+            raise RuntimeError(f"a loader raised StopIteration on id {key!r}") from stop
 
     def close(self) -> None:
         """Nothing to release: a sample goes on where it was."""

@@ -35,7 +35,7 @@ def test_a_predicate_batch_follows_dpipes_rule():
     assert list(fp.batch(lambda chunk, item: False)("abc")) == [["a"], ["b"], ["c"]]
 
 
-def test_a_predicate_error_reaches_the_consumer_after_the_batches_before_it():
+def test_a_predicate_error_reaches_the_consumer_after_the_items_before_it():
     def picky(chunk, item):
         if item == 5:
             raise ValueError("cannot judge 5")
@@ -45,7 +45,7 @@ def test_a_predicate_error_reaches_the_consumer_after_the_batches_before_it():
     with pytest.raises(ValueError, match="cannot judge 5"):
         for b in fp.batch(picky)(range(10)):
             got.append(b)
-    assert got == [[0, 1], [2, 3]]
+    assert got == [[0, 1], [2, 3], [4]]  # the batch it was making goes out, as at the end
 
 
 @pytest.mark.parametrize("size, error, message", [

@@ -170,6 +170,40 @@ def test_bad_arguments_are_rejected_at_construction(make, message):
         make()
 
 
+def load(path):
+    return path
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: fp.threads(load, 2), r"threads\(load, 2\): load\(item, 2\) does not fit load's "
+                                  r"signature \(too many positional arguments\): .* did you mean "
+                                  r"threads\(load, n_workers=2\)\?"),
+    (lambda: fp.processes(load, 4), r"did you mean processes\(load, n_workers=4\)\?"),
+    (lambda: fp.Threads(load, 2), r"did you mean threads\(load, n_workers=2\)\?"),
+    (lambda: fp.map(load, 2), r"map\(load, 2\): load\(item, 2\) does not fit"),
+    (lambda: fp.threads(load, size=3), r"load\(item, size=3\) does not fit load's signature "
+                                       r"\(got an unexpected keyword argument 'size'\)"),
+    (lambda: fp.processes(load, "x"), r"the options of processes, n_workers= and the others, "
+                                      r"are keyword arguments"),
+    (lambda: fp.transform_stream(load, 1), r"load\(stream, 1\) does not fit"),
+])
+def test_arguments_that_the_function_cannot_take_are_rejected_at_construction(make, message):
+    with pytest.raises(TypeError, match=message):
+        make()
+
+
+def test_arguments_the_function_takes_and_functions_without_signatures_pass():
+    import numpy as np
+
+    class Scaled:
+        def __call__(self, x, factor=2):
+            return x * factor
+
+    assert list(fp.threads(pow, 2)(range(3))) == [0, 1, 4]
+    assert list(fp.map(Scaled(), factor=3)([1])) == [3]
+    assert list(fp.map(np.sqrt)([4.0])) == [2.0]  # a ufunc has no signature to check
+
+
 def test_stages_and_streams_have_readable_reprs():
     assert repr(fp.map(pow, 2, seed=5)) == "map(pow, 2, seed=5)"
     assert repr(fp.filter(bool)) == "filter(bool)" and repr(fp.take(3)) == "take(3)"
