@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ._lightning import closing_callback
-from .errors import check_integer, check_state, state_header
+from .errors import check_integer, check_state, close_after, state_header
 from .functional import call_repr
 from .skipping import OnError, SkippedIndices, check_max_errors, check_on_error
 from .streaming import (
@@ -327,7 +327,7 @@ class _Pipeline:
         self.resume_counts: list[int] | None = None  # the counts of a restored state
         self.counts: list[int] | None = None
         self.skipped: list = []  # per stage up to the batch: its SkippedIndices, or None
-        self.warned_empty = False
+        self.warned_empty = self.warned_short = False
 
     def ensure(self) -> Stream:
         """The live stream, built and started if there is none."""
@@ -441,8 +441,8 @@ class _Pipeline:
             if not again:
                 raise
             return self.next_batch(first=False)
-        except BaseException:
-            self.close()  # the next epoch starts cleanly
+        except BaseException as error:
+            close_after(self.close, error)  # the next epoch starts cleanly
             raise
         self.delivered += 1
         if not self.delivered % _SETTLE_EVERY:
@@ -455,6 +455,16 @@ class _Pipeline:
             warnings.warn(f"the source of this Infinite, {self.source!r:.80}, gave no items: an "
                           "epoch is empty (an iterator that has run out stays empty; pass a "
                           "list or a range to start it again each epoch). This is said once.",
+                          RuntimeWarning, stacklevel=4)
+
+    def warn_short(self, batches: int, wanted: int) -> None:
+        """An epoch ended after ``batches`` of ``wanted`` batches: the source ran out."""
+        if not self.warned_short:
+            self.warned_short = True
+            warnings.warn(f"the source of this Infinite, {self.source!r:.80}, ran out after "
+                          f"{batches} of batches_per_epoch={wanted} batches: the epochs of a "
+                          f"finite source end where it does (use an infinite source such as "
+                          f"fpipe.sample, or fewer batches_per_epoch). This is said once.",
                           RuntimeWarning, stacklevel=4)
 
     def close(self) -> None:
@@ -484,13 +494,15 @@ class Infinite:
 
     ``bi()`` and ``iter(bi)`` give the next ``batches_per_epoch`` batches. Nothing starts at
     construction; the first epoch or ``with bi:`` starts the pipeline, and ``close()`` (or
-    leaving the ``with`` block) stops it and joins its threads before it returns. The object can
-    be used again after ``close()``: it then starts over from the source, which a list or a
-    range begins again and an iterator continues.
+    leaving the ``with`` block) stops it and joins its threads before it returns. A ``with bi:``
+    inside another one (a function that opens what its caller opened) leaves it open: the
+    outermost block closes it. The object can be used again after ``close()``: it then starts
+    over from the source, which a list or a range begins again and an iterator continues.
 
-    A finite source ends the epoch in which it runs out, after its partial batch; the next
-    epoch begins it again if it can be iterated again (a list) and is empty otherwise (a spent
-    generator; a warning says so, once). An exception in any stage reaches the caller with its
+    A finite source ends the epoch in which it runs out, after its partial batch, with fewer
+    than ``batches_per_epoch`` batches (a warning says so, once); the next epoch begins it again
+    if it can be iterated again (a list) and is empty otherwise (a spent generator; a warning
+    says so, once). An exception in any stage reaches the caller with its
     type, message and traceback, and closes the pipeline: the next epoch starts over cleanly.
     With ``on_error="skip"`` (or a callable), the transformers given as plain functions leave
     out the items on which they raise, and count them (:meth:`stats`); ``max_errors`` bounds
@@ -519,6 +531,7 @@ class Infinite:
         stages += [_combiner_stage(combiner, kwargs), prefetch(self.buffer_size + 1)]
         self.source, self.batch_size = source, batch_size
         self._pipeline = _Pipeline(source, stages, len(transformers), batch_size)
+        self._entered = 0  # how many ``with`` blocks of this object are open
         self._finalizer = weakref.finalize(self, self._pipeline.close)
 
     @property
@@ -540,6 +553,8 @@ class Infinite:
             try:
                 item = self._pipeline.next_batch(first=not index)
             except StopIteration:
+                if index:  # an empty epoch has its own warning
+                    self._pipeline.warn_short(index, batches)
                 return
             yield item
 
@@ -548,10 +563,17 @@ class Infinite:
 
     def __enter__(self) -> Infinite:
         self._pipeline.ensure()
+        self._entered += 1
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> None:
+        self._entered -= 1
+        if self._entered:
+            return  # an inner ``with`` of the same object: the outer one closes
+        if error is None:
+            self.close()
+        else:
+            close_after(self.close, error)  # never in place of the block's own error
 
     def close(self) -> None:
         """Stop the pipeline: every thread is joined when this returns (process workers stay

@@ -82,9 +82,17 @@ def test_a_spent_iterator_gives_empty_epochs_not_errors_and_a_warning_once():
     batch_iter.close()
 
 
-def test_a_source_that_ends_mid_epoch_and_restarts_gives_no_warning(recwarn):
-    batch_iter = Infinite(range(5), batch_size=2, batches_per_epoch=5, combiner=list)
-    assert [len(list(batch_iter())) for _ in range(3)] == [3, 3, 3]
+def test_a_source_that_cannot_fill_an_epoch_says_so_once(recwarn):
+    batch_iter = Infinite(list(range(10)), batch_size=4, batches_per_epoch=5, combiner=list)
+    assert [[len(b) for b in batch_iter()] for _ in range(3)] == [[4, 4, 2]] * 3
+    batch_iter.close()
+    warned = [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    assert len(warned) == 1 and "ran out after 3 of batches_per_epoch=5 batches" in warned[0]
+
+
+def test_a_source_that_fills_its_epochs_exactly_gives_no_warning(recwarn):
+    batch_iter = Infinite(range(6), batch_size=3, batches_per_epoch=2, combiner=list)
+    assert [len(list(batch_iter())) for _ in range(3)] == [2, 2, 2]
     batch_iter.close()
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 

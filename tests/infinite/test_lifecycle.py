@@ -109,6 +109,63 @@ def test_close_is_idempotent_and_the_object_is_reusable(warm_workers):
     assert back_to(warm_workers)
 
 
+def test_an_inner_with_of_the_same_object_leaves_it_open():
+    def train(batch_iter):  # a function that opens what its caller may have opened
+        with batch_iter:
+            return list(batch_iter())
+
+    with Infinite(range(1000), batch_size=2, batches_per_epoch=2,
+                  combiner=list) as batch_iter:
+        first = list(batch_iter())
+        inner = train(batch_iter)
+        assert fpipe_threads()  # still running
+        after = list(batch_iter())
+    assert [first, inner, after] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9], [10, 11]]]
+    assert wait_until(lambda: not fpipe_threads())  # the outer block closed it
+    with batch_iter:  # and it starts over when used again
+        assert list(batch_iter()) == [[0, 1], [2, 3]]
+
+
+class _ClosingFails:
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return 1
+
+    def close(self):
+        raise OSError("the source could not close")
+
+
+def test_an_error_in_closing_does_not_hide_the_error_of_the_with_block():
+    with pytest.raises(ValueError, match="the loop failed") as raised:
+        with Infinite(_ClosingFails(), batch_size=2, batches_per_epoch=2,
+                      combiner=list) as batch_iter:
+            list(batch_iter())
+            raise ValueError("the loop failed")
+    assert isinstance(raised.value.__context__, OSError)
+    batch_iter = Infinite(_ClosingFails(), batch_size=2, batches_per_epoch=2, combiner=list)
+    list(batch_iter())
+    with pytest.raises(OSError, match="the source could not close"):
+        batch_iter.close()
+
+
+def test_an_error_in_closing_does_not_hide_the_error_that_ended_the_epoch():
+    class FailsAtThree(_ClosingFails):
+        count = 0
+
+        def __next__(self):
+            self.count += 1
+            if self.count == 3:
+                raise KeyError("bad item")
+            return self.count
+
+    batch_iter = Infinite(FailsAtThree(), batch_size=1, batches_per_epoch=5, combiner=list)
+    with pytest.raises(KeyError, match="bad item") as raised:
+        list(batch_iter())
+    assert isinstance(raised.value.__context__, OSError)
+
+
 def test_two_open_epochs_share_one_stream():
     with Infinite(itertools.count(), batch_size=1, batches_per_epoch=3,
                   combiner=list) as batch_iter:
