@@ -68,13 +68,19 @@ def test_a_loader_that_raises_stop_iteration_does_not_end_the_source():
 
 
 class Interrupted(BaseException):
-    """Stands for KeyboardInterrupt and SystemExit, without their meaning to pytest."""
+    """A BaseException that is neither KeyboardInterrupt nor SystemExit."""
 
 
-def interrupt_at_50(x):
-    if x == 50:
-        raise Interrupted
-    return x
+class InterruptAt50:
+    """Raises ``kind`` at item 50 (a class, so that it pickles)."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __call__(self, x):
+        if x == 50:
+            raise self.kind("at 50")
+        return x
 
 
 def interrupting_source(kind):
@@ -83,20 +89,22 @@ def interrupting_source(kind):
 
 
 INTERRUPTED_STAGES = {
-    "map": [fp.map(interrupt_at_50)],
-    "map seeded": [fp.map(interrupt_at_50, seed=1)],
-    "filter": [fp.filter(lambda x: interrupt_at_50(x) >= 0)],
-    "transform_stream": [fp.transform_stream(lambda items: map(interrupt_at_50, items))],
-    "threads": [fp.threads(interrupt_at_50, n_workers=2)],
-    "batch then unbatch": [fp.map(interrupt_at_50), fp.batch(16), fp.unbatch()],
+    "map": lambda f: [fp.map(f)],
+    "map seeded": lambda f: [fp.map(f, seed=1)],
+    "filter": lambda f: [fp.filter(lambda x: f(x) >= 0)],
+    "transform_stream": lambda f: [fp.transform_stream(lambda items: map(f, items))],
+    "threads": lambda f: [fp.threads(f, n_workers=2)],
+    "processes": lambda f: [fp.processes(f, n_workers=2, backend="threading")],
+    "batch then unbatch": lambda f: [fp.map(f), fp.batch(16), fp.unbatch()],
 }
 
 
+@pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit, Interrupted])
 @pytest.mark.parametrize("name", list(INTERRUPTED_STAGES))
-def test_a_base_exception_in_a_function_comes_after_every_item_before_it(name):
+def test_a_base_exception_in_a_function_comes_after_every_item_before_it(name, kind):
     got = []
-    with pytest.raises(Interrupted):
-        for x in pipe(list(range(100)), *INTERRUPTED_STAGES[name]):
+    with pytest.raises(kind):
+        for x in pipe(list(range(100)), *INTERRUPTED_STAGES[name](InterruptAt50(kind))):
             got.append(x)
     assert got == list(range(50))
 
