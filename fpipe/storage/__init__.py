@@ -9,17 +9,34 @@
 {'key': 'a', 'label': 0}
 """
 
-from . import base, class_lists, format, order, reader, recovery, sharded, unpacked, writer
+from . import (
+    base,
+    class_lists,
+    format,
+    order,
+    parquet,
+    reader,
+    recovery,
+    sharded,
+    tfrecord,
+    unpacked,
+    webdataset,
+    writer,
+)
 from .base import *
 from .class_lists import *
 from .format import *
 from .order import *
+from .parquet import *
 from .reader import *
 from .recovery import *
 from .sharded import *
+from .tfrecord import *
 from .unpacked import *
+from .webdataset import *
 from .writer import *
 
 __all__ = sorted({*base.__all__, *class_lists.__all__, *format.__all__,  # noqa: PLE0605
-                  *order.__all__, *reader.__all__, *recovery.__all__, *sharded.__all__,
-                  *unpacked.__all__, *writer.__all__})
+                  *order.__all__, *parquet.__all__, *reader.__all__, *recovery.__all__,
+                  *sharded.__all__, *tfrecord.__all__, *unpacked.__all__, *webdataset.__all__,
+                  *writer.__all__})

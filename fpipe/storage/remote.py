@@ -525,7 +525,7 @@ class RemoteDataset:
                              f"{self.block_size} bytes; got cache_limit={limit}")
         self.read_ahead = check_integer("read_ahead", _default(read_ahead, DEFAULT_READ_AHEAD), 0)
         retries = check_integer("retries", _default(retries, DEFAULT_RETRIES), 0)
-        timeout = _check_timeout(_default(timeout, DEFAULT_TIMEOUT))
+        timeout = check_timeout(_default(timeout, DEFAULT_TIMEOUT))
         name = basename(url)
         self.source = Retrying(url, options, timeout, retries)
         self.size, tag = self.source.stat()
@@ -627,7 +627,7 @@ def check_options(options: Any) -> dict:
     return dict(options)
 
 
-def _check_timeout(timeout: Any) -> float:
+def check_timeout(timeout: Any) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds; got timeout={timeout!r}")
     if not timeout > 0:

@@ -1,0 +1,600 @@
+"""What the readers of other training formats share (:mod:`fpipe.storage.webdataset`,
+:mod:`fpipe.storage.tfrecord`, :mod:`fpipe.storage.parquet`): a file's bytes by range, local or
+at a URL (:class:`ByteSource`); index arrays built once per file and kept in the cache folder
+(:func:`cached_index`); keys as a compact table with sorted hashes (:class:`KeyIndex`); shard
+lists from brace and glob patterns (:func:`expand_shards`); and :class:`SpanReader`, the reader
+of files whose samples are runs of bytes (tar members, TFRecord records).
+
+>>> expand_shards("train-{000..002}.tar", must_exist=False)
+['train-000.tar', 'train-001.tar', 'train-002.tar']
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import hashlib
+import io
+import itertools
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from ..errors import FormatError
+from .base import Reader
+from .format import PathLike, key_salt, pack_sample
+
+__all__ = ["ByteSource", "KeyIndex", "SpanReader", "cached_index", "expand_shards",
+           "strings_from_arrays", "strings_to_arrays"]
+
+# Sequential scans (building an index) read the file in windows of this many bytes.
+SCAN_WINDOW = 1 << 16
+# Iteration reads runs of samples up to about this many bytes at once.
+_READ_BYTES = 1 << 20
+_SALT = key_salt(0)
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+_INDEX_VERSION = "1"
+
+
+# --- bytes by range --------------------------------------------------------------------------
+
+class _RemoteFile:
+    """What a :class:`~fpipe.storage._blocks.RemoteHandle` needs of a dataset, for any file
+    at a URL: its size, the block settings, the cache folder and the fetcher. The file is
+    cut into blocks of ``block_size`` bytes, block ``k`` standing for the handle's sample
+    ``k``, so that the block cache, its budget, its locks and its read-ahead serve it as
+    they serve a packed dataset."""
+
+    def __init__(self, url: str, options: dict) -> None:
+        from ..errors import check_integer
+        from ._blocks import Budget
+        from .remote import (
+            DEFAULT_BLOCK_SIZE,
+            DEFAULT_CACHE_LIMIT,
+            DEFAULT_READ_AHEAD,
+            DEFAULT_RETRIES,
+            DEFAULT_TIMEOUT,
+            Retrying,
+            check_options,
+            check_timeout,
+        )
+
+        def given(name: str, default: Any) -> Any:
+            return default if options.get(name) is None else options[name]
+        self.url = url
+        self.block_size = check_integer("block_size", given("block_size", DEFAULT_BLOCK_SIZE), 1)
+        limit = check_integer("cache_limit", given("cache_limit", DEFAULT_CACHE_LIMIT), 1)
+        if limit < self.block_size:
+            raise ValueError(f"cache_limit must hold at least one block of block_size="
+                             f"{self.block_size} bytes; got cache_limit={limit}")
+        self.read_ahead = check_integer("read_ahead", given("read_ahead", DEFAULT_READ_AHEAD), 0)
+        retries = check_integer("retries", given("retries", DEFAULT_RETRIES), 0)
+        timeout = check_timeout(given("timeout", DEFAULT_TIMEOUT))
+        self.source = Retrying(url, check_options(options.get("storage_options")), timeout, retries)
+        self.size, tag = self.source.stat()
+        self.identity = f"{url}\0{self.size}\0{tag}"
+        root = cache_root(options.get("cache_dir"))
+        self.budget = Budget(root, limit)
+        self.folder = root / hashlib.sha256(self.identity.encode()).hexdigest()[:24]
+        (self.folder / "blocks").mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def handle(self) -> Any:
+        from ._blocks import RemoteHandle
+
+        starts = np.arange(0, self.size, self.block_size, dtype=np.uint64)
+        offsets = np.append(starts, np.uint64(self.size)).astype(">u8").tobytes()
+        return RemoteHandle(self, offsets)
+
+
+def cache_root(cache_dir: PathLike | None) -> Path:
+    """The cache folder: ``cache_dir``, else the one datasets at URLs use."""
+    if cache_dir is not None:
+        return Path(os.fspath(cache_dir))
+    from .remote import default_cache_dir
+
+    return default_cache_dir()
+
+
+_REMOTE_KEYS = ("storage_options", "cache_dir", "cache_limit", "block_size", "read_ahead",
+                "retries", "timeout")
+
+
+class ByteSource:
+    """The bytes of one file by range: ``os.pread`` on a local file, the block cache (see
+    :mod:`fpipe.storage.remote`) for a URL. Thread- and fork-safe; pickles by its settings
+    (a worker opens the file itself).
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
+    >>> _ = open(path, "wb").write(b"0123456789")
+    >>> source = ByteSource(path)
+    >>> source.size, source.read(2, 5), source.read(8, 20)
+    (10, b'234', b'89')
+    """
+
+    def __init__(self, path: PathLike, **options: Any) -> None:
+        unknown = set(options) - set(_REMOTE_KEYS)
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+        self.path = os.fspath(path)
+        self.options = options
+        self._remote: _RemoteFile | None = None
+        self._fd: int | None = None
+        self._handle: Any = None
+        self._pid = -1
+        if _is_url(self.path):
+            self._remote = _RemoteFile(self.path, options)
+            self.size, self.identity = self._remote.size, self._remote.identity
+        else:
+            given = [name for name in _REMOTE_KEYS if options.get(name) is not None
+                     and name != "cache_dir"]
+            if given:
+                raise ValueError(f"{', '.join(given)} only apply to URLs; got the local path "
+                                 f"{self.path!r}")
+            stat = _stat_file(self.path)
+            self.size = stat.st_size
+            self.identity = (f"{os.path.realpath(self.path)}\0{stat.st_size}\0{stat.st_mtime_ns}"
+                             f"\0{stat.st_ino}")
+
+    @property
+    def remote(self) -> bool:
+        """Whether the file is at a URL."""
+        return self._remote is not None
+
+    @property
+    def name(self) -> str:
+        """The file's name (the last part of its path or URL)."""
+        return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fd": None, "_handle": None, "_pid": -1}
+
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            _close(self._fd)
+
+    def close(self) -> None:
+        """Close the file (it reopens at the next read)."""
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = self._handle = None
+
+    def _open(self) -> None:
+        if self._remote is not None:
+            self._handle = self._remote.handle()
+        else:
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            if os.fstat(self._fd).st_size != self.size:
+                raise FormatError(f"the file changed size since it was opened (now "
+                                  f"{os.fstat(self._fd).st_size} bytes, was {self.size})",
+                                  path=self.path)
+        self._pid = os.getpid()
+
+    def read(self, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` (fewer past the end of the file)."""
+        if self._pid != os.getpid():
+            self._open()
+        stop = min(stop, self.size)
+        if stop <= start:
+            return b""
+        if self._handle is not None:
+            return bytes(self._handle.read(start, stop))
+        data = os.pread(self._fd, stop - start, start)
+        while len(data) < stop - start:  # one pread returns at most about 2 GiB
+            more = os.pread(self._fd, stop - start - len(data), start + len(data))
+            if not more:
+                break
+            data += more
+        return data
+
+    def prefetch(self, starts: Sequence[int] | np.ndarray) -> None:
+        """A hint: the bytes at offsets ``starts`` will be read next, in this order (a file at
+        a URL fetches their blocks in the background; a local file has nothing to do)."""
+        if self._remote is None or not self._remote.read_ahead:
+            return
+        if self._pid != os.getpid():
+            self._open()
+        blocks = np.asarray(starts, dtype=np.int64) // self._remote.block_size
+        unique, first = np.unique(blocks, return_index=True)
+        self._handle.prefetch(unique[np.argsort(first)])
+
+    def prefetch_spans(self, spans: Iterable[tuple[int, int]]) -> None:
+        """Like :meth:`prefetch`, for every byte of the ``(start, stop)`` spans."""
+        if self._remote is None:
+            return
+        size = self._remote.block_size
+        self.prefetch([offset for start, stop in spans
+                       for offset in range(start - start % size, stop, size)])
+
+    def file(self) -> io.RawIOBase:
+        """A read-only, seekable file object over the bytes (for libraries that want one)."""
+        return _SourceFile(self)
+
+
+class _SourceFile(io.RawIOBase):
+    """A :class:`ByteSource` as a seekable binary file."""
+
+    def __init__(self, source: ByteSource) -> None:
+        self.source, self.position = source, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self.position, self.source.size)[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def size(self) -> int:
+        return self.source.size
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.source.read(self.position, self.position + len(buffer))
+        buffer[:len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        stop = self.source.size if size is None or size < 0 else self.position + size
+        data = self.source.read(self.position, stop)
+        self.position += len(data)
+        return data
+
+
+def _is_url(path: str) -> bool:
+    from .remote import is_url
+
+    return is_url(path)
+
+
+def _stat_file(path: str) -> os.stat_result:
+    stat = os.stat(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "a folder, not a file", path)
+    return stat
+
+
+class Scanner:
+    """Sequential reads of a :class:`ByteSource` through a window, for building an index:
+    ``take(start, stop)`` costs a read only when the bytes leave the window."""
+
+    def __init__(self, source: ByteSource, window: int = SCAN_WINDOW) -> None:
+        self.source, self.window = source, window
+        self.start, self.data = 0, b""
+
+    def take(self, start: int, stop: int) -> bytes:
+        if not (self.start <= start and stop <= self.start + len(self.data)):
+            self.start = start
+            self.data = self.source.read(start, max(stop, start + self.window))
+        return self.data[start - self.start:stop - self.start]
+
+
+# --- indexes kept in the cache ---------------------------------------------------------------
+
+def cached_index(source: ByteSource, kind: str, build: Callable[[], dict[str, np.ndarray]],
+                 cache_dir: PathLike | None = None) -> dict[str, np.ndarray]:
+    """The index arrays of ``source``, made by ``build()`` once and kept in the cache folder
+    (keyed by the file's path or URL, size and modification time or ETag, so a changed file
+    gets a new index). A cache that cannot be written leaves the index unsaved; one that
+    cannot be read is rebuilt.
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> path = os.path.join(folder, "x.bin")
+    >>> _ = open(path, "wb").write(b"abc")
+    >>> built = []
+    >>> def build():
+    ...     built.append(1)
+    ...     return {"starts": np.arange(3)}
+    >>> for _ in range(2):
+    ...     index = cached_index(ByteSource(path), "demo", build, cache_dir=folder)
+    >>> index["starts"].tolist(), len(built)
+    ([0, 1, 2], 1)
+    """
+    root = cache_root(cache_dir) / "indexes"
+    name = hashlib.sha256(f"{_INDEX_VERSION}\0{kind}\0{source.identity}".encode()).hexdigest()
+    path = root / f"{name[:32]}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            return {key: stored[key] for key in stored.files}
+    except (OSError, ValueError, KeyError, EOFError):
+        pass
+    index = build()
+    _store_index(path, index)
+    return index
+
+
+def _store_index(path: Path, index: dict[str, np.ndarray]) -> None:
+    from ._blocks import write_atomically
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **index)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_atomically(path, buffer.getvalue())
+    except OSError:
+        pass  # a read-only cache: the index is built again next time
+
+
+def strings_to_arrays(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Strings as a UTF-8 byte array and the end of each (to keep them in an index file).
+
+    >>> blob, ends = strings_to_arrays(["ab", "", "c"])
+    >>> blob.tobytes(), ends.tolist(), strings_from_arrays(blob, ends)
+    (b'abc', [2, 2, 3], ['ab', '', 'c'])
+    """
+    encoded = [text.encode("utf-8", "surrogateescape") for text in strings]
+    ends = np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)))
+    return np.frombuffer(b"".join(encoded), np.uint8), ends
+
+
+def strings_from_arrays(blob: np.ndarray, ends: np.ndarray) -> list[str]:
+    """The strings that :func:`strings_to_arrays` stored."""
+    data = blob.tobytes()
+    starts = [0, *ends[:-1].tolist()]
+    return [data[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends.tolist())]
+
+
+# --- keys --------------------------------------------------------------------------------------
+
+class KeyIndex:
+    """Keys as one bytes object of UTF-8 and a NumPy array of their ends, with their salted
+    64-bit hashes sorted for lookups (made at the first lookup): no Python object per key, so
+    forked workers do not copy them. A key that appears more than once is found at its first
+    place.
+
+    >>> keys = KeyIndex(*strings_to_arrays(["b", "a", "b"]))
+    >>> len(keys), keys[2], keys.find("b"), keys.find("z"), keys.slice(0, 2)
+    (3, 'b', 0, -1, ['b', 'a'])
+    """
+
+    __slots__ = ("_blob", "_ends", "_order", "_sorted")
+
+    def __init__(self, blob: np.ndarray, ends: np.ndarray) -> None:
+        self._blob = blob.tobytes()
+        self._ends = memoryview(np.concatenate([np.zeros(1, np.int64), ends.astype(np.int64)]))
+        self._order = self._sorted = None
+
+    def __len__(self) -> int:
+        return len(self._ends) - 1
+
+    def __getitem__(self, index: int) -> str:
+        return self._blob[self._ends[index]:self._ends[index + 1]].decode("utf-8", "surrogateescape")
+
+    def slice(self, start: int, stop: int) -> list[str]:
+        blob, ends = self._blob, self._ends
+        return [blob[ends[i]:ends[i + 1]].decode("utf-8", "surrogateescape")
+                for i in range(start, stop)]
+
+    def find(self, key: Any) -> int:
+        """The first index of ``key``, or -1."""
+        if not isinstance(key, str):
+            return -1
+        if self._sorted is None:
+            self._hash_all()
+        value = np.uint64(int.from_bytes(_digest(key), "big"))
+        slot = int(np.searchsorted(self._sorted, value))
+        while slot < len(self._sorted) and self._sorted[slot] == value:
+            index = int(self._order[slot])
+            if self[index] == key:
+                return index
+            slot += 1
+        return -1
+
+    def _hash_all(self) -> None:
+        digests = b"".join(map(_digest, self.slice(0, len(self))))
+        hashes = np.frombuffer(digests, dtype=">u8").astype(np.uint64)
+        self._order = np.argsort(hashes, kind="stable")
+        self._sorted = hashes[self._order]
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.blake2s(key.encode("utf-8", "surrogateescape"), salt=_SALT).digest()[:8]
+
+
+def numbered_key(name: str, index: int) -> str:
+    """The key of a sample that its format does not name: ``<file name>:<index>``."""
+    return f"{name}:{index}"
+
+
+def numbered_index(name: str, key: Any, n: int) -> int:
+    """The index that :func:`numbered_key` ``key`` names in file ``name``, or -1."""
+    if not isinstance(key, str) or not key.startswith(name + ":"):
+        return -1
+    number = key[len(name) + 1:]
+    if not number.isdigit() or str(int(number)) != number or int(number) >= n:
+        return -1
+    return int(number)
+
+
+# --- shard patterns ----------------------------------------------------------------------------
+
+def _braces(pattern: str) -> list[str]:
+    """``pattern`` with its brace groups expanded, as the shell does: ``{a,b}`` and numeric
+    ranges ``{000..099}`` (zero-padded to the width of the bounds)."""
+    match = _BRACE.search(pattern)
+    if match is None:
+        return [pattern]
+    body = match.group(1)
+    numeric = _RANGE.match(body)
+    if numeric:
+        first, last = numeric.groups()
+        width = len(first) if first.lstrip("-").startswith("0") else 0
+        step = 1 if int(last) >= int(first) else -1
+        choices = [str(i).zfill(width) for i in range(int(first), int(last) + step, step)]
+    elif "," in body:
+        choices = body.split(",")
+    else:
+        choices = ["{" + body + "}"]
+        head, tail = pattern[:match.end()], pattern[match.end():]
+        return [head + rest for rest in _braces(tail)]
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    return [expanded for choice in choices for expanded in _braces(head + choice + tail)]
+
+
+def expand_shards(shards: Union[PathLike, Iterable[PathLike]], *,
+                  storage_options: dict | None = None, must_exist: bool = True) -> list[str]:
+    """The files that ``shards`` names, in order: a path or URL, a brace pattern
+    (``train-{000..099}.tar``, ``{a,b}``), a glob pattern (sorted matches; a URL pattern is
+    listed through fsspec), or a list of any of these. :class:`FileNotFoundError` if a
+    pattern matches nothing (or, with ``must_exist``, a named local file is missing).
+
+    >>> expand_shards(["a.tar", "b-{1,2}.tar"], must_exist=False)
+    ['a.tar', 'b-1.tar', 'b-2.tar']
+    """
+    items = [shards] if isinstance(shards, (str, os.PathLike)) else list(shards)
+    found: list[str] = []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"shards must be paths, URLs or patterns; got {type(item).__name__} "
+                            f"{item!r:.80}")
+        for name in _braces(os.fspath(item)):
+            found.extend(_matches(name, storage_options, must_exist))
+    if not found:
+        raise FileNotFoundError(errno.ENOENT, "no file matches", os.fspath(shards)
+                                if isinstance(shards, (str, os.PathLike)) else str(items))
+    return found
+
+
+def _matches(name: str, storage_options: dict | None, must_exist: bool) -> list[str]:
+    if not any(c in name for c in "*?["):
+        if must_exist and not _is_url(name) and not os.path.exists(name):
+            raise FileNotFoundError(errno.ENOENT, "no such file", name)
+        return [name]
+    if _is_url(name):
+        from .remote import glob_urls
+
+        matches = glob_urls(name, storage_options)
+    else:
+        matches = sorted(path for path in glob.glob(name) if os.path.isfile(path))
+    if not matches:
+        raise FileNotFoundError(errno.ENOENT, "no file matches the pattern", name)
+    return matches
+
+
+# --- readers of samples that are runs of bytes -------------------------------------------------
+
+class SpanReader(Reader):
+    """A reader of one file whose sample ``i`` is the bytes ``starts[i]`` to ``stops[i]``
+    (tar members, TFRecord records), decoded by the subclass's ``_decode``.
+
+    Subclasses set ``self.source`` (a :class:`ByteSource`), ``self._starts`` and
+    ``self._stops`` (int64 arrays), ``self._keys`` (a :class:`KeyIndex`, or None for samples
+    numbered ``<file name>:<index>``) and ``self._damage`` (sample index -> reason: a sample
+    found broken while the index was built, which raises :class:`~fpipe.errors.FormatError`
+    when it is read), and implement ``_decode(data, index, offset)``, which raises
+    FormatError for a sample that does not decode.
+    """
+
+    source: ByteSource
+    _starts: np.ndarray
+    _stops: np.ndarray
+    _keys: KeyIndex | None
+    _damage: dict[int, str]
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def close(self) -> None:
+        self.source.close()
+
+    def __contains__(self, key: object) -> bool:
+        return self._find(key) >= 0
+
+    def _find(self, key: Any) -> int:
+        if self._keys is None:
+            return numbered_index(self.source.name, key, len(self))
+        return self._keys.find(key)
+
+    def find_index(self, key: Any) -> int:
+        found = self._find(key)
+        if found < 0:
+            raise KeyError(key)
+        return found
+
+    def find_key(self, index: int) -> str:
+        index = self._index(index)
+        return numbered_key(self.source.name, index) if self._keys is None else self._keys[index]
+
+    def _key_list(self, start: int, stop: int) -> list[str]:
+        if self._keys is None:
+            return [numbered_key(self.source.name, i) for i in range(start, stop)]
+        return self._keys.slice(start, stop)
+
+    def _damaged(self, index: int) -> FormatError:
+        return FormatError(self._damage[index], path=self.source.path, index=index,
+                           offset=int(self._starts[index]))
+
+    def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
+        index = self._index(index)
+        if index in self._damage:
+            raise self._damaged(index)
+        start, stop = int(self._starts[index]), int(self._stops[index])
+        data = self.source.read(start, stop)
+        sample = self._finish(self._checked(data, index, start, stop), index, raw)
+        return (self.find_key(index), sample) if yield_key else sample
+
+    def _checked(self, data: bytes, index: int, start: int, stop: int) -> Any:
+        if len(data) != stop - start:
+            raise FormatError(f"truncated: the sample ends at byte {stop} but the file has "
+                              f"{self.source.size} bytes", path=self.source.path, index=index,
+                              offset=start)
+        return self._decode(data, index, start)
+
+    def _finish(self, sample: Any, index: int, raw: bool) -> Any:
+        return pack_sample(sample) if raw else sample
+
+    def get_slice(self, start: int | None, stop: int | None, yield_key: bool = False,
+                  raw: bool = False, copy: bool = True) -> list:
+        start, stop, _ = slice(start, stop).indices(len(self))
+        return list(self._run(start, stop, yield_key, raw))
+
+    def _chunks(self, start: int, stop: int, yield_key: bool, raw: bool, copy: bool,
+                chunk_size: int) -> Iterator:
+        for a, b in _runs(self._starts, self._stops, start, stop, chunk_size):
+            yield from self._run(a, b, yield_key, raw)
+
+    def _run(self, start: int, stop: int, yield_key: bool, raw: bool) -> Iterator:
+        """Samples ``start`` to ``stop``, cut from one read; a bad sample raises when its turn
+        comes, after the good ones before it."""
+        if start >= stop:
+            return
+        first, last = int(self._starts[start]), int(self._stops[start:stop].max())
+        block = memoryview(self.source.read(first, last))
+        keys = self._key_list(start, stop) if yield_key else itertools.repeat(None)
+        for index, key in zip(range(start, stop), keys):
+            if index in self._damage:
+                raise self._damaged(index)
+            a, b = int(self._starts[index]), int(self._stops[index])
+            sample = self._finish(self._checked(block[a - first:b - first], index, a, b), index, raw)
+            yield (key, sample) if yield_key else sample
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        positions = np.asarray(indices, dtype=np.int64)
+        positions = positions[(positions >= 0) & (positions < len(self))]
+        if positions.size:
+            self.source.prefetch(self._starts[positions])
+
+
+def _runs(starts: np.ndarray, stops: np.ndarray, start: int, stop: int,
+          chunk_size: int) -> Iterator[tuple[int, int]]:
+    """Runs of at least ``chunk_size`` consecutive samples (more while they fit in about
+    ``_READ_BYTES``), each read at once."""
+    a = start
+    while a < stop:
+        limit = int(starts[a]) + _READ_BYTES
+        b = int(np.searchsorted(stops[a:stop], limit, side="right")) + a
+        b = min(stop, max(b, a + chunk_size))
+        yield a, b
+        a = b

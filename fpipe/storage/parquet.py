@@ -1,0 +1,478 @@
+"""Read Parquet and Arrow IPC files, and Hugging Face ``datasets`` folders, in place:
+:class:`ParquetFileReader`, :class:`ArrowFileReader` (one file each) and
+:class:`ParquetReader` (files, folders, glob and brace patterns, read as one
+:class:`~fpipe.storage.sharded.ShardedReader`), with fpipe's reader API. Rows are samples:
+dicts of column name to value, as ``pyarrow`` converts them (strings, bytes, numbers, lists,
+dicts; fixed-shape tensor columns as NumPy arrays).
+
+Random access goes by row group (Parquet) or record batch (Arrow): reading a row decodes its
+row group once, and the reader keeps the decoded groups it read last, up to ``cache_bytes``.
+Iteration decodes each row group once, in order. Arrow IPC files are memory-mapped, so a row
+costs no decoding at all.
+
+pyarrow is imported only here, and only when a reader is made (``pip install fpipe[parquet]``).
+
+>>> import os, tempfile
+>>> import pyarrow as pa, pyarrow.parquet as pq
+>>> path = os.path.join(tempfile.mkdtemp(), "train.parquet")
+>>> pq.write_table(pa.table({"text": ["a", "b", "c"], "label": [0, 1, 0]}), path, row_group_size=2)
+>>> reader = ParquetFileReader(path)
+>>> len(reader), reader[2], reader.find_key(2)
+(3, {'text': 'c', 'label': 0}, 'train.parquet:2')
+>>> ParquetFileReader(path, columns=["label"])[1]
+{'label': 1}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Union
+
+import numpy as np
+
+from ..errors import FormatError, check_integer
+from ._foreign import (
+    ByteSource,
+    KeyIndex,
+    expand_shards,
+    numbered_index,
+    numbered_key,
+    strings_to_arrays,
+)
+from .base import Reader
+from .format import PathLike, pack_sample
+from .sharded import ShardedReader
+
+__all__ = ["ArrowFileReader", "ParquetFileReader", "ParquetReader"]
+
+DEFAULT_CACHE_BYTES = 256 << 20
+_ROWS_AT_ONCE = 1024  # rows converted to Python at a time while iterating
+_ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".arrows")
+_KEY_COLUMNS = ("key", "__key__")
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+    except ImportError as error:
+        raise ModuleNotFoundError("reading Parquet and Arrow files needs pyarrow: pip install "
+                                  "'fpipe[parquet]'") from error
+    return pyarrow
+
+
+def _arrow_errors() -> tuple[type[BaseException], ...]:
+    pa = _pyarrow()
+    return (pa.ArrowException, OSError, ValueError)
+
+
+class _ArrowReader(Reader):
+    """What the Parquet and Arrow readers share: rows in *parts* (row groups or record
+    batches), each part decoded at once and kept in a small cache, keys from a column.
+
+    Subclasses set ``source``, ``columns`` and ``_part_starts`` (the first row of each part,
+    and the number of rows at the end) in ``_open_file``, and read part ``p`` in
+    ``_read_part``; both may raise pyarrow's errors, which become FormatError here."""
+
+    source: ByteSource
+    columns: list[str] | None
+
+    def __init__(self, path: PathLike, columns: Sequence[str] | None, key: str | None,
+                 cache_bytes: int, options: dict) -> None:
+        self.source = ByteSource(path, **options)
+        self.cache_bytes = check_integer("cache_bytes", cache_bytes, 0)
+        self._wanted = _check_columns(columns)
+        self._key_column = key
+        self._reset()
+        self._opened()  # read the metadata now: a bad file fails at the call site
+        self._key_column = self._choose_key(key)
+
+    def _reset(self) -> None:
+        self._handle: Any = None
+        self._parts: OrderedDict[int, Any] = OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._keys: KeyIndex | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for name in ("_handle", "_parts", "_held", "_lock", "_pid", "_keys"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def close(self) -> None:
+        with self._lock:
+            self._handle = None
+            self._parts.clear()
+            self._held = 0
+        self.source.close()
+
+    def _opened(self) -> Any:
+        if self._handle is None or self._pid != os.getpid():
+            if self._pid != os.getpid():
+                self._reset()
+            try:
+                self._handle = self._open_file()
+            except _arrow_errors() as error:
+                raise FormatError(f"not a readable {self._kind} file ({error})",
+                                  path=self.source.path) from None
+        return self._handle
+
+    def _choose_key(self, key: str | None) -> str | None:
+        names = self.columns_available
+        if key is not None:
+            if not isinstance(key, str):
+                raise TypeError(f"key must be a column name (str) or None; got key={key!r:.80}")
+            if key not in names:
+                raise FormatError(f"has no key column {key!r} (it has {names})",
+                                  path=self.source.path)
+            return key
+        return next((name for name in _KEY_COLUMNS if name in names), None)
+
+    def _check_wanted(self, names: list[str]) -> None:
+        if self._wanted is not None:
+            missing = [name for name in self._wanted if name not in names]
+            if missing:
+                raise FormatError(f"has no column {missing[0]!r} (columns={self._wanted!r}; it "
+                                  f"has {names})", path=self.source.path)
+
+    def __len__(self) -> int:
+        return int(self._part_starts[-1])
+
+    # --- parts -----------------------------------------------------------------------------
+
+    def _part(self, part: int, index: int) -> Any:
+        """Part ``part``, decoded (from the cache when it is there); ``index`` is the sample
+        that needs it, for the error."""
+        handle = self._opened()
+        with self._lock:
+            found = self._parts.get(part)
+            if found is not None:
+                self._parts.move_to_end(part)
+                return found
+            try:
+                table = self._read_part(handle, part)
+            except _arrow_errors() as error:
+                raise FormatError(f"{self._unit} {part} does not decode ({error})",
+                                  path=self.source.path, index=index) from None
+            self._keep(part, table)
+            return table
+
+    def _keep(self, part: int, table: Any) -> None:
+        self._parts[part] = table
+        self._held += table.nbytes
+        while self._held > self.cache_bytes and len(self._parts) > 1:
+            _, oldest = self._parts.popitem(last=False)
+            self._held -= oldest.nbytes
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        part = bisect_right(self._part_starts, index) - 1
+        return part, index - int(self._part_starts[part])
+
+    def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
+        index = self._index(index)
+        part, row = self._locate(index)
+        table = self._part(part, index)
+        sample = {name: _value(table.column(name), row) for name in table.column_names}
+        sample = pack_sample(sample) if raw else sample
+        return (self.find_key(index), sample) if yield_key else sample
+
+    def get_slice(self, start: int | None, stop: int | None, yield_key: bool = False,
+                  raw: bool = False, copy: bool = True) -> list:
+        start, stop, _ = slice(start, stop).indices(len(self))
+        return list(self._chunks(start, stop, yield_key, raw, copy, max(1, stop - start)))
+
+    def _chunks(self, start: int, stop: int, yield_key: bool, raw: bool, copy: bool,
+                chunk_size: int) -> Iterator:
+        index = start
+        while index < stop:
+            part, row = self._locate(index)
+            table = self._part(part, index)
+            count = min(stop - index, table.num_rows - row)
+            for first in range(row, row + count, _ROWS_AT_ONCE):
+                rows = _rows(table.slice(first, min(row + count, first + _ROWS_AT_ONCE) - first))
+                at = index + first - row
+                if raw:
+                    rows = [pack_sample(sample) for sample in rows]
+                if yield_key:
+                    rows = list(zip(self._key_list(at, at + len(rows)), rows))
+                yield from rows
+            index += count
+
+    # --- keys ------------------------------------------------------------------------------
+
+    def _key_index(self) -> KeyIndex:
+        if self._keys is None:
+            keys = []
+            for part in range(len(self._part_starts) - 1):
+                first = int(self._part_starts[part])
+                column = self._key_part(part, first)
+                keys.extend(str(key) for key in column.to_pylist())
+            self._keys = KeyIndex(*strings_to_arrays(keys))
+        return self._keys
+
+    def _key_part(self, part: int, first: int) -> Any:
+        found = self._parts.get(part)
+        if found is not None and self._key_column in found.column_names:
+            return found.column(self._key_column)
+        try:
+            return self._read_part(self._opened(), part, [self._key_column]).column(0)
+        except _arrow_errors() as error:
+            raise FormatError(f"{self._unit} {part} does not decode ({error})",
+                              path=self.source.path, index=first) from None
+
+    def _key_list(self, start: int, stop: int) -> list[str]:
+        if self._key_column is None:
+            return [numbered_key(self.source.name, i) for i in range(start, stop)]
+        return self._key_index().slice(start, stop)
+
+    def find_key(self, index: int) -> str:
+        index = self._index(index)
+        return self._key_list(index, index + 1)[0]
+
+    def _find(self, key: Any) -> int:
+        if self._key_column is None:
+            return numbered_index(self.source.name, key, len(self))
+        return self._key_index().find(key)
+
+    def __contains__(self, key: object) -> bool:
+        return self._find(key) >= 0
+
+    def find_index(self, key: Any) -> int:
+        found = self._find(key)
+        if found < 0:
+            raise KeyError(key)
+        return found
+
+
+def _check_columns(columns: Any) -> list[str] | None:
+    if columns is None:
+        return None
+    if isinstance(columns, str) or not all(isinstance(name, str) for name in columns):
+        raise TypeError(f"columns must be a list of column names (str); got columns={columns!r:.80}")
+    return list(columns)
+
+
+def _is_tensor(column: Any) -> bool:
+    return getattr(column.type, "extension_name", None) == "arrow.fixed_shape_tensor"
+
+
+def _value(column: Any, row: int) -> Any:
+    if _is_tensor(column):
+        return _tensors(column.slice(row, 1))[0]
+    return column[row].as_py()
+
+
+def _tensors(column: Any) -> list[np.ndarray]:
+    arrays = [chunk.to_numpy_ndarray() for chunk in column.chunks]
+    return [array.copy() for chunk in arrays for array in chunk]
+
+
+def _rows(table: Any) -> list[dict]:
+    """The rows of ``table`` as dicts (tensor columns as arrays)."""
+    tensors = [name for name, column in zip(table.column_names, table.columns) if _is_tensor(column)]
+    if not tensors:
+        return table.to_pylist()
+    values = {name: _tensors(table.column(name)) if name in tensors else table.column(name).to_pylist()
+              for name in table.column_names}
+    return [dict(zip(values, row)) for row in zip(*values.values())]
+
+
+class ParquetFileReader(_ArrowReader):
+    """One Parquet file, with the reader API: sample ``i`` is row ``i`` as a dict.
+
+    ``columns`` chooses the columns (a file without one of them raises
+    :class:`~fpipe.errors.FormatError` naming the file and the column). Keys come from the
+    column ``key`` (default: ``"key"`` or ``"__key__"`` when the file has one); without one,
+    row ``i`` of ``train.parquet`` has the key ``"train.parquet:i"``. A key lookup reads the
+    key column once.
+
+    A file that is not Parquet (a bad footer) raises FormatError when the reader is made; a
+    row group that does not decode raises FormatError naming the file and the sample when
+    it is read, and the other row groups stay readable.
+
+    ``path`` may be a URL, with the keywords of :class:`~fpipe.storage.reader.MsgpackReader`
+    (the bytes come through the same block cache). It pickles by path.
+
+    >>> import os, tempfile
+    >>> import pyarrow as pa, pyarrow.parquet as pq
+    >>> path = os.path.join(tempfile.mkdtemp(), "pets.parquet")
+    >>> pq.write_table(pa.table({"key": ["cat", "dog"], "legs": [4, 4]}), path)
+    >>> reader = ParquetFileReader(path)
+    >>> reader.find_index("dog"), reader.get(0, yield_key=True)
+    (1, ('cat', {'key': 'cat', 'legs': 4}))
+    """
+
+    _kind, _unit = "Parquet", "row group"
+
+    def __init__(self, path: PathLike, *, columns: Sequence[str] | None = None,
+                 key: str | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 **options: Any) -> None:
+        super().__init__(path, columns, key, cache_bytes, options)
+
+    def __repr__(self) -> str:
+        return f"ParquetFileReader({self.source.path!r})"
+
+    def _open_file(self) -> Any:
+        import pyarrow.parquet as pq
+
+        _pyarrow()
+        target = self.source.file() if self.source.remote else self.source.path
+        handle = pq.ParquetFile(target)
+        names = handle.schema_arrow.names
+        self.columns_available = names
+        self._check_wanted(names)
+        self.columns = self._wanted if self._wanted is not None else names
+        counts = [handle.metadata.row_group(g).num_rows for g in range(handle.num_row_groups)]
+        self._part_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        return handle
+
+    def _read_part(self, handle: Any, part: int, columns: list[str] | None = None) -> Any:
+        return handle.read_row_group(part, columns=columns or self.columns)
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Fetch in the background the bytes of the row groups that samples ``indices`` need
+        (a file at a URL; nothing to do for a local file)."""
+        if not self.source.remote:
+            return
+        positions = np.asarray(indices, dtype=np.int64)
+        parts = np.searchsorted(self._part_starts, positions, side="right") - 1
+        metadata = self._opened().metadata
+        spans = []
+        for part in dict.fromkeys(parts.tolist()):
+            if 0 <= part < metadata.num_row_groups:
+                group = metadata.row_group(part)
+                for column in range(group.num_columns):
+                    chunk = group.column(column)
+                    first = chunk.dictionary_page_offset or chunk.data_page_offset
+                    spans.append((first, first + chunk.total_compressed_size))
+        self.source.prefetch_spans(spans)
+
+
+class ArrowFileReader(_ArrowReader):
+    """One Arrow IPC file (the file or the stream format, as Hugging Face ``datasets`` keeps
+    its tables), memory-mapped, with the reader API: sample ``i`` is row ``i`` as a dict.
+    ``columns`` and ``key`` as for :class:`ParquetFileReader`.
+
+    >>> import os, tempfile
+    >>> import pyarrow as pa
+    >>> path = os.path.join(tempfile.mkdtemp(), "data.arrow")
+    >>> table = pa.table({"text": ["x", "y"]})
+    >>> with pa.ipc.new_stream(path, table.schema) as writer:
+    ...     writer.write_table(table)
+    >>> ArrowFileReader(path)[1]
+    {'text': 'y'}
+    """
+
+    _kind, _unit = "Arrow IPC", "record batch"
+
+    def __init__(self, path: PathLike, *, columns: Sequence[str] | None = None,
+                 key: str | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 **options: Any) -> None:
+        super().__init__(path, columns, key, cache_bytes, options)
+
+    def __repr__(self) -> str:
+        return f"ArrowFileReader({self.source.path!r})"
+
+    def _open_file(self) -> Any:
+        pa = _pyarrow()
+        target = self.source.file() if self.source.remote else pa.memory_map(self.source.path)
+        try:
+            handle = pa.ipc.open_file(target)
+            batches = None
+        except pa.ArrowInvalid:
+            target.seek(0)
+            batches = list(pa.ipc.open_stream(target))  # zero-copy from the map
+            handle = batches
+        schema = handle.schema if batches is None else _stream_schema(batches, target)
+        names = schema.names
+        self.columns_available = names
+        self._check_wanted(names)
+        self.columns = self._wanted if self._wanted is not None else names
+        counts = ([batch.num_rows for batch in batches] if batches is not None
+                  else [handle.get_batch(b).num_rows for b in range(handle.num_record_batches)])
+        self._part_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        return handle
+
+    def _read_part(self, handle: Any, part: int, columns: list[str] | None = None) -> Any:
+        pa = _pyarrow()
+        batch = handle[part] if isinstance(handle, list) else handle.get_batch(part)
+        return pa.Table.from_batches([batch]).select(columns or self.columns)
+
+
+def _stream_schema(batches: list, target: Any) -> Any:
+    if batches:
+        return batches[0].schema
+    target.seek(0)
+    return _pyarrow().ipc.open_stream(target).schema
+
+
+def _folder_files(folder: str) -> list[str]:
+    """The data files of a folder: those a Hugging Face ``save_to_disk`` folder lists in its
+    ``state.json``, else every Parquet and Arrow file under it, sorted."""
+    state = os.path.join(folder, "state.json")
+    if os.path.isfile(state):
+        with open(state, encoding="utf-8") as file:
+            listed = json.load(file).get("_data_files") or []
+        return [os.path.join(folder, entry["filename"]) for entry in listed]
+    found = []
+    for root, folders, files in os.walk(folder):
+        folders[:] = sorted(name for name in folders if not name.startswith("."))
+        found.extend(os.path.join(root, name) for name in sorted(files)
+                     if name.endswith((".parquet", *_ARROW_SUFFIXES)) and not name.startswith("."))
+    if not found:
+        raise FileNotFoundError(2, "no Parquet or Arrow file in the folder", folder)
+    return found
+
+
+def open_table_file(path: str, **options: Any) -> _ArrowReader:
+    """A :class:`ParquetFileReader` or :class:`ArrowFileReader` of ``path``, by its suffix."""
+    if path.lower().endswith(_ARROW_SUFFIXES):
+        return ArrowFileReader(path, **options)
+    return ParquetFileReader(path, **options)
+
+
+class ParquetReader(ShardedReader):
+    """Parquet and Arrow files read as one dataset, in order: a file or URL, a folder (a
+    Hugging Face ``save_to_disk`` folder reads the files its ``state.json`` lists; any other
+    folder, every ``.parquet`` and ``.arrow`` file under it), a glob or brace pattern
+    (``data/train-*.parquet``), or a list of these. Files ending in ``.arrow``, ``.feather``
+    or ``.ipc`` are :class:`ArrowFileReader`, the others :class:`ParquetFileReader`; the
+    keywords go to each. ``datasets.load_dataset("parquet", data_files=...)`` becomes
+    ``ParquetReader(files)``, with no conversion and no copy.
+
+    >>> import os, tempfile
+    >>> import pyarrow as pa, pyarrow.parquet as pq
+    >>> folder = tempfile.mkdtemp()
+    >>> for part in range(2):
+    ...     table = pa.table({"n": [part * 10, part * 10 + 1]})
+    ...     pq.write_table(table, os.path.join(folder, f"train-{part:05d}-of-00002.parquet"))
+    >>> reader = ParquetReader(folder)
+    >>> len(reader), [row["n"] for row in reader]
+    (4, [0, 1, 10, 11])
+    """
+
+    def __init__(self, paths: Union[PathLike, Iterable[PathLike]], *,
+                 columns: Sequence[str] | None = None, key: str | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, **options: Any) -> None:
+        files = []
+        for path in ([paths] if isinstance(paths, (str, os.PathLike)) else list(paths)):
+            path = os.fspath(path) if isinstance(path, os.PathLike) else path
+            if isinstance(path, str) and os.path.isdir(path):
+                files.extend(_folder_files(path))
+            else:
+                files.extend(expand_shards(path, storage_options=options.get("storage_options")))
+        super().__init__([open_table_file(file, columns=columns, key=key, cache_bytes=cache_bytes,
+                                          **options) for file in files])
+
+    def __repr__(self) -> str:
+        return f"ParquetReader({len(self.readers)} files, {len(self)} rows)"

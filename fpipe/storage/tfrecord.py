@@ -1,0 +1,438 @@
+"""Read and write TFRecord files of ``tf.train.Example`` without TensorFlow:
+:class:`TFRecordFileReader` (one file), :class:`TFRecordReader` (a list, glob or brace pattern
+of files, read as one :class:`~fpipe.storage.sharded.ShardedReader`), :class:`TFRecordWriter`,
+and the Example codec :func:`parse_example` / :func:`encode_example`.
+
+A TFRecord file is a run of records, each framed as its length (8 bytes, little-endian), the
+masked CRC-32C of the length, the data, and the masked CRC-32C of the data. fpipe parses the
+framing and the Example protobuf itself (about a hundred lines, tested against the
+``tfrecord`` package): the Example message is small and frozen, so this costs no dependency on
+TensorFlow or protobuf and its generated code. The CRC-32C comes from the ``crc32c`` package
+when it is installed (``pip install fpipe[tfrecord]``), else from a slower fallback.
+
+An Example is a map of feature name to a list of bytes, of float32 or of int64; fpipe reads
+them as the ``tfrecord`` package does: a list of one bytes value as those bytes (several as a
+list of bytes), float and int64 lists as NumPy arrays.
+
+>>> import os, tempfile
+>>> import numpy as np
+>>> path = os.path.join(tempfile.mkdtemp(), "train.tfrecord")
+>>> with TFRecordWriter(path) as writer:
+...     writer.write({"image": b"\\xff\\xd8", "label": 3, "box": np.array([0.5, 0.25], np.float32)})
+...     writer.write({"image": b"\\x89PNG", "label": 1, "box": np.zeros(2, np.float32)})
+>>> reader = TFRecordFileReader(path)
+>>> len(reader), reader[0]["image"], reader[0]["label"], reader[1]["box"]
+(2, b'\\xff\\xd8', array([3]), array([0., 0.], dtype=float32))
+>>> reader.find_key(1)
+'train.tfrecord:1'
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Union
+
+import numpy as np
+
+from ..errors import FormatError, check_bool
+from ._crc32c import masked_crc32c
+from ._foreign import (
+    ByteSource,
+    Scanner,
+    SpanReader,
+    cached_index,
+    expand_shards,
+    strings_from_arrays,
+    strings_to_arrays,
+)
+from .format import PathLike
+from .sharded import ShardedReader
+
+__all__ = ["TFRecordFileReader", "TFRecordReader", "TFRecordWriter", "encode_example",
+           "parse_example"]
+
+_HEADER = struct.Struct("<QI")
+_CRC = struct.Struct("<I")
+_FRAME = _HEADER.size + _CRC.size
+_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
+_BYTES_LIST, _FLOAT_LIST, _INT64_LIST = 1, 2, 3
+
+
+# --- the Example protobuf ----------------------------------------------------------------------
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if position >= len(data):
+            raise ValueError("a varint runs past the end of its message")
+        byte = data[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, position
+        shift += 7
+        if shift >= 70:
+            raise ValueError("a varint longer than 10 bytes")
+
+
+def _fields(data: bytes, start: int, stop: int) -> Iterable[tuple[int, int, Any]]:
+    """The fields of the message ``data[start:stop]``: ``(number, wire type, value)``, the value
+    a varint's int, or the ``(start, stop)`` of a length-delimited or fixed-size field."""
+    position = start
+    while position < stop:
+        tag, position = _varint(data, position)
+        number, wire = tag >> 3, tag & 7
+        if wire == _VARINT:
+            value, position = _varint(data, position)
+        elif wire == _LENGTH:
+            length, position = _varint(data, position)
+            value = (position, position + length)
+            position += length
+        elif wire in (_FIXED64, _FIXED32):
+            value = (position, position + (8 if wire == _FIXED64 else 4))
+            position = value[1]
+        else:
+            raise ValueError(f"field {number} has wire type {wire}, which an Example never holds")
+        if position > stop:
+            raise ValueError(f"field {number} runs past the end of its message")
+        yield number, wire, value
+
+
+def parse_example(data: Any) -> dict:
+    """The features of a serialized ``tf.train.Example``: a bytes list of one value as bytes
+    (several as a list of bytes), float lists as float32 arrays, int64 lists as int64 arrays.
+    Bytes that are not an Example raise :class:`ValueError`.
+
+    >>> parse_example(encode_example({"text": b"hi", "ids": [1, -2]}))
+    {'text': b'hi', 'ids': array([ 1, -2])}
+    """
+    data = bytes(data)
+    features: dict = {}
+    for number, wire, span in _fields(data, 0, len(data)):
+        if number == 1 and wire == _LENGTH:
+            for entry_number, entry_wire, entry in _fields(data, *span):
+                if entry_number == 1 and entry_wire == _LENGTH:
+                    name, value = _map_entry(data, *entry)
+                    features[name] = value
+    return features
+
+
+def _map_entry(data: bytes, start: int, stop: int) -> tuple[str, Any]:
+    name, value = "", None
+    for number, wire, span in _fields(data, start, stop):
+        if number == 1 and wire == _LENGTH:
+            name = data[span[0]:span[1]].decode("utf-8")
+        elif number == 2 and wire == _LENGTH:
+            value = _feature(data, *span)
+    return name, value
+
+
+def _feature(data: bytes, start: int, stop: int) -> Any:
+    value = None
+    for number, wire, span in _fields(data, start, stop):
+        if wire != _LENGTH:
+            continue
+        if number == _BYTES_LIST:
+            items = [data[a:b] for n, w, (a, b) in _fields(data, *span) if n == 1 and w == _LENGTH]
+            value = items[0] if len(items) == 1 else items
+        elif number == _FLOAT_LIST:
+            value = _floats(data, *span)
+        elif number == _INT64_LIST:
+            value = _int64s(data, *span)
+    return value
+
+
+def _floats(data: bytes, start: int, stop: int) -> np.ndarray:
+    parts = []
+    for number, wire, (a, b) in _fields(data, start, stop):
+        if number == 1 and wire in (_LENGTH, _FIXED32):
+            if (b - a) % 4:
+                raise ValueError("a packed float list whose length is not a multiple of 4")
+            parts.append(np.frombuffer(data, "<f4", (b - a) // 4, a))
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
+def _int64s(data: bytes, start: int, stop: int) -> np.ndarray:
+    values = []
+    for number, wire, value in _fields(data, start, stop):
+        if number != 1:
+            continue
+        if wire == _VARINT:
+            values.append(value)
+        elif wire == _LENGTH:
+            position, end = value
+            while position < end:
+                item, position = _varint(data, position)
+                values.append(item)
+            if position != end:
+                raise ValueError("a packed varint runs past the end of its list")
+    unsigned = np.array(values, dtype=np.uint64) if values else np.zeros(0, np.uint64)
+    return unsigned.view(np.int64)  # int64 is two's complement in 64 bits
+
+
+def _put_varint(out: bytearray, value: int) -> None:
+    value &= 0xFFFFFFFFFFFFFFFF
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _put_field(out: bytearray, number: int, payload: bytes) -> None:
+    _put_varint(out, number << 3 | _LENGTH)
+    _put_varint(out, len(payload))
+    out += payload
+
+
+def _feature_bytes(name: str, value: Any) -> bytes:
+    kind, payload = _feature_payload(name, value)
+    feature = bytearray()
+    _put_field(feature, kind, payload)
+    return bytes(feature)
+
+
+def _feature_payload(name: str, value: Any) -> tuple[int, bytes]:
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = [bytes(value)]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        value = [v.encode("utf-8") for v in value]
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, (bytes, bytearray)) for v in value):
+        out = bytearray()
+        for item in value:
+            _put_field(out, 1, bytes(item))
+        return _BYTES_LIST, bytes(out)
+    array = np.asarray(value) if value is not None else np.zeros(0, object)
+    if array.dtype.kind in "iub":
+        if array.dtype.kind == "u" and array.size and int(array.max()) > 2**63 - 1:
+            raise TypeError(f"feature {name!r}: values past the int64 range")
+        out = bytearray()
+        packed = bytearray()
+        for item in array.astype(np.int64).ravel().tolist():
+            _put_varint(packed, item)
+        _put_field(out, 1, bytes(packed))
+        return _INT64_LIST, bytes(out)
+    if array.dtype.kind == "f":
+        out = bytearray()
+        _put_field(out, 1, array.astype("<f4").ravel().tobytes())
+        return _FLOAT_LIST, bytes(out)
+    raise TypeError(f"feature {name!r} holds {type(value).__name__}; an Example holds bytes, "
+                    "str (as UTF-8 bytes), integers and floats, and lists or arrays of them")
+
+
+def encode_example(features: Mapping[str, Any]) -> bytes:
+    """A serialized ``tf.train.Example`` of ``features``: bytes (and str, as UTF-8) and lists of
+    them become a bytes list; ints, bools and integer arrays an int64 list; floats and float
+    arrays a float list (as float32). A value of another type raises :class:`TypeError`
+    naming the feature.
+
+    >>> parse_example(encode_example({"label": 3, "tags": ["a", "b"], "score": 0.5}))
+    {'label': array([3]), 'tags': [b'a', b'b'], 'score': array([0.5], dtype=float32)}
+    >>> encode_example({"when": None})
+    Traceback (most recent call last):
+    ...
+    TypeError: feature 'when' holds NoneType; an Example holds bytes, str (as UTF-8 bytes), ...
+    """
+    entries = bytearray()
+    for name, value in features.items():
+        entry = bytearray()
+        _put_field(entry, 1, str(name).encode("utf-8"))
+        _put_field(entry, 2, _feature_bytes(name, value))
+        _put_field(entries, 1, bytes(entry))
+    example = bytearray()
+    _put_field(example, 1, bytes(entries))
+    return bytes(example)
+
+
+# --- framing -----------------------------------------------------------------------------------
+
+def frame_record(data: bytes) -> bytes:
+    """``data`` framed as one TFRecord record."""
+    length = struct.pack("<Q", len(data))
+    return b"".join((length, _CRC.pack(masked_crc32c(length)), data, _CRC.pack(masked_crc32c(data))))
+
+
+def _build_record_index(source: ByteSource, verify: bool) -> dict[str, np.ndarray]:
+    scanner, starts, stops, position, size = Scanner(source), [], [], 0, source.size
+    reason = ""
+    while position < size:
+        header = scanner.take(position, position + _HEADER.size)
+        if len(header) < _HEADER.size:
+            reason = f"truncated: a record header at byte {position} is cut off at {size} bytes"
+            break
+        length, crc = _HEADER.unpack(header)
+        if verify and masked_crc32c(header[:8]) != crc:
+            reason = _bad_length(source, position, header)
+            break
+        stop = position + _FRAME + length
+        if stop > size:
+            reason = f"truncated: the record ends at byte {stop} but the file has {size} bytes"
+            break
+        starts.append(position)
+        stops.append(stop)
+        position = stop
+    damaged = -1
+    if reason:
+        damaged = len(starts)
+        starts.append(position)
+        stops.append(min(position + _HEADER.size, size))
+    return {"starts": np.array(starts, np.int64), "stops": np.array(stops, np.int64),
+            "damaged": np.array([damaged], np.int64), **dict(zip(
+                ("reason_blob", "reason_ends"), strings_to_arrays([reason])))}
+
+
+def _bad_length(source: ByteSource, position: int, header: bytes) -> str:
+    if position == 0 and header[:2] == b"\x1f\x8b":
+        return ("the file is gzip-compressed; fpipe reads uncompressed TFRecord files "
+                "(random access needs them): decompress it with gunzip")
+    return "the CRC of the record's length does not match: not a TFRecord record, or damaged"
+
+
+class TFRecordFileReader(SpanReader):
+    """One TFRecord file of ``tf.train.Example`` records, with the reader API; sample ``i``
+    is record ``i`` parsed by :func:`parse_example`.
+
+    The first open reads each record's 12-byte header (checking its CRC) to index the record
+    offsets, and keeps the index in the cache folder (``cache_dir``, default that of
+    :mod:`fpipe.storage.remote`); later opens and DataLoader workers load it. Records have no
+    keys: sample ``i`` of ``train.tfrecord`` has the key ``"train.tfrecord:i"``.
+
+    ``features`` chooses the features to read; a record that lacks one raises
+    :class:`~fpipe.errors.FormatError` naming the file, the record and the feature.
+    ``verify=False`` skips the CRC checks. Damage raises FormatError (file, record, byte
+    offset) when the record is read: a record whose data CRC does not match, or that is not
+    an Example, alone; a record cut off at the end of the file, or whose length's CRC does not
+    match, ends the records that can be found (those before it stay readable).
+
+    ``path`` may be a URL, with the keywords of :class:`~fpipe.storage.reader.MsgpackReader`
+    (the bytes come through the same block cache). Gzip-compressed files are refused with a
+    message: random access needs the records uncompressed.
+    """
+
+    def __init__(self, path: PathLike, *, features: Sequence[str] | None = None,
+                 verify: bool = True, **options: Any) -> None:
+        self.verify = check_bool("verify", verify)
+        if features is not None and (isinstance(features, str) or not all(
+                isinstance(name, str) for name in features)):
+            raise TypeError(f"features must be a list of names (str); got features={features!r:.80}")
+        self.features = None if features is None else tuple(features)
+        self.source = ByteSource(path, **options)
+        index = cached_index(self.source, f"tfrecord-{int(self.verify)}",
+                             lambda: _build_record_index(self.source, self.verify),
+                             options.get("cache_dir"))
+        self._load(index)
+
+    def _load(self, index: dict[str, np.ndarray]) -> None:
+        starts, stops = index["starts"], index["stops"]
+        if not (len(starts) == len(stops) and (starts <= stops).all()
+                and (stops <= self.source.size).all() and (np.diff(starts) > 0).all()):
+            raise FormatError("the record index in the cache does not fit the file; delete it",
+                              path=self.source.path)
+        self._starts, self._stops, self._keys = starts, stops, None
+        damaged = int(index["damaged"][0])
+        reason = strings_from_arrays(index["reason_blob"], index["reason_ends"])[0]
+        self._damage = {damaged: reason} if damaged >= 0 else {}
+
+    def __repr__(self) -> str:
+        return f"TFRecordFileReader({self.source.path!r})"
+
+    def _decode(self, data: Any, index: int, offset: int) -> dict:
+        payload = data[_HEADER.size:len(data) - _CRC.size]
+        if self.verify:
+            stored = _CRC.unpack_from(data, len(data) - _CRC.size)[0]
+            if masked_crc32c(payload) != stored:
+                raise FormatError("the CRC of the record's data does not match: the record is "
+                                  "damaged", path=self.source.path, index=index, offset=offset)
+        try:
+            sample = parse_example(payload)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise FormatError(f"not a tf.train.Example ({error})", path=self.source.path,
+                              index=index, offset=offset) from None
+        return self._chosen(sample, index, offset)
+
+    def _chosen(self, sample: dict, index: int, offset: int) -> dict:
+        if self.features is None:
+            return sample
+        missing = [name for name in self.features if name not in sample]
+        if missing:
+            raise FormatError(f"the record has no feature {missing[0]!r} (features="
+                              f"{list(self.features)!r}; it has {sorted(sample)})",
+                              path=self.source.path, index=index, offset=offset)
+        return {name: sample[name] for name in self.features}
+
+
+class TFRecordReader(ShardedReader):
+    """TFRecord files read as one dataset, in order: a path or URL, a brace pattern
+    (``train-{00000..01023}-of-01024``), a glob pattern or a list of these; each file is a
+    :class:`TFRecordFileReader` (the keywords go to each).
+
+    >>> import os, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> for shard in range(2):
+    ...     with TFRecordWriter(os.path.join(folder, f"part-{shard}.tfrecord")) as writer:
+    ...         for i in range(3):
+    ...             writer.write({"value": shard * 10 + i})
+    >>> reader = TFRecordReader(os.path.join(folder, "part-*.tfrecord"))
+    >>> len(reader), int(reader[4]["value"][0]), reader.find_key(4)
+    (6, 11, 'part-1.tfrecord:1')
+    """
+
+    def __init__(self, paths: Union[PathLike, Iterable[PathLike]], *,
+                 features: Sequence[str] | None = None, verify: bool = True,
+                 **options: Any) -> None:
+        files = expand_shards(paths, storage_options=options.get("storage_options"))
+        super().__init__([TFRecordFileReader(path, features=features, verify=verify, **options)
+                          for path in files])
+
+    def __repr__(self) -> str:
+        return f"TFRecordReader({len(self.readers)} files, {len(self)} records)"
+
+
+class TFRecordWriter:
+    """Write ``tf.train.Example`` records (:func:`encode_example`) to a TFRecord file; the file
+    appears under its name only when the writer closes without an error.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.tfrecord")
+    >>> with TFRecordWriter(path) as writer:
+    ...     writer.write({"text": "héllo"})
+    >>> TFRecordFileReader(path)[0]["text"].decode()
+    'héllo'
+    """
+
+    def __init__(self, path: PathLike, overwrite: bool = False) -> None:
+        self.path = os.fspath(path)
+        if os.path.exists(self.path) and not overwrite:
+            raise FileExistsError(f"{self.path} exists; pass overwrite=True to replace it")
+        self._temporary = f"{self.path}.{os.getpid()}.partial"
+        self._file = open(self._temporary, "wb")
+        self.written = 0
+
+    def write(self, features: Mapping[str, Any]) -> None:
+        """Append one Example."""
+        self._file.write(frame_record(encode_example(features)))
+        self.written += 1
+
+    def write_record(self, data: bytes) -> None:
+        """Append one record of any bytes (framed, with its CRCs)."""
+        self._file.write(frame_record(bytes(data)))
+        self.written += 1
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+            os.replace(self._temporary, self.path)
+
+    def __enter__(self) -> TFRecordWriter:
+        return self
+
+    def __exit__(self, kind: Any, *exc_info: object) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self._file.close()
+            os.unlink(self._temporary)

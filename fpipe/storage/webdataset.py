@@ -1,0 +1,413 @@
+"""Read WebDataset tar shards in place: :class:`TarReader` (one shard) and
+:class:`WebDatasetReader` (a list, glob or brace pattern of shards, read as one
+:class:`~fpipe.storage.sharded.ShardedReader`), with fpipe's reader API.
+
+A shard is a tar file whose members are grouped into samples as WebDataset groups them:
+consecutive members with the same *key* (the member's path up to the first dot of its file
+name) form one sample, and each member's *extension* (the rest of its file name) names a
+field. ``train/0001.jpg`` and ``train/0001.cls`` make the sample
+``{"key": "train/0001", "jpg": b"...", "cls": b"..."}``; fields are the members' bytes, as
+WebDataset keeps them (``decode=True`` turns the well-known extensions into values).
+
+Random access comes from an index of member offsets, built by reading the tar headers once
+and kept in the cache folder; ``get`` is then one read of the sample's bytes.
+
+>>> import io, os, tarfile, tempfile
+>>> path = os.path.join(tempfile.mkdtemp(), "shard-000.tar")
+>>> with tarfile.open(path, "w") as tar:
+...     for name, data in [("a.txt", b"hello"), ("a.cls", b"1"), ("b.txt", b"world"), ("b.cls", b"0")]:
+...         info = tarfile.TarInfo(name)
+...         info.size = len(data)
+...         tar.addfile(info, io.BytesIO(data))
+>>> reader = TarReader(path)
+>>> len(reader), reader[1], reader.find_index("a")
+(2, {'key': 'b', 'txt': b'world', 'cls': b'0'}, 0)
+>>> TarReader(path, decode=True)[0]
+{'key': 'a', 'txt': 'hello', 'cls': 1}
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, Union
+
+import msgpack
+import numpy as np
+
+from ..errors import FormatError, check_bool
+from ._foreign import (
+    ByteSource,
+    KeyIndex,
+    Scanner,
+    SpanReader,
+    cached_index,
+    expand_shards,
+    strings_from_arrays,
+    strings_to_arrays,
+)
+from .format import PathLike
+from .sharded import ShardedReader
+
+__all__ = ["TarReader", "WebDatasetReader", "decode_field", "encode_field"]
+
+_BLOCK = 512
+_ZERO_BLOCK = bytes(_BLOCK)
+_FILE_TYPES = (b"0", b"\0", b"7")
+_META_TYPES = (b"x", b"g", b"L", b"K")
+_INT_EXTENSIONS = ("cls", "cls2", "index", "inx", "id")
+_TEXT_EXTENSIONS = ("txt", "text", "transcript")
+_JSON_EXTENSIONS = ("json", "jsn")
+_MSGPACK_EXTENSIONS = ("msgpack", "mp", "mpk")
+
+
+def decode_field(extension: str, data: bytes) -> Any:
+    """The value of a member whose extension's last part says how it is encoded, as
+    WebDataset's default decoders read it: ``cls``, ``cls2``, ``index``, ``inx``, ``id`` an
+    integer in ASCII; ``txt``, ``text``, ``transcript`` UTF-8 text; ``json``, ``jsn`` JSON;
+    ``npy`` a NumPy array; ``msgpack``, ``mp``, ``mpk`` msgpack. Anything else (images,
+    audio, ...) stays bytes. A value that does not decode raises :class:`ValueError`.
+
+    >>> decode_field("label.cls", b"7"), decode_field("jpg", b"\\xff\\xd8")
+    (7, b'\\xff\\xd8')
+    """
+    kind = extension.rsplit(".", 1)[-1].lower()
+    if kind in _INT_EXTENSIONS:
+        return int(bytes(data).decode("ascii"))
+    if kind in _TEXT_EXTENSIONS:
+        return bytes(data).decode("utf-8")
+    if kind in _JSON_EXTENSIONS:
+        return json.loads(bytes(data))
+    if kind == "npy":
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    if kind in _MSGPACK_EXTENSIONS:
+        return msgpack.unpackb(data, strict_map_key=False)
+    return bytes(data)
+
+
+def encode_field(extension: str, value: Any) -> bytes:
+    """The member bytes of ``value`` in a field named ``extension``: bytes as they are, and the
+    values whose type the extension's last part encodes (see :func:`decode_field`). Any other
+    type raises :class:`TypeError` naming the field: a tar member holds bytes.
+
+    >>> encode_field("cls", 7), encode_field("meta.json", {"a": 1})
+    (b'7', b'{"a": 1}')
+    >>> encode_field("label", 7)
+    Traceback (most recent call last):
+    ...
+    TypeError: field 'label' holds int; a WebDataset member holds bytes, or a value that its ...
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    kind = extension.rsplit(".", 1)[-1].lower()
+    if kind in _INT_EXTENSIONS and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return str(int(value)).encode("ascii")
+    if kind in _TEXT_EXTENSIONS and isinstance(value, str):
+        return value.encode("utf-8")
+    if kind in _JSON_EXTENSIONS:
+        try:
+            return json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"field {extension!r}: not JSON ({error})") from None
+    if kind == "npy" and isinstance(value, np.ndarray):
+        buffer = io.BytesIO()
+        np.save(buffer, value, allow_pickle=False)
+        return buffer.getvalue()
+    if kind in _MSGPACK_EXTENSIONS:
+        from .format import pack_sample
+
+        return pack_sample(value)
+    raise TypeError(f"field {extension!r} holds {type(value).__name__}; a WebDataset member holds "
+                    "bytes, or a value that its extension encodes (.cls: int, .txt: str, .json: "
+                    f"JSON, .npy: array, .msgpack: any); rename the field (fpipe export --rename "
+                    f"{extension}={extension}.cls)")
+
+
+# --- the index of a shard ----------------------------------------------------------------------
+
+class _Member:
+    __slots__ = ("name", "offset", "size")
+
+    def __init__(self, name: str, offset: int, size: int) -> None:
+        self.name, self.offset, self.size = name, offset, size
+
+
+def _octal(field: bytes) -> int:
+    """A tar number field: octal ASCII, or base-256 when its first byte has the high bit."""
+    if field[:1] and field[0] & 0x80:
+        value = int.from_bytes(field, "big", signed=False) & ~(0xFF << (8 * (len(field) - 1)))
+        return -value if field[0] & 0x40 else value
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    return int(text, 8) if text else 0
+
+
+def _checksum_ok(header: bytes) -> bool:
+    stored = _octal(header[148:156])
+    unsigned = sum(header[:148]) + 8 * 32 + sum(header[156:])
+    if stored == unsigned:
+        return True
+    signed = unsigned - 2 * sum(b for b in header[:148] + header[156:] if b > 127)
+    return stored == signed
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    records, position = {}, 0
+    while position < len(data):
+        space = data.find(b" ", position)
+        if space < 0:
+            break
+        length = int(data[position:space])
+        if length <= 0:
+            raise ValueError("a pax record of length 0")
+        key, _, value = data[space + 1:position + length - 1].partition(b"=")
+        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        position += length
+    return records
+
+
+def _header_name(header: bytes) -> str:
+    name = header[:100].split(b"\0", 1)[0]
+    if header[257:262] == b"ustar":
+        prefix = header[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    return name.decode("utf-8", "surrogateescape")
+
+
+class _Scan:
+    """The regular-file members of a tar file, and where and why the scan stopped early
+    (``stopped_at`` None when it reached the end of the archive or of the file cleanly);
+    ``cut`` is the name of the member that the damage cuts, when it is known."""
+
+    def __init__(self) -> None:
+        self.members: list[_Member] = []
+        self.stopped_at: int | None = None
+        self.reason = ""
+        self.cut: str | None = None
+
+    def stop(self, position: int, reason: str, cut: str | None = None) -> _Scan:
+        self.stopped_at, self.reason, self.cut = position, reason, cut
+        return self
+
+
+def _scan_members(source: ByteSource) -> _Scan:
+    scan, scanner, position, size = _Scan(), Scanner(source), 0, source.size
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while position + _BLOCK <= size:
+        header = scanner.take(position, position + _BLOCK)
+        if header == _ZERO_BLOCK:
+            return scan
+        if not _checksum_ok(header):
+            return scan.stop(position, "not a tar header (its checksum does not match)")
+        typeflag = header[156:157]
+        name = pax.get("path") or long_name or _header_name(header)
+        try:
+            length = int(pax["size"]) if "size" in pax and typeflag not in _META_TYPES \
+                else _octal(header[124:136])
+        except ValueError:
+            return scan.stop(position, f"member {name!r}: its size is not a number", name)
+        start = position + _BLOCK
+        if length < 0 or start + length > size:
+            return scan.stop(position, f"truncated: member {name!r} ends at byte "
+                                       f"{start + length} but the file has {size} bytes", name)
+        if typeflag == b"L":
+            long_name = scanner.take(start, start + length).split(b"\0", 1)[0].decode(
+                "utf-8", "surrogateescape")
+        elif typeflag == b"x":
+            try:
+                pax = _pax_records(scanner.take(start, start + length))
+            except ValueError:
+                return scan.stop(position, "a pax header that does not parse")
+        elif typeflag not in _META_TYPES:
+            if typeflag in _FILE_TYPES:
+                scan.members.append(_Member(name, start, length))
+            long_name, pax = None, {}
+        position = start + -(-length // _BLOCK) * _BLOCK
+    if position < size and source.read(position, size).strip(b"\0"):
+        return scan.stop(position, f"truncated: a tar header at byte {position} is cut off at "
+                                   f"{size} bytes")
+    return scan
+
+
+def _split_name(name: str) -> tuple[str, str] | None:
+    """WebDataset's (key, extension) of a member name; None for names it leaves out (no dot in
+    the file name, or a top-level ``__name__``-style metadata file)."""
+    folder, _, base = name.rpartition("/")
+    if "." not in base or (not folder and base.startswith("__")):
+        return None
+    stem, extension = base.split(".", 1)
+    if not stem:
+        return None
+    return (f"{folder}/{stem}" if folder else stem), extension
+
+
+def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
+    scan = _scan_members(source)
+    keys, first, extensions, offsets, sizes = [], [], [], [], []
+    for member in scan.members:
+        parts = _split_name(member.name)
+        if parts is None:
+            continue
+        if not keys or keys[-1] != parts[0]:
+            keys.append(parts[0])
+            first.append(len(offsets))
+        extensions.append(parts[1])
+        offsets.append(member.offset)
+        sizes.append(member.size)
+    first.append(len(offsets))
+    ends = np.add(offsets, sizes, dtype=np.int64)
+    starts = np.array(offsets, np.int64)[first[:-1]] if keys else np.zeros(0, np.int64)
+    stops = np.maximum.reduceat(ends, first[:-1]) if keys else np.zeros(0, np.int64)
+    damaged = -1
+    if scan.stopped_at is not None:
+        damaged, keys, starts, stops, first = _with_damage(scan, source, keys, starts, stops, first)
+    return {**_arrays("key", keys), **_arrays("ext", extensions), **_arrays("reason", [scan.reason]),
+            "first": np.array(first, np.int64), "offsets": np.array(offsets, np.int64),
+            "sizes": np.array(sizes, np.int64), "starts": starts, "stops": stops,
+            "damaged": np.array([damaged], np.int64)}
+
+
+def _with_damage(scan: _Scan, source: ByteSource, keys: list, starts: np.ndarray,
+                 stops: np.ndarray, first: list) -> tuple:
+    """The sample that the damage cuts: the last one if the cut member belongs to it (or the
+    cut member is unknown: then the last sample may lack members, and is not handed out as
+    whole), else a new sample, without members, standing for what was lost."""
+    parts = _split_name(scan.cut) if scan.cut is not None else None
+    if keys and (parts is None or parts[0] == keys[-1]):
+        return len(keys) - 1, keys, starts, stops, first
+    key = parts[0] if parts is not None else f"{source.name}:damaged"
+    at = np.array([scan.stopped_at], np.int64)
+    return (len(keys), [*keys, key], np.concatenate([starts, at]), np.concatenate([stops, at]),
+            [*first, first[-1]])
+
+
+def _arrays(name: str, strings: list[str]) -> dict[str, np.ndarray]:
+    blob, ends = strings_to_arrays(strings)
+    return {f"{name}_blob": blob, f"{name}_ends": ends}
+
+
+class TarReader(SpanReader):
+    """One WebDataset tar shard, with the reader API: sample ``i`` is
+    ``{"key": ..., <extension>: bytes, ...}``.
+
+    The first open reads the tar headers (not the members' data) and keeps the index in the
+    cache folder (``cache_dir``, default that of :mod:`fpipe.storage.remote`), keyed by the
+    file's path, size and modification time; later opens, and every DataLoader worker, load
+    it. ``fields`` chooses the extensions to read, and a sample that lacks one raises
+    :class:`~fpipe.errors.FormatError` naming the file, the sample and the field.
+    ``decode=True`` turns the extensions that WebDataset's default decoders know into values
+    (:func:`decode_field`); the others stay bytes.
+
+    Damage is found where it is: a shard cut off in a member, or a header that is not one,
+    keeps the samples before it readable, and the sample it cuts raises FormatError (file,
+    sample, byte offset) when it is read, as does a sample with a member name twice.
+
+    ``path`` may be a URL (``s3://``, ``https://``, any fsspec scheme): the keywords after
+    ``decode`` are those of :class:`~fpipe.storage.reader.MsgpackReader`, and the bytes come
+    through the same block cache; building the index at a URL reads the shard once (its
+    blocks stay in the cache).
+    """
+
+    def __init__(self, path: PathLike, *, fields: Sequence[str] | None = None,
+                 decode: bool = False, **options: Any) -> None:
+        self.decode = check_bool("decode", decode)
+        self.fields = _check_fields(fields)
+        self.source = ByteSource(path, **options)
+        index = cached_index(self.source, "tar", lambda: _build_tar_index(self.source),
+                             options.get("cache_dir"))
+        self._load(index)
+
+    def _load(self, index: dict[str, np.ndarray]) -> None:
+        offsets, sizes, first = index["offsets"], index["sizes"], index["first"]
+        starts, stops = index["starts"], index["stops"]
+        self._keys = KeyIndex(index["key_blob"], index["key_ends"])
+        n = len(self._keys)
+        if not (len(starts) == len(stops) == n == len(first) - 1 and len(offsets) == len(sizes)
+                and (offsets >= 0).all() and (offsets + sizes <= self.source.size).all()
+                and (np.diff(first) >= 0).all() and (starts <= stops).all()
+                and (stops <= self.source.size).all()):
+            raise FormatError("the tar index in the cache does not fit the file; delete it",
+                              path=self.source.path)
+        self._first, self._offsets, self._sizes = first, offsets, sizes
+        self._starts, self._stops = starts, stops
+        self._extensions = strings_from_arrays(index["ext_blob"], index["ext_ends"])
+        damaged = int(index["damaged"][0])
+        reason = strings_from_arrays(index["reason_blob"], index["reason_ends"])[0]
+        self._damage = {damaged: reason} if damaged >= 0 else {}
+
+    def __repr__(self) -> str:
+        return f"TarReader({self.source.path!r})"
+
+    def _decode(self, data: Any, index: int, offset: int) -> dict:
+        sample: dict = {"key": self._keys[index]}
+        for member in range(int(self._first[index]), int(self._first[index + 1])):
+            extension = self._extensions[member]
+            if self.fields is not None and extension not in self.fields:
+                continue
+            if extension in sample:
+                what = "the key field" if extension == "key" else "twice"
+                raise FormatError(f"member {sample['key']}.{extension} is {what} in the sample",
+                                  path=self.source.path, index=index, offset=offset)
+            begin = int(self._offsets[member]) - offset
+            value = bytes(data[begin:begin + int(self._sizes[member])])
+            sample[extension] = self._decoded(extension, value, index, offset)
+        self._check_fields(sample, index, offset)
+        return sample
+
+    def _decoded(self, extension: str, value: bytes, index: int, offset: int) -> Any:
+        if not self.decode:
+            return value
+        try:
+            return decode_field(extension, value)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise FormatError(f"field {extension!r} does not decode ({error})",
+                              path=self.source.path, index=index, offset=offset) from None
+
+    def _check_fields(self, sample: dict, index: int, offset: int) -> None:
+        if self.fields is None:
+            return
+        missing = [field for field in self.fields if field not in sample]
+        if missing:
+            raise FormatError(f"sample {sample['key']!r} has no field {missing[0]!r} (fields="
+                              f"{list(self.fields)!r}; it has {sorted(set(sample) - {'key'})})",
+                              path=self.source.path, index=index, offset=offset)
+
+
+def _check_fields(fields: Any) -> tuple[str, ...] | None:
+    if fields is None:
+        return None
+    if isinstance(fields, str) or not all(isinstance(field, str) for field in fields):
+        raise TypeError(f"fields must be a list of extensions (str); got fields={fields!r:.80}")
+    return tuple(fields)
+
+
+class WebDatasetReader(ShardedReader):
+    """WebDataset shards read as one dataset, in order: a path or URL, a brace pattern
+    (``shards-{000..099}.tar``), a glob pattern (``data/*.tar``, or a URL with wildcards) or
+    a list of these. Each shard is a :class:`TarReader` (the keywords go to each), so
+    ``webdataset.WebDataset(urls)`` becomes ``WebDatasetReader(urls)``, with ``len``, random
+    access, keys and fpipe's orderings and torch adapters.
+
+    >>> import io, os, tarfile, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> for shard in range(2):
+    ...     with tarfile.open(os.path.join(folder, f"train-{shard:03d}.tar"), "w") as tar:
+    ...         for i in range(3):
+    ...             info = tarfile.TarInfo(f"{shard}-{i}.txt")
+    ...             info.size = 1
+    ...             tar.addfile(info, io.BytesIO(b"x"))
+    >>> reader = WebDatasetReader(os.path.join(folder, "train-{000..001}.tar"))
+    >>> len(reader), reader.find_key(4)
+    (6, '1-1')
+    """
+
+    def __init__(self, urls: Union[PathLike, Iterable[PathLike]], *,
+                 fields: Sequence[str] | None = None, decode: bool = False, **options: Any) -> None:
+        shards = expand_shards(urls, storage_options=options.get("storage_options"))
+        super().__init__([TarReader(shard, fields=fields, decode=decode, **options)
+                          for shard in shards])
+
+    def __repr__(self) -> str:
+        return f"WebDatasetReader({len(self.readers)} shards, {len(self)} samples)"
