@@ -180,13 +180,36 @@ class DatasetBase:
         try:
             return self._apply(sample, index, epoch)
         except Exception as error:
-            handle(self.on_error, error, sample, index)
-            count = self._skips.add(index)
-            if self.max_errors is not None and count > self.max_errors:
-                raise TooManyErrors(f"{count} samples failed, more than max_errors="
-                                    f"{self.max_errors}; the last: sample {index}: "
-                                    f"{type(error).__name__}: {error}") from error
-            return _SKIP
+            return self._skip(error, sample, index)
+
+    def _skip(self, error: Exception, sample: Any, index: int) -> Any:
+        """``_SKIP``, once ``on_error`` has taken ``error``, raised by sample ``index`` (read,
+        or transformed); ``sample`` is None when it could not be read."""
+        handle(self.on_error, error, sample, index)
+        count = self._skips.add(index)
+        if self.max_errors is not None and count > self.max_errors:
+            raise TooManyErrors(f"{count} samples failed, more than max_errors="
+                                f"{self.max_errors}; the last: sample {index}: "
+                                f"{type(error).__name__}: {error}") from error
+        return _SKIP
+
+    def _read_on(self, start: int, stop: int) -> Iterator[tuple[int, Any]]:
+        """``(index, sample)`` for samples ``start`` to ``stop``, read in order; with
+        ``on_error``, a sample that fails to read (a corrupt record) is skipped and the reading
+        goes on after it."""
+        position = start
+        while position < stop:
+            samples = self.reader.iter(position, stop, copy=self.copy, chunk_size=self.chunk_size)
+            try:
+                for sample in samples:
+                    yield position, sample
+                    position += 1
+                return
+            except Exception as error:
+                if self.on_error == "raise":
+                    raise
+                self._skip(error, None, position)
+                position += 1
 
     def _checked_transform(self, transforms: Any) -> Callable | None:
         if transforms is None:
@@ -318,11 +341,29 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
         """Samples ``indices``, read at once (``get_many`` where the reader has it)."""
         epoch = self._clock.base
         self._follow(epoch)
-        samples = self._read_batch(indices)
-        if self._transform is None:
+        if self.on_error == "raise":
+            samples = self._read_batch(indices)
+            if self._transform is None:
+                return samples
+            return [self._apply(s, self._position(i), epoch) for s, i in zip(samples, indices)]
+        samples = self._read_or_skip(indices)
+        outputs = [s if s is _SKIP or self._transform is None else
+                   self._apply_or_skip(s, self._position(i), epoch) for s, i in zip(samples, indices)]
+        return [x for x in outputs if x is not _SKIP]
+
+    def _read_or_skip(self, indices: list[int]) -> list:
+        """The samples at ``indices``; if the batch does not read, each sample alone, and
+        ``_SKIP`` for those that fail (``on_error``)."""
+        try:
+            return self._read_batch(indices)
+        except Exception:
+            samples = []
+            for index in indices:
+                try:
+                    samples.append(self.reader.get(index))
+                except Exception as error:
+                    samples.append(self._skip(error, None, self._position(index)))
             return samples
-        outputs = [self._apply_or_skip(s, self._position(i), epoch) for s, i in zip(samples, indices)]
-        return [x for x in outputs if x is not _SKIP] if self.on_error != "raise" else outputs
 
     def _read_batch(self, indices: list[int]) -> list:
         # A sequential sampler's batch is one run: one contiguous read. Shuffled batches are
@@ -713,11 +754,10 @@ it, or load a state of epoch 2
 
     def _elastic_stream(self, batches: Iterator[range], epoch: int) -> Iterator[Any]:
         self._follow(epoch)
-        n, reader, apply = len(self.reader), self.reader, self._apply_or_skip
+        n, apply = len(self.reader), self._apply_or_skip
         for batch in batches:
             for run in wrapped_runs(batch, n):
-                samples = reader.iter(run.start, run.stop, copy=self.copy, chunk_size=self.chunk_size)
-                for index, sample in zip(run, samples):
+                for index, sample in self._read_on(run.start, run.stop):
                     output = apply(sample, index, epoch)
                     if output is not _SKIP:
                         yield output
@@ -759,7 +799,7 @@ it, or load a state of epoch 2
         self._follow(epoch)
         if self.shuffle:
             pairs = self._shuffled(window, epoch, skip)
-        else:
+        elif self.on_error == "raise":
             window = window[skip:]
             samples = self.reader.iter(window.start, window.stop, copy=self.copy,
                                        chunk_size=self.chunk_size)
@@ -767,6 +807,8 @@ it, or load a state of epoch 2
                 yield from samples
                 return
             pairs = zip(window, samples)
+        else:
+            pairs = self._read_on(window.start + skip, window.stop)
         if self._transform is None:
             for _, sample in pairs:
                 yield sample

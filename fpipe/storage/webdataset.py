@@ -225,9 +225,13 @@ def _scan_members(source: ByteSource) -> _Scan:
                 scan.members.append(_Member(name, start, length))
             long_name, pax = None, {}
         position = start + -(-length // _BLOCK) * _BLOCK
-    if position < size and source.read(position, size).strip(b"\0"):
+    rest = source.read(position, size)
+    if rest.strip(b"\0"):
+        # the name field comes first: a header cut after it still names its member
+        cut = (pax.get("path") or long_name or _header_name(rest + bytes(_BLOCK - len(rest)))
+               if len(rest) >= 100 else None)
         return scan.stop(position, f"truncated: a tar header at byte {position} is cut off at "
-                                   f"{size} bytes")
+                                   f"{size} bytes", cut)
     return scan
 
 

@@ -1,0 +1,240 @@
+"""WebDataset tar shards: TarReader and WebDatasetReader against the webdataset and wids
+packages, which write and read the same shards; damaged shards."""
+
+import io
+import os
+import pickle
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+import webdataset
+import wids
+
+import fpipe.torch
+from fpipe.errors import FormatError
+from fpipe.storage import QuasiShuffler, Shuffler, TarReader, WebDatasetReader, decode_field, encode_field
+
+N_SHARDS, PER_SHARD = 3, 40
+
+
+def _sample(shard: int, i: int) -> dict:
+    rng = np.random.default_rng(shard * 1000 + i)
+    return {"__key__": f"s{shard}/{i:04d}", "jpg": rng.bytes(int(rng.integers(0, 3000))),
+            "cls": str(i % 5).encode(), "meta.json": b'{"n": %d}' % i}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Shards written by webdataset's own TarWriter."""
+    folder = tmp_path_factory.mktemp("wds")
+    for shard in range(N_SHARDS):
+        with webdataset.TarWriter(str(folder / f"train-{shard:03d}.tar")) as sink:
+            for i in range(PER_SHARD):
+                sink.write(_sample(shard, i))
+    return folder
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return tmp_path / "cache"
+
+
+def key_of(sample: dict) -> str:
+    return sample["key"]
+
+
+def _ours(sample: dict) -> dict:
+    return {"key": sample["__key__"], **{k: v for k, v in sample.items() if not k.startswith("__")}}
+
+
+def test_iteration_matches_webdataset(shards, cache):
+    pattern = str(shards / "train-{000..002}.tar")
+    theirs = [_ours(s) for s in webdataset.WebDataset(pattern, shardshuffle=False)]
+    reader = WebDatasetReader(pattern, cache_dir=cache)
+    assert len(reader) == N_SHARDS * PER_SHARD == len(theirs)
+    assert list(reader) == theirs
+    assert list(reader.iter(chunk_size=7)) == theirs
+    assert reader.get_slice(35, 45) == theirs[35:45]
+
+
+def test_random_access_matches_wids(shards, cache):
+    spec = [{"url": str(shards / f"train-{s:03d}.tar"), "nsamples": PER_SHARD} for s in range(N_SHARDS)]
+    theirs = wids.ShardListDataset(spec, cache_dir=str(cache / "wids"), transformations=[])
+    reader = WebDatasetReader(sorted(str(p) for p in shards.glob("*.tar")), cache_dir=cache)
+    for i in np.random.default_rng(0).permutation(len(reader))[:50].tolist():
+        their = theirs[i]
+        assert reader[i] == {"key": their["__key__"], **{extension.lstrip("."): _bytes(value)
+                                                          for extension, value in their.items()
+                                                          if not extension.startswith("__")}}
+
+
+def _bytes(value) -> bytes:
+    return value.read() if hasattr(value, "read") else bytes(value)
+
+
+def test_keys_slices_negative_and_raw(shards, cache):
+    reader = WebDatasetReader(str(shards / "train-*.tar"), cache_dir=cache)
+    assert reader.find_index("s1/0003") == PER_SHARD + 3 and "s2/0039" in reader
+    assert "s9/0000" not in reader and 7 not in reader
+    with pytest.raises(KeyError):
+        reader.find_index("nope")
+    assert reader.find_key(-1) == "s2/0039" and reader[-1]["key"] == "s2/0039"
+    assert reader[10:2:-3] == [reader[i] for i in (10, 7, 4)]
+    key, raw = reader.get(5, yield_key=True, raw=True)
+    assert key == "s0/0005" and fpipe.storage.unpack_sample(raw) == reader[5]
+    assert list(reader.iter(3, 6, yield_key=True)) == [(reader.find_key(i), reader[i]) for i in range(3, 6)]
+
+
+def test_decode_and_fields(shards, cache):
+    reader = TarReader(shards / "train-000.tar", decode=True, fields=["cls", "meta.json"], cache_dir=cache)
+    assert reader[7] == {"key": "s0/0007", "cls": 2, "meta.json": {"n": 7}}
+    for extension, value in [("cls", 3), ("x.txt", "héllo"), ("a.json", [1, {"b": None}]),
+                             ("npy", np.arange(6.0).reshape(2, 3)), ("mp", {"k": [1, 2]}), ("jpg", b"\xff")]:
+        back = decode_field(extension, encode_field(extension, value))
+        assert (back == value).all() if isinstance(value, np.ndarray) else back == value
+    with pytest.raises(TypeError, match="field 'label' holds int"):
+        encode_field("label", 3)
+
+
+def test_index_is_built_once_and_reused(shards, cache, monkeypatch):
+    TarReader(shards / "train-001.tar", cache_dir=cache)
+    import fpipe.storage.webdataset as module
+
+    def fail(source):
+        raise AssertionError("the index was built again")
+    monkeypatch.setattr(module, "_build_tar_index", fail)
+    assert len(TarReader(shards / "train-001.tar", cache_dir=cache)) == PER_SHARD
+
+
+def test_pickles_into_dataloader_workers(shards, cache):
+    reader = WebDatasetReader(str(shards / "train-*.tar"), cache_dir=cache)
+    again = pickle.loads(pickle.dumps(reader))
+    assert again[50] == reader[50]
+    dataset = fpipe.torch.Dataset(Shuffler(reader, seed=1), transforms=key_of)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=2,
+                                         multiprocessing_context="spawn")
+    seen = [key for batch in loader for key in batch]
+    assert sorted(seen) == sorted(reader.find_key(i) for i in range(len(reader)))
+
+
+def test_orderings_work_on_shards(shards, cache):
+    reader = WebDatasetReader(str(shards / "train-*.tar"), cache_dir=cache)
+    keys = [s["key"] for s in QuasiShuffler(reader, buf_size=16, chunk_size=4, seed=0)]
+    assert sorted(keys) == sorted(reader.find_key(i) for i in range(len(reader)))
+
+
+def _tar(path, members):
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_long_names_pax_headers_and_skipped_members(tmp_path, cache):
+    long = "d" * 120 + "/x"
+    path = tmp_path / "names.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in [(long + ".txt", b"long"), ("ü/ß.txt", b"pax"), ("README", b"no dot"),
+                           ("__meta__.json", b"{}")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        folder = tarfile.TarInfo("folder")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+    reader = TarReader(path, cache_dir=cache)
+    assert list(reader) == [{"key": long, "txt": b"long"}, {"key": "ü/ß", "txt": b"pax"}]
+    gnu = tmp_path / "gnu.tar"
+    _tar(gnu, [(long + ".txt", b"long")])
+    assert TarReader(gnu, cache_dir=cache)[0] == {"key": long, "txt": b"long"}
+
+
+# --- damage ----------------------------------------------------------------------------------
+
+def _members(n):
+    return [(f"{i:03d}.{ext}", bytes([i]) * 700) for i in range(n) for ext in ("jpg", "cls")]
+
+
+def test_truncated_tar_keeps_the_samples_before_and_names_the_cut_one(tmp_path, cache):
+    path = tmp_path / "cut.tar"
+    _tar(path, _members(5))
+    data = path.read_bytes()
+    # cut inside the data of sample 3's second member
+    cut_at = data.index(b"\x03" * 700) + 1536 + 100
+    path.write_bytes(data[:cut_at])
+    reader = TarReader(path, cache_dir=cache)
+    assert len(reader) == 4 and [s["key"] for s in reader.iter(0, 3)] == ["000", "001", "002"]
+    with pytest.raises(FormatError, match=r"cut\.tar: sample 3 at byte \d+: truncated: member '003\.cls'") as error:
+        reader[3]
+    assert error.value.index == 3 and error.value.path == str(path)
+    got = []
+    with pytest.raises(FormatError):
+        for sample in reader:
+            got.append(sample["key"])
+    assert got == ["000", "001", "002"]
+
+
+def test_tar_cut_between_samples_loses_no_whole_sample(tmp_path, cache):
+    path = tmp_path / "cut.tar"
+    _tar(path, _members(3))
+    data = path.read_bytes()
+    start_of_two = data.index(b"002.jpg")
+    path.write_bytes(data[:start_of_two + 300])  # inside sample 2's first header
+    reader = TarReader(path, cache_dir=cache)
+    assert [s["key"] for s in reader.iter(0, 2)] == ["000", "001"] and len(reader) == 3
+    with pytest.raises(FormatError, match="sample 2 .*truncated"):
+        reader[2]
+
+
+def test_corrupt_header_is_an_error_for_the_sample_it_may_cut(tmp_path, cache):
+    path = tmp_path / "bad.tar"
+    _tar(path, _members(3))
+    data = bytearray(path.read_bytes())
+    header = data.index(b"002.jpg")
+    data[header + 130] ^= 0x55  # the size field: the checksum no longer matches
+    path.write_bytes(bytes(data))
+    reader = TarReader(path, cache_dir=cache)
+    assert reader[0]["key"] == "000"
+    with pytest.raises(FormatError, match="sample 1 .*checksum"):
+        reader[1]
+
+
+def test_missing_field_names_file_sample_and_field(tmp_path, cache):
+    path = tmp_path / "fields.tar"
+    _tar(path, [("a.jpg", b"1"), ("a.cls", b"0"), ("b.jpg", b"2"), ("c.jpg", b"3"), ("c.cls", b"1")])
+    reader = TarReader(path, fields=["jpg", "cls"], cache_dir=cache)
+    assert reader[0] == {"key": "a", "jpg": b"1", "cls": b"0"}
+    with pytest.raises(FormatError, match=r"fields\.tar: sample 1 at byte \d+: sample 'b' has no field 'cls'"):
+        reader[1]
+    assert reader[2]["cls"] == b"1"
+
+
+def test_duplicate_member_is_an_error(tmp_path, cache):
+    path = tmp_path / "dup.tar"
+    _tar(path, [("a.jpg", b"1"), ("a.jpg", b"2")])
+    with pytest.raises(FormatError, match="sample 0 .*a.jpg is twice"):
+        TarReader(path, cache_dir=cache)[0]
+
+
+def test_on_error_skip_goes_past_the_bad_sample(tmp_path, cache):
+    path = tmp_path / "fields.tar"
+    _tar(path, [("a.jpg", b"1"), ("a.cls", b"0"), ("b.jpg", b"2"), ("c.jpg", b"3"), ("c.cls", b"1")])
+    reader = TarReader(path, fields=["jpg", "cls"], cache_dir=cache)
+    mapped = fpipe.torch.Dataset(reader, transforms=key_of, on_error="skip")
+    assert [k for batch in torch.utils.data.DataLoader(mapped, batch_size=3) for k in batch] == ["a", "c"]
+    iterable = fpipe.torch.IterableDataset(reader, transforms=key_of, on_error="skip")
+    assert list(iterable) == ["a", "c"] and iterable.skipped == 1
+
+
+def test_not_a_file_and_no_match(tmp_path, cache):
+    with pytest.raises(IsADirectoryError):
+        TarReader(tmp_path, cache_dir=cache)
+    with pytest.raises(FileNotFoundError):
+        WebDatasetReader(str(tmp_path / "none-*.tar"), cache_dir=cache)
+    with pytest.raises(FileNotFoundError):
+        WebDatasetReader(str(tmp_path / "none-{0..2}.tar"), cache_dir=cache)
+    with pytest.raises(ValueError, match="only apply to URLs"):
+        TarReader(os.devnull, block_size=10)
