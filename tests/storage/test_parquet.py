@@ -1,0 +1,161 @@
+"""Parquet, Arrow IPC and Hugging Face datasets folders, written by pyarrow and datasets."""
+
+import pickle
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import fpipe.torch
+from fpipe.errors import FormatError
+from fpipe.storage import ArrowFileReader, ParquetFileReader, ParquetReader, Shuffler
+
+N = 1000
+
+
+def _table(first: int = 0, n: int = N) -> pa.Table:
+    return pa.table({"key": [f"r{i:05d}" for i in range(first, first + n)],
+                     "text": [f"row {i} " * (i % 4) for i in range(first, first + n)],
+                     "n": list(range(first, first + n)),
+                     "blob": [bytes([i % 256]) * (i % 7) for i in range(first, first + n)],
+                     "tags": [[i, i + 1] if i % 3 else None for i in range(first, first + n)]})
+
+
+@pytest.fixture(scope="module")
+def parquet_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pq") / "train.parquet"
+    pq.write_table(_table(), path, row_group_size=128)
+    return path
+
+
+def test_rows_match_pyarrow(parquet_file):
+    reader = ParquetFileReader(parquet_file)
+    rows = _table().to_pylist()
+    assert len(reader) == N and list(reader) == rows
+    assert list(reader.iter(100, 300, chunk_size=7)) == rows[100:300]
+    order = np.random.default_rng(0).permutation(N)[:100].tolist()
+    assert [reader[i] for i in order] == [rows[i] for i in order]
+    assert reader.get_many([999, 0, 128, 127]) == [rows[999], rows[0], rows[128], rows[127]]
+    assert reader[-1] == rows[-1] and reader[5:1:-2] == [rows[5], rows[3]]
+
+
+def test_keys_columns_and_raw(parquet_file):
+    reader = ParquetFileReader(parquet_file, columns=["n", "key"])
+    assert reader[3] == {"n": 3, "key": "r00003"}
+    assert reader.find_index("r00777") == 777 and "r00001" in reader and "x" not in reader
+    assert reader.get(4, yield_key=True) == ("r00004", {"n": 4, "key": "r00004"})
+    assert list(reader.iter(0, 2, yield_key=True))[1] == ("r00001", {"n": 1, "key": "r00001"})
+    assert fpipe.storage.unpack_sample(reader.get(9, raw=True)) == reader[9]
+    numbered = ParquetFileReader(parquet_file, columns=["n"], key="n")
+    assert numbered.find_key(5) == "5" and numbered.find_index("6") == 6
+    with pytest.raises(FormatError, match=r"train\.parquet: has no column 'nope' \(columns=\['nope'\]"):
+        ParquetFileReader(parquet_file, columns=["nope"])
+    with pytest.raises(FormatError, match="has no key column 'id'"):
+        ParquetFileReader(parquet_file, key="id")
+    with pytest.raises(TypeError, match="columns must be a list"):
+        ParquetFileReader(parquet_file, columns="n")
+
+
+def test_without_a_key_column_rows_are_numbered(tmp_path):
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"x": [1, 2, 3]}), path)
+    reader = ParquetFileReader(path)
+    assert reader.find_key(2) == "plain.parquet:2" and reader.find_index("plain.parquet:1") == 1
+    assert "plain.parquet:3" not in reader
+
+
+def test_cache_bytes_bounds_the_decoded_row_groups(parquet_file):
+    reader = ParquetFileReader(parquet_file, cache_bytes=0)
+    for i in range(0, N, 100):
+        reader[i]
+    assert len(reader._parts) == 1
+
+
+def test_folders_patterns_and_hugging_face_save_to_disk(tmp_path):
+    for part in range(3):
+        pq.write_table(_table(part * 100, 100), tmp_path / f"train-{part:05d}-of-00003.parquet")
+    rows = [row for part in range(3) for row in _table(part * 100, 100).to_pylist()]
+    assert list(ParquetReader(tmp_path)) == rows
+    assert list(ParquetReader(str(tmp_path / "train-{00000..00002}-of-00003.parquet"))) == rows
+    assert ParquetReader(str(tmp_path / "train-*.parquet")).find_index("r00250") == 250
+    saved = tmp_path / "saved"
+    hf = datasets.Dataset.from_parquet(str(tmp_path / "train-*.parquet"), cache_dir=str(tmp_path / "hf"))
+    hf.save_to_disk(str(saved), num_shards=2)
+    reader = ParquetReader(saved)
+    assert len(reader) == len(hf) == 300
+    assert all(reader[i] == hf[i] for i in (0, 149, 150, 299))
+
+
+def test_arrow_ipc_file_and_stream(tmp_path):
+    table = _table(0, 50)
+    with pa.ipc.new_file(tmp_path / "t.arrow", table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=16):
+            writer.write_batch(batch)
+    with pa.ipc.new_stream(tmp_path / "s.arrow", table.schema) as writer:
+        writer.write_table(table, max_chunksize=7)
+    for name in ("t.arrow", "s.arrow"):
+        reader = ArrowFileReader(tmp_path / name)
+        assert list(reader) == table.to_pylist() and reader[33] == table.to_pylist()[33]
+        assert pickle.loads(pickle.dumps(reader))[49] == reader[49]
+
+
+def test_fixed_shape_tensors_read_as_arrays(tmp_path):
+    arrays = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"x": pa.FixedShapeTensorArray.from_numpy_ndarray(arrays)}), path)
+    reader = ParquetFileReader(path)
+    assert np.array_equal(reader[2]["x"], arrays[2]) and reader[2]["x"].flags.writeable
+    assert all(np.array_equal(row["x"], a) for row, a in zip(reader, arrays))
+
+
+def test_bad_footer_names_the_file(tmp_path):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(_table(0, 10), path)
+    data = path.read_bytes()
+    path.write_bytes(data[:-3] + b"XYZ")
+    with pytest.raises(FormatError, match=r"bad\.parquet: not a readable Parquet file"):
+        ParquetFileReader(path)
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(FormatError, match=r"bad\.parquet: not a readable Parquet file"):
+        ParquetReader(str(path))
+
+
+def _corrupt_row_group(path, group):
+    metadata = pq.ParquetFile(path).metadata
+    chunk = metadata.row_group(group).column(1)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    for offset in range(start, start + chunk.total_compressed_size):
+        data[offset] ^= 0xA5
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_row_group_names_file_and_sample_and_loses_nothing_else(tmp_path):
+    path = tmp_path / "damaged.parquet"
+    pq.write_table(_table(0, 300), path, row_group_size=100)
+    _corrupt_row_group(path, 1)
+    reader = ParquetFileReader(path)
+    assert reader[99]["n"] == 99 and reader[200]["n"] == 200
+    with pytest.raises(FormatError, match=r"damaged\.parquet: sample 150: row group 1 does not decode"):
+        reader[150]
+    got = []
+    with pytest.raises(FormatError, match="sample 100"):
+        for row in reader:
+            got.append(row["n"])
+    assert got == list(range(100))
+    dataset = fpipe.torch.IterableDataset(reader, transforms=lambda row: row["n"], on_error="skip")
+    assert list(dataset) == [*range(100), *range(200, 300)] and dataset.skipped == 100
+
+
+def n_of(row):
+    return row["n"]
+
+
+def test_pickles_into_dataloader_workers(parquet_file):
+    dataset = fpipe.torch.Dataset(Shuffler(ParquetFileReader(parquet_file), seed=0), transforms=n_of)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=50, num_workers=2,
+                                         multiprocessing_context="spawn")
+    assert sorted(int(n) for batch in loader for n in batch) == list(range(N))
