@@ -25,7 +25,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from ._commands import bench, demo, inspect, move, reorder, repair, transfer, write
+from ._commands import bench, demo, export, inspect, move, reorder, repair, transfer, write
 from ._commands._common import UsageError
 from ._version import __version__
 from .errors import FpipeError, redacted_url
@@ -45,7 +45,7 @@ _STATUSES = (
     ((FpipeError, ValueError, OSError, KeyError), EXIT_DATA_ERROR),
 )
 
-COMMAND_MODULES = (write, inspect, repair, move, reorder, transfer, bench, demo)
+COMMAND_MODULES = (write, export, inspect, repair, move, reorder, transfer, bench, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

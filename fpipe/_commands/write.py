@@ -53,7 +53,10 @@ Write a packed dataset. SOURCE is one of:
     (quote it), or without {{LABEL}} for unlabelled files;
   a list file of 'path[,label]' lines (CSV, or tab-separated; a first line starting with
     'path' is a header; paths are relative to the list file's folder);
-  a JSON-lines file (.jsonl), one sample object per line, written as it is.
+  a JSON-lines file (.jsonl), one sample object per line, written as it is;
+  datasets in other formats: WebDataset tar shards, Parquet or Arrow files (or a Hugging Face
+    save_to_disk folder), TFRecord files of tf.train.Example; several, or a glob or brace
+    pattern ('shards-{{000..099}}.tar'); every sample is written as it is read, with its key.
 
 For files, OUT is the dataset's file (e.g. train.msgpack); each sample is
 {{"key": the file's relative path, "image" (--field): the file's bytes, "label": number}}.
@@ -77,7 +80,9 @@ _EXAMPLE = """\
   fpipe write photos/ photos.msgpack --exclude '*/thumbs/*' --skip-bad
   fpipe write val-photos/ val.msgpack --classes train.msgpack
   fpipe write more-photos/ photos.msgpack --append
-  fpipe write cifar10 data/cifar10 --download"""
+  fpipe write cifar10 data/cifar10 --download
+  fpipe write 'shards-{000..099}.tar' train.msgpack
+  fpipe write data/*.parquet train.msgpack"""
 
 _FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
 _NAMED_LABELS = 5  # label names shown in one message
@@ -91,8 +96,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     known = ", ".join(sets.names())
     parser = add_command(commands, "write", "write packed datasets from files or well-known sets",
                          _DESCRIPTION.format(known=known), _EXAMPLE, _run_write)
-    parser.add_argument("source", metavar="SOURCE",
-                        help=f"a folder, glob pattern, list file, .jsonl file, or one of {known}")
+    parser.add_argument("source", metavar="SOURCE", nargs="+",
+                        help=f"a folder, glob pattern, list file, .jsonl file, or one of {known}; "
+                             "or WebDataset (.tar), Parquet/Arrow or TFRecord files (several, "
+                             "or a pattern)")
     parser.add_argument("out", metavar="OUT",
                         help="the dataset file to write (a folder for well-known datasets)")
     parser.add_argument("-y", "--overwrite", action="store_true",

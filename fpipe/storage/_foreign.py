@@ -28,8 +28,8 @@ from ..errors import FormatError
 from .base import Reader
 from .format import PathLike, key_salt, pack_sample
 
-__all__ = ["ByteSource", "KeyIndex", "SpanReader", "cached_index", "expand_shards",
-           "strings_from_arrays", "strings_to_arrays"]
+__all__ = ["ByteSource", "KeyIndex", "ShardFiles", "SpanReader", "cached_index", "expand_shards",
+           "renamed", "strings_from_arrays", "strings_to_arrays", "write_shards"]
 
 # Sequential scans (building an index) read the file in windows of this many bytes.
 SCAN_WINDOW = 1 << 16
@@ -602,3 +602,100 @@ def _runs(starts: np.ndarray, stops: np.ndarray, start: int, stop: int,
         b = min(stop, max(b, a + chunk_size))
         yield a, b
         a = b
+
+
+# --- writing shards ----------------------------------------------------------------------------
+
+class ShardFiles:
+    """The files of a sharded export: shard ``i`` is ``pattern % i`` (``pattern`` holds one
+    ``%d``-style field, e.g. ``train-%06d.tar``). Each shard is written beside its name
+    (hidden) and all are renamed into place together once the last one is written, so a
+    failed export leaves no shard behind; existing files are replaced only with
+    ``overwrite``, which also removes the shards of an earlier, longer export of the same
+    pattern (and nothing else).
+
+    >>> files = ShardFiles("out-%03d.tar")
+    >>> files.name(7)
+    'out-007.tar'
+    """
+
+    def __init__(self, pattern: PathLike, overwrite: bool = False) -> None:
+        self.pattern, self.overwrite = os.fspath(pattern), overwrite
+        try:
+            distinct = self.pattern % 0 != self.pattern % 1
+        except (TypeError, ValueError):
+            distinct = False
+        if not distinct:
+            raise ValueError(f"pattern must hold one %d-style field for the shard number, as in "
+                             f"'train-%06d.tar'; got pattern={self.pattern!r}")
+        self.temporaries: list[str] = []
+
+    def name(self, number: int) -> str:
+        return self.pattern % number
+
+    def temporary(self) -> str:
+        """Where the next shard is written until :meth:`commit`."""
+        folder, name = os.path.split(self.name(len(self.temporaries)))
+        path = os.path.join(folder, f".{name}.{os.getpid()}.partial")
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        self.temporaries.append(path)
+        return path
+
+    def commit(self) -> list[str]:
+        names = [self.name(i) for i in range(len(self.temporaries))]
+        existing = [name for name in names if os.path.exists(name)]
+        if existing and not self.overwrite:
+            self.abort()
+            raise FileExistsError(errno.EEXIST, f"{len(existing)} shard(s) exist; pass "
+                                  "-y/--overwrite (overwrite=True) to replace them", existing[0])
+        for temporary, name in zip(self.temporaries, names):
+            os.replace(temporary, name)
+        number = len(names)
+        while self.overwrite and os.path.isfile(self.name(number)):
+            os.unlink(self.name(number))  # a shard of an earlier, longer export
+            number += 1
+        return names
+
+    def abort(self) -> None:
+        for temporary in self.temporaries:
+            try:
+                os.unlink(temporary)
+            except FileNotFoundError:
+                pass
+
+
+def write_shards(samples: Iterable[dict], pattern: PathLike, open_shard: Callable[[str], Any],
+                 shard_size: int | None, shard_bytes: int | None, overwrite: bool) -> list[str]:
+    """Write ``samples`` into shards named by ``pattern`` (see :class:`ShardFiles`), starting a
+    new shard after ``shard_size`` samples or once a shard holds ``shard_bytes`` bytes.
+    ``open_shard(path)`` gives a shard writer: ``write(sample)``, ``size`` (bytes so far),
+    ``close()``. Returns the shard names (none for no samples)."""
+    files = ShardFiles(pattern, overwrite)
+    shard, count = None, 0
+    try:
+        for sample in samples:
+            if shard is None:
+                shard, count = open_shard(files.temporary()), 0
+            shard.write(sample)
+            count += 1
+            if (shard_size is not None and count >= shard_size) or (
+                    shard_bytes is not None and shard.size >= shard_bytes):
+                shard.close()
+                shard = None
+        if shard is not None:
+            shard.close()
+            shard = None
+    except BaseException:
+        if shard is not None:
+            shard.close()
+        files.abort()
+        raise
+    return files.commit()
+
+
+def renamed(sample: dict, rename: dict[str, str] | None) -> dict:
+    """``sample`` with its fields renamed by ``rename`` (old name -> new name)."""
+    if not rename:
+        return sample
+    return {rename.get(name, name): value for name, value in sample.items()}

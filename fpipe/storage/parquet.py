@@ -42,13 +42,15 @@ from ._foreign import (
     expand_shards,
     numbered_index,
     numbered_key,
+    renamed,
     strings_to_arrays,
+    write_shards,
 )
 from .base import Reader
 from .format import PathLike, pack_sample
 from .sharded import ShardedReader
 
-__all__ = ["ArrowFileReader", "ParquetFileReader", "ParquetReader"]
+__all__ = ["ArrowFileReader", "ParquetFileReader", "ParquetReader", "write_parquet"]
 
 DEFAULT_CACHE_BYTES = 256 << 20
 _ROWS_AT_ONCE = 1024  # rows converted to Python at a time while iterating
@@ -476,3 +478,135 @@ class ParquetReader(ShardedReader):
 
     def __repr__(self) -> str:
         return f"ParquetReader({len(self.readers)} files, {len(self)} rows)"
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+DEFAULT_ROW_GROUP_SIZE = 1000
+
+
+def _column(name: str, values: list) -> Any:
+    """The Arrow array of field ``name``: one type per column (None for missing values), or a
+    :class:`TypeError` naming the field."""
+    pa = _pyarrow()
+    kinds = {type(value) for value in values if value is not None}
+    if len(kinds) > 1 and not kinds <= {bytes, bytearray}:
+        raise TypeError(f"field {name!r} holds {' and '.join(sorted(k.__name__ for k in kinds))}; "
+                        "a Parquet column holds one type")
+    if kinds == {np.ndarray}:
+        return _tensor_column(name, values)
+    if kinds == {dict}:
+        shapes = {tuple(value) for value in values if value is not None}
+        if len(shapes) > 1:
+            raise TypeError(f"field {name!r} holds dicts with different keys; a Parquet column "
+                            "holds one struct type")
+    try:
+        return pa.array(values)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as error:
+        raise TypeError(f"field {name!r} cannot be a Parquet column ({error})") from None
+
+
+def _tensor_column(name: str, values: list) -> Any:
+    pa = _pyarrow()
+    if any(value is None for value in values) or len({(v.dtype.str, v.shape) for v in values}) > 1:
+        raise TypeError(f"field {name!r} holds arrays of different shapes or dtypes, or is "
+                        "missing in some samples; a Parquet tensor column holds one shape")
+    try:
+        return pa.FixedShapeTensorArray.from_numpy_ndarray(np.stack(values))
+    except (pa.ArrowException, TypeError, ValueError) as error:
+        raise TypeError(f"field {name!r} cannot be a Parquet tensor column ({error})") from None
+
+
+class _ParquetShard:
+    """One Parquet file being written, a row group every ``row_group_size`` samples."""
+
+    def __init__(self, path: str, row_group_size: int) -> None:
+        self.path, self.row_group_size = path, row_group_size
+        self.rows: list[dict] = []
+        self.pending = 0  # about the bytes of the rows not yet written
+        self.writer: Any = None
+        self.names: list[str] = []
+
+    @property
+    def size(self) -> int:
+        """About the bytes of the file: those written, and those of the rows held."""
+        return (os.path.getsize(self.path) if self.writer is not None else 0) + self.pending
+
+    def write(self, sample: dict) -> None:
+        self.rows.append(sample)
+        self.pending += sum(len(value) if isinstance(value, (bytes, str)) else
+                            getattr(value, "nbytes", 8) for value in sample.values())
+        if len(self.rows) >= self.row_group_size:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.rows:
+            return
+        pa = _pyarrow()
+        import pyarrow.parquet as pq
+
+        names = list(self.names) or list(dict.fromkeys(n for row in self.rows for n in row))
+        extra = [n for row in self.rows for n in row if n not in names]
+        if extra:
+            raise TypeError(f"field {extra[0]!r} is not in the first samples of this shard; a "
+                            "Parquet file has one set of columns")
+        table = pa.table({name: _column(name, [row.get(name) for row in self.rows])
+                          for name in names})
+        self.rows, self.pending = [], 0
+        if self.writer is None:
+            self.names = names
+            self.writer = pq.ParquetWriter(self.path, table.schema)
+        self.writer.write_table(_cast(table, self.writer.schema))
+
+    def close(self) -> None:
+        try:
+            self._flush()
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+            elif not os.path.exists(self.path):
+                open(self.path, "wb").close()
+
+
+def _cast(table: Any, schema: Any) -> Any:
+    """``table`` in the types of the shard's first row group (a column that was all None there
+    takes the type it has now, if it can)."""
+    if table.schema.equals(schema):
+        return table
+    pa = _pyarrow()
+    for name in table.column_names:
+        have, want = table.schema.field(name).type, schema.field(name).type
+        if have != want and not pa.types.is_null(have):
+            raise TypeError(f"field {name!r} holds {have} here but {want} in the first samples of "
+                            "this shard; a Parquet column holds one type")
+    return table.cast(schema)
+
+
+def write_parquet(samples: Iterable[dict], pattern: PathLike, *, shard_size: int | None = None,
+                  shard_bytes: int | None = None, row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
+                  rename: dict[str, str] | None = None, overwrite: bool = False) -> list[str]:
+    """Write ``samples`` as Parquet files named by ``pattern`` (one ``%d``-style field for the
+    file number, e.g. ``out/train-%05d.parquet``), a new file after ``shard_size`` samples or
+    once a file holds ``shard_bytes`` bytes, a row group every ``row_group_size`` samples
+    (small row groups make random access cheaper); returns the file names.
+
+    Fields become columns (``rename`` renames them first): bools, ints, floats, str, bytes,
+    lists and dicts as Arrow's types, NumPy arrays of one shape and dtype as a fixed-shape
+    tensor column; each column holds one type, and a field that does not fit raises
+    :class:`TypeError` naming it. :class:`ParquetReader` reads the same samples back (a
+    field missing from a sample reads back as None). Nothing appears under the names unless
+    all files are written; existing files are replaced only with ``overwrite``.
+
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> pattern = os.path.join(tempfile.mkdtemp(), "train-%05d.parquet")
+    >>> samples = [{"key": f"s{i}", "text": "hi " * i, "x": np.full(2, i)} for i in range(3)]
+    >>> names = write_parquet(samples, pattern, shard_size=2)
+    >>> reader = ParquetReader(names)
+    >>> len(names), reader.find_index("s2"), reader[2]["x"]
+    (2, 2, array([2, 2]))
+    """
+    row_group_size = check_integer("row_group_size", row_group_size, 1)
+    chosen = (renamed(sample, rename) for sample in samples)
+    return write_shards(chosen, pattern, lambda path: _ParquetShard(path, row_group_size),
+                        shard_size, shard_bytes, overwrite)

@@ -69,7 +69,8 @@ def test_the_tfrecord_package_reads_what_fpipe_writes(tmp_path, cache):
 
 
 def test_example_codec_round_trip_and_types():
-    features = {"one": b"x", "many": [b"a", b"", b"c"], "ints": np.array([0, -1, 127, 128, -2**63, 2**63 - 1]),
+    features = {"one": b"x", "many": [b"a", b"", b"c"],
+                "ints": np.array([0, -1, 127, 128, -2**63, 2**63 - 1]),
                 "floats": np.array([1.5, -0.0, np.inf], np.float32), "empty": [], "flag": True,
                 "word": "héllo", "words": ["a", "b"]}
     back = parse_example(encode_example(features))
@@ -103,7 +104,8 @@ def test_sharded_patterns_keys_and_slices(tmp_path, cache):
                 writer.write({"n": shard * 100 + i})
     reader = TFRecordReader(str(tmp_path / "train-{00000..00002}-of-00003"), cache_dir=cache)
     assert len(reader) == 30 and [int(s["n"][0]) for s in reader.iter(8, 12)] == [8, 9, 100, 101]
-    assert reader.find_key(12) == "train-00001-of-00003:2" and reader.find_index("train-00002-of-00003:9") == 29
+    assert reader.find_key(12) == "train-00001-of-00003:2"
+    assert reader.find_index("train-00002-of-00003:9") == 29
     assert "train-00002-of-00003:10" not in reader and "train-00002-of-00003:01" not in reader
     assert [int(s["n"][0]) for s in reader[29:20:-4]] == [209, 205, 201]
     assert pickle.loads(pickle.dumps(reader))[15]["n"].tolist() == [105]
@@ -117,7 +119,8 @@ def test_features_chooses_and_a_missing_one_names_file_record_and_feature(tmp_pa
         writer.write({"image": b"c", "label": 0, "extra": 5})
     reader = TFRecordFileReader(path, features=["image", "label"], cache_dir=cache)
     assert reader[2] == {"image": b"c", "label": reader[2]["label"]} and reader[2]["label"].tolist() == [0]
-    with pytest.raises(FormatError, match=r"f\.tfrecord: sample 1 at byte \d+: the record has no feature 'label'"):
+    missing = r"f\.tfrecord: sample 1 at byte \d+: the record has no feature 'label'"
+    with pytest.raises(FormatError, match=missing):
         reader[1]
 
 
@@ -136,7 +139,8 @@ def test_bad_data_crc_raises_for_that_record_only(tmp_path, cache):
     path.write_bytes(bytes(data))
     reader = TFRecordFileReader(path, cache_dir=cache)
     assert len(reader) == 5 and reader[3]["i"].tolist() == [3]
-    with pytest.raises(FormatError, match=r"crc\.tfrecord: sample 2 at byte \d+: the CRC of the record's data") as error:
+    bad_crc = r"crc\.tfrecord: sample 2 at byte \d+: the CRC of the record's data"
+    with pytest.raises(FormatError, match=bad_crc) as error:
         reader[2]
     assert error.value.index == 2 and error.value.offset == 2 * record
     assert [s["i"][0] for s in TFRecordFileReader(path, verify=False, cache_dir=cache)] == [0, 1, 2, 3, 4]

@@ -167,7 +167,8 @@ def test_truncated_tar_keeps_the_samples_before_and_names_the_cut_one(tmp_path, 
     path.write_bytes(data[:cut_at])
     reader = TarReader(path, cache_dir=cache)
     assert len(reader) == 4 and [s["key"] for s in reader.iter(0, 3)] == ["000", "001", "002"]
-    with pytest.raises(FormatError, match=r"cut\.tar: sample 3 at byte \d+: truncated: member '003\.cls'") as error:
+    cut = r"cut\.tar: sample 3 at byte \d+: truncated: member '003\.cls'"
+    with pytest.raises(FormatError, match=cut) as error:
         reader[3]
     assert error.value.index == 3 and error.value.path == str(path)
     got = []
@@ -207,7 +208,8 @@ def test_missing_field_names_file_sample_and_field(tmp_path, cache):
     _tar(path, [("a.jpg", b"1"), ("a.cls", b"0"), ("b.jpg", b"2"), ("c.jpg", b"3"), ("c.cls", b"1")])
     reader = TarReader(path, fields=["jpg", "cls"], cache_dir=cache)
     assert reader[0] == {"key": "a", "jpg": b"1", "cls": b"0"}
-    with pytest.raises(FormatError, match=r"fields\.tar: sample 1 at byte \d+: sample 'b' has no field 'cls'"):
+    missing = r"fields\.tar: sample 1 at byte \d+: sample 'b' has no field 'cls'"
+    with pytest.raises(FormatError, match=missing):
         reader[1]
     assert reader[2]["cls"] == b"1"
 

@@ -1,0 +1,169 @@
+"""Datasets in other training formats on the command line: which format a SOURCE is in
+(WebDataset tar shards, Parquet or Arrow files and Hugging Face folders, TFRecord files), its
+reader, and ``fpipe write`` from it into a packed dataset.
+
+>>> source_format(["shards-{000..009}.tar"]), source_format(["data/*.parquet"])
+('webdataset', 'parquet')
+>>> source_format(["photos/"]) is None
+True
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import FpipeError
+from ..storage._staging import staged_datasets
+from ._common import UsageError, human_bytes, say, shows_progress
+
+__all__ = ["FORMATS", "open_source", "source_format", "write_from_format"]
+
+#: The formats, by the suffixes that name their files.
+FORMATS = {"webdataset": (".tar",), "parquet": (".parquet", ".arrow", ".feather", ".ipc"),
+           "tfrecord": (".tfrecord", ".tfrecords", ".tfr")}
+_NAMES = {"webdataset": "WebDataset shards", "parquet": "Parquet/Arrow files",
+          "tfrecord": "TFRecord files"}
+# options of ``fpipe write`` that only files (images) take
+_FILE_OPTIONS = ("resize", "encode", "separator", "include", "exclude", "strict", "check")
+
+
+def _format_of_name(name: str) -> str | None:
+    lowered = name.lower().rstrip("/")
+    for kind, suffixes in FORMATS.items():
+        if lowered.endswith(suffixes):
+            return kind
+    return None
+
+
+def _sniffed(path: str) -> str | None:
+    """The format of a file whose name does not say it, from its first bytes: a TFRecord
+    record header (length and its CRC), a Parquet or Arrow magic, a tar header."""
+    from ..storage._crc32c import masked_crc32c
+
+    try:
+        with open(path, "rb") as file:
+            head = file.read(512)
+    except OSError:
+        return None
+    if head[:4] == b"PAR1" or head[:6] == b"ARROW1":
+        return "parquet"
+    if len(head) >= 12 and masked_crc32c(head[:8]) == struct.unpack_from("<I", head, 8)[0]:
+        return "tfrecord"
+    if len(head) == 512 and head[257:262] == b"ustar":
+        return "webdataset"
+    return None
+
+
+def _format_of(source: str) -> str | None:
+    if "://" in source:
+        return _format_of_name(source)
+    if os.path.isdir(source):
+        folder = Path(source)
+        if (folder / "state.json").is_file() and any(folder.glob("*.arrow")):
+            return "parquet"
+        files = [p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        kinds = {_format_of_name(p.name) for p in files}
+        return "parquet" if files and kinds == {"parquet"} else None
+    named = _format_of_name(source)
+    if named is not None or not os.path.isfile(source):
+        return named
+    return _sniffed(source)
+
+
+def source_format(sources: Sequence[str]) -> str | None:
+    """``"webdataset"``, ``"parquet"`` or ``"tfrecord"`` when the SOURCE arguments name files
+    of that format (by suffix; a file without a known suffix by its first bytes; a folder of
+    Parquet/Arrow files or a Hugging Face ``save_to_disk`` folder), None for anything else.
+    Sources in several formats are a usage error."""
+    kinds = [_format_of(source) for source in sources]
+    if all(kind is None for kind in kinds):
+        return None
+    if len(set(kinds)) > 1:
+        named = ", ".join(f"{source} ({kind or 'not one of them'})" for source, kind in zip(sources, kinds))
+        raise UsageError(f"the sources must all be WebDataset, Parquet/Arrow or TFRecord files of "
+                         f"one format; got {named}")
+    return kinds[0]
+
+
+def open_source(kind: str, sources: Sequence[str]) -> Any:
+    """The reader of ``sources`` in format ``kind`` (see :func:`source_format`)."""
+    from ..storage import ParquetReader, TFRecordReader, WebDatasetReader
+
+    readers = {"webdataset": WebDatasetReader, "parquet": ParquetReader, "tfrecord": TFRecordReader}
+    return readers[kind](list(sources))
+
+
+def write_from_format(kind: str, args: argparse.Namespace) -> int:
+    """``fpipe write SOURCE... OUT`` for sources in another format: every sample, in order (or
+    shuffled by ``--seed``), read in bounded memory and written with its key."""
+    given = [f"--{name}" for name in _FILE_OPTIONS if getattr(args, name, None)]
+    if given or args.field != "image":
+        raise UsageError(f"{', '.join(given) or '--field'} are for files, not for "
+                         f"{_NAMES[kind]}")
+    if args.append and args.overwrite:
+        raise UsageError("--append adds to OUT, -y/--overwrite replaces it: pass one of them")
+    reader = open_source(kind, args.source)
+    out = Path(args.out)
+    if args.append:
+        _write_packed(out, reader, args, append=True)
+    else:
+        with staged_datasets([out], args.overwrite) as (staged,):
+            _write_packed(staged, reader, args)
+    say(args, f"{'appended' if args.append else 'wrote'} {len(reader)} samples from "
+              f"{_NAMES[kind]} ({len(args.source)} source(s)) to {out} "
+              f"({human_bytes(out.stat().st_size)})")
+    return 0
+
+
+def _samples(reader: Any, args: argparse.Namespace) -> Iterator[dict]:
+    if args.shuffle:
+        from ..storage import Shuffler
+
+        pairs = Shuffler(reader, seed=args.seed).iter(yield_key=True)
+    else:
+        pairs = reader.iter(yield_key=True, chunk_size=256)
+    for key, sample in pairs:
+        sample["key"] = key
+        yield sample
+
+
+def _write_packed(path: Path, reader: Any, args: argparse.Namespace, append: bool = False) -> None:
+    from ..storage import FileWriter
+
+    shown = shows_progress(args)
+    with FileWriter(path, append=append, progress=shown, disable=not shown, total=len(reader),
+                    desc=Path(args.out).name, unit=" samples") as writer:
+        try:
+            for sample in _samples(reader, args):
+                _write_one(writer, sample)
+        except BaseException:
+            if append:
+                writer.abandon()
+            raise
+
+
+def _write_one(writer: Any, sample: dict) -> None:
+    try:
+        writer.write(sample)
+    except TypeError as error:
+        from ..storage import pack_sample
+
+        for field, value in sample.items():
+            try:
+                pack_sample(value)
+            except TypeError:
+                raise FpipeError(f"sample {sample['key']!r}: field {field!r} holds "
+                                 f"{type(value).__name__}, which a packed dataset cannot hold "
+                                 f"({error})") from None
+        raise
+
+
+def note(text: str) -> None:
+    """A one-line note on stderr."""
+    print(f"fpipe: note: {text}", file=sys.stderr)
