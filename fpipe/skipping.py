@@ -110,6 +110,52 @@ def handle(on_error: OnError, error: Exception, item: Any, index: int) -> Skippe
     return Skipped.of(error, item, index)
 
 
+def read_on(reader: Any, start: int, stop: int, skip: Callable[[Exception, int], Any],
+            **options: Any) -> Iterator[tuple[int, Any]]:
+    """``(index, sample)`` for samples ``start`` to ``stop`` of ``reader``, read in order with
+    ``reader.iter(start, stop, **options)``; a sample that fails to read (a damaged record) is
+    passed to ``skip(error, index)``, and the reading goes on after it. Not in ``__all__``:
+    the torch adapters use it for ``on_error``.
+
+    >>> class Flaky:
+    ...     def iter(self, start, stop):
+    ...         for i in range(start, stop):
+    ...             if i == 2:
+    ...                 raise ValueError("damaged")
+    ...             yield i * 10
+    >>> list(read_on(Flaky(), 0, 4, lambda error, index: print("skipped", index, error)))
+    skipped 2 damaged
+    [(0, 0), (1, 10), (3, 30)]
+    """
+    position = start
+    while position < stop:
+        try:
+            for sample in reader.iter(position, stop, **options):
+                yield position, sample
+                position += 1
+            return
+        except Exception as error:
+            skip(error, position)
+            position += 1
+
+
+def get_each(get: Callable[[int], Any], indices: Iterable[int],
+             skip: Callable[[Exception, int], Any]) -> list:
+    """``get(i)`` for each of ``indices``; for one that raises, what ``skip(error, i)`` returns.
+    Not in ``__all__``.
+
+    >>> get_each([10, 20].__getitem__, [1, 5, 0], lambda error, index: None)
+    [20, None, 10]
+    """
+    samples = []
+    for index in indices:
+        try:
+            samples.append(get(index))
+        except Exception as error:
+            samples.append(skip(error, index))
+    return samples
+
+
 class SkipLog:
     """The skipped items of one stream: an exact ``count``, the first 1000 ``records``, and
     the ``max_errors`` bound. A stream with ``on_error`` keeps one as its ``skips``, and

@@ -61,7 +61,7 @@ from .sharding import (
     worker_range,
     wrapped_runs,
 )
-from .skipping import OnError, TooManyErrors, check_max_errors, check_on_error, handle
+from .skipping import OnError, TooManyErrors, check_max_errors, check_on_error, get_each, handle, read_on
 from .storage.order import Indexed, QuasiShuffler, Range
 from .streaming._shm import register as share_type
 
@@ -180,11 +180,10 @@ class DatasetBase:
         try:
             return self._apply(sample, index, epoch)
         except Exception as error:
-            return self._skip(error, sample, index)
+            return self._skip(error, index, sample)
 
-    def _skip(self, error: Exception, sample: Any, index: int) -> Any:
-        """``_SKIP``, once ``on_error`` has taken ``error``, raised by sample ``index`` (read,
-        or transformed); ``sample`` is None when it could not be read."""
+    def _skip(self, error: Exception, index: int, sample: Any = None) -> Any:
+        """``_SKIP`` once ``on_error`` has taken ``error`` of sample ``index`` (or raise it)."""
         handle(self.on_error, error, sample, index)
         count = self._skips.add(index)
         if self.max_errors is not None and count > self.max_errors:
@@ -192,24 +191,6 @@ class DatasetBase:
                                 f"{self.max_errors}; the last: sample {index}: "
                                 f"{type(error).__name__}: {error}") from error
         return _SKIP
-
-    def _read_on(self, start: int, stop: int) -> Iterator[tuple[int, Any]]:
-        """``(index, sample)`` for samples ``start`` to ``stop``, read in order; with
-        ``on_error``, a sample that fails to read (a corrupt record) is skipped and the reading
-        goes on after it."""
-        position = start
-        while position < stop:
-            samples = self.reader.iter(position, stop, copy=self.copy, chunk_size=self.chunk_size)
-            try:
-                for sample in samples:
-                    yield position, sample
-                    position += 1
-                return
-            except Exception as error:
-                if self.on_error == "raise":
-                    raise
-                self._skip(error, None, position)
-                position += 1
 
     def _checked_transform(self, transforms: Any) -> Callable | None:
         if transforms is None:
@@ -341,29 +322,19 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
         """Samples ``indices``, read at once (``get_many`` where the reader has it)."""
         epoch = self._clock.base
         self._follow(epoch)
-        if self.on_error == "raise":
-            samples = self._read_batch(indices)
-            if self._transform is None:
-                return samples
-            return [self._apply(s, self._position(i), epoch) for s, i in zip(samples, indices)]
-        samples = self._read_or_skip(indices)
-        outputs = [s if s is _SKIP or self._transform is None else
-                   self._apply_or_skip(s, self._position(i), epoch) for s, i in zip(samples, indices)]
-        return [x for x in outputs if x is not _SKIP]
+        raising = self.on_error == "raise"
+        samples = self._read_batch(indices) if raising else self._read_or_skip(indices)
+        if self._transform is None and raising:
+            return samples
+        outputs = [s if s is _SKIP else self._apply_or_skip(s, self._position(i), epoch)
+                   for s, i in zip(samples, indices)]
+        return outputs if raising else [x for x in outputs if x is not _SKIP]
 
     def _read_or_skip(self, indices: list[int]) -> list:
-        """The samples at ``indices``; if the batch does not read, each sample alone, and
-        ``_SKIP`` for those that fail (``on_error``)."""
-        try:
+        try:  # a batch that does not read is read sample by sample, skipping those that fail
             return self._read_batch(indices)
         except Exception:
-            samples = []
-            for index in indices:
-                try:
-                    samples.append(self.reader.get(index))
-                except Exception as error:
-                    samples.append(self._skip(error, None, self._position(index)))
-            return samples
+            return get_each(self.reader.get, indices, lambda e, i: self._skip(e, self._position(i)))
 
     def _read_batch(self, indices: list[int]) -> list:
         # A sequential sampler's batch is one run: one contiguous read. Shuffled batches are
@@ -754,10 +725,11 @@ it, or load a state of epoch 2
 
     def _elastic_stream(self, batches: Iterator[range], epoch: int) -> Iterator[Any]:
         self._follow(epoch)
-        n, apply = len(self.reader), self._apply_or_skip
+        n, reader, apply = len(self.reader), self.reader, self._apply_or_skip
+        options = {"copy": self.copy, "chunk_size": self.chunk_size}
         for batch in batches:
             for run in wrapped_runs(batch, n):
-                for index, sample in self._read_on(run.start, run.stop):
+                for index, sample in read_on(reader, run.start, run.stop, self._skip, **options):
                     output = apply(sample, index, epoch)
                     if output is not _SKIP:
                         yield output
@@ -808,7 +780,8 @@ it, or load a state of epoch 2
                 return
             pairs = zip(window, samples)
         else:
-            pairs = self._read_on(window.start + skip, window.stop)
+            pairs = read_on(self.reader, window.start + skip, window.stop, self._skip,
+                            copy=self.copy, chunk_size=self.chunk_size)
         if self._transform is None:
             for _, sample in pairs:
                 yield sample

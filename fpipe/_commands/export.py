@@ -106,6 +106,9 @@ def _target(args: argparse.Namespace) -> tuple[str, str]:
         if kind is None:
             raise UsageError(f"--format is needed: OUT {out!r} ends in neither .tar nor .parquet")
         return kind, out
+    if out.lower().endswith(tuple(_SUFFIXES.values())):
+        raise UsageError(f"OUT must hold one %d-style field for the shard number, as in "
+                         f"'train-%06d.tar'; got {out!r}")
     if args.format is None:
         raise UsageError(f"OUT {out!r} is a folder: pass --format, or give a pattern such as "
                          f"{os.path.join(out, 'train-%06d.tar')!r}")

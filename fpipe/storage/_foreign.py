@@ -670,7 +670,8 @@ def write_shards(samples: Iterable[dict], pattern: PathLike, open_shard: Callabl
     """Write ``samples`` into shards named by ``pattern`` (see :class:`ShardFiles`), starting a
     new shard after ``shard_size`` samples or once a shard holds ``shard_bytes`` bytes.
     ``open_shard(path)`` gives a shard writer: ``write(sample)``, ``size`` (bytes so far),
-    ``close()``. Returns the shard names (none for no samples)."""
+    ``close()``, and ``discard()`` (close after a failure, writing nothing more). Returns the
+    shard names (none for no samples)."""
     files = ShardFiles(pattern, overwrite)
     shard, count = None, 0
     try:
@@ -687,9 +688,11 @@ def write_shards(samples: Iterable[dict], pattern: PathLike, open_shard: Callabl
             shard.close()
             shard = None
     except BaseException:
-        if shard is not None:
-            shard.close()
-        files.abort()
+        try:
+            if shard is not None:
+                shard.discard()
+        finally:
+            files.abort()
         raise
     return files.commit()
 

@@ -562,10 +562,12 @@ class _ParquetShard:
         try:
             self._flush()
         finally:
-            if self.writer is not None:
-                self.writer.close()
-            elif not os.path.exists(self.path):
-                open(self.path, "wb").close()
+            self.discard()
+
+    def discard(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
 
 def _cast(table: Any, schema: Any) -> Any:

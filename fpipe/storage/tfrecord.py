@@ -311,6 +311,19 @@ class TFRecordFileReader(SpanReader):
     ``path`` may be a URL, with the keywords of :class:`~fpipe.storage.reader.MsgpackReader`
     (the bytes come through the same block cache). Gzip-compressed files are refused with a
     message: random access needs the records uncompressed.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.tfrecord")
+    >>> with TFRecordWriter(path) as writer:
+    ...     writer.write({"text": b"a", "label": 1})
+    ...     writer.write({"text": b"b"})
+    >>> reader = TFRecordFileReader(path, features=["text", "label"])
+    >>> reader[0]
+    {'text': b'a', 'label': array([1])}
+    >>> reader[1]
+    Traceback (most recent call last):
+    ...
+    fpipe.errors.FormatError: ...x.tfrecord: sample 1 at byte 49: the record has no feature 'label' ...
     """
 
     def __init__(self, path: PathLike, *, features: Sequence[str] | None = None,

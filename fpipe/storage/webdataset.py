@@ -315,6 +315,17 @@ class TarReader(SpanReader):
     ``decode`` are those of :class:`~fpipe.storage.reader.MsgpackReader`, and the bytes come
     through the same block cache; building the index at a URL reads the shard once (its
     blocks stay in the cache).
+
+    >>> import os, tempfile
+    >>> pattern = os.path.join(tempfile.mkdtemp(), "s-%d.tar")
+    >>> (path,) = write_webdataset([{"key": "a", "jpg": b"1"}, {"key": "b", "png": b"2"}], pattern)
+    >>> reader = TarReader(path, fields=["jpg"])
+    >>> reader[0]
+    {'key': 'a', 'jpg': b'1'}
+    >>> reader[1]
+    Traceback (most recent call last):
+    ...
+    fpipe.errors.FormatError: ...s-0.tar: sample 1 at byte 1536: sample 'b' has no field 'jpg' ...
     """
 
     def __init__(self, path: PathLike, *, fields: Sequence[str] | None = None,
@@ -473,6 +484,9 @@ class _TarShard:
 
     def close(self) -> None:
         self.tar.close()
+        self.file.close()
+
+    def discard(self) -> None:
         self.file.close()
 
 
