@@ -541,23 +541,22 @@ class SpanReader(Reader):
                            offset=int(self._starts[index]))
 
     def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
-        index = self._index(index)
-        if index in self._damage:
+        if type(index) is not int or not 0 <= index < len(self._starts):
+            index = self._index(index)
+        if self._damage and index in self._damage:
             raise self._damaged(index)
         start, stop = int(self._starts[index]), int(self._stops[index])
         data = self.source.read(start, stop)
-        sample = self._finish(self._checked(data, index, start, stop), index, raw)
+        if len(data) != stop - start:
+            raise self._truncated(index, start, stop)
+        sample = self._decode(data, index, start)
+        sample = pack_sample(sample) if raw else sample
         return (self.find_key(index), sample) if yield_key else sample
 
-    def _checked(self, data: bytes, index: int, start: int, stop: int) -> Any:
-        if len(data) != stop - start:
-            raise FormatError(f"truncated: the sample ends at byte {stop} but the file has "
-                              f"{self.source.size} bytes", path=self.source.path, index=index,
-                              offset=start)
-        return self._decode(data, index, start)
-
-    def _finish(self, sample: Any, index: int, raw: bool) -> Any:
-        return pack_sample(sample) if raw else sample
+    def _truncated(self, index: int, start: int, stop: int) -> FormatError:
+        return FormatError(f"truncated: the sample ends at byte {stop} but the file has "
+                           f"{self.source.size} bytes", path=self.source.path, index=index,
+                           offset=start)
 
     def get_slice(self, start: int | None, stop: int | None, yield_key: bool = False,
                   raw: bool = False, copy: bool = True) -> list:
@@ -574,14 +573,20 @@ class SpanReader(Reader):
         comes, after the good ones before it."""
         if start >= stop:
             return
-        first, last = int(self._starts[start]), int(self._stops[start:stop].max())
-        block = memoryview(self.source.read(first, last))
+        starts, stops = self._starts[start:stop].tolist(), self._stops[start:stop].tolist()
+        first = starts[0]
+        block = memoryview(self.source.read(first, max(stops)))
         keys = self._key_list(start, stop) if yield_key else itertools.repeat(None)
-        for index, key in zip(range(start, stop), keys):
-            if index in self._damage:
+        damage, decode = self._damage, self._decode
+        for index, a, b, key in zip(range(start, stop), starts, stops, keys):
+            if damage and index in damage:
                 raise self._damaged(index)
-            a, b = int(self._starts[index]), int(self._stops[index])
-            sample = self._finish(self._checked(block[a - first:b - first], index, a, b), index, raw)
+            piece = block[a - first:b - first]
+            if len(piece) != b - a:
+                raise self._truncated(index, a, b)
+            sample = decode(piece, index, a)
+            if raw:
+                sample = pack_sample(sample)
             yield (key, sample) if yield_key else sample
 
     def prefetch(self, indices: Sequence[int]) -> None:

@@ -77,27 +77,43 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
             raise ValueError("a varint longer than 10 bytes")
 
 
-def _fields(data: bytes, start: int, stop: int) -> Iterable[tuple[int, int, Any]]:
-    """The fields of the message ``data[start:stop]``: ``(number, wire type, value)``, the value
-    a varint's int, or the ``(start, stop)`` of a length-delimited or fixed-size field."""
-    position = start
-    while position < stop:
-        tag, position = _varint(data, position)
-        number, wire = tag >> 3, tag & 7
-        if wire == _VARINT:
-            value, position = _varint(data, position)
-        elif wire == _LENGTH:
-            length, position = _varint(data, position)
-            value = (position, position + length)
-            position += length
-        elif wire in (_FIXED64, _FIXED32):
-            value = (position, position + (8 if wire == _FIXED64 else 4))
-            position = value[1]
-        else:
-            raise ValueError(f"field {number} has wire type {wire}, which an Example never holds")
-        if position > stop:
-            raise ValueError(f"field {number} runs past the end of its message")
-        yield number, wire, value
+def _tag(data: bytes, position: int) -> tuple[int, int]:
+    byte = data[position]
+    return (byte, position + 1) if byte < 0x80 else _varint(data, position)
+
+
+def _span(data: bytes, position: int, stop: int) -> tuple[int, int]:
+    """The ``(start, end)`` of the length-delimited value whose length is at ``position``."""
+    if position < stop and data[position] < 0x80:  # most lengths fit in one byte
+        start = position + 1
+        end = start + data[position]
+    else:
+        length, start = _varint(data, position)
+        end = start + length
+    if end > stop:
+        raise ValueError("a field runs past the end of its message")
+    return start, end
+
+
+def _skip(data: bytes, position: int, stop: int, tag: int) -> int:
+    """Where the value of an unknown field with ``tag`` ends."""
+    wire = tag & 7
+    if wire == _VARINT:
+        end = _varint(data, position)[1]
+    elif wire == _LENGTH:
+        end = _span(data, position, stop)[1]
+    elif wire in (_FIXED64, _FIXED32):
+        end = position + (8 if wire == _FIXED64 else 4)
+    else:
+        raise ValueError(f"field {tag >> 3} has wire type {wire}, which an Example never holds")
+    if end > stop:
+        raise ValueError(f"field {tag >> 3} runs past the end of its message")
+    return end
+
+
+# tags (field number << 3 | wire type) of the fields an Example is made of
+_FIRST_LENGTH, _SECOND_LENGTH, _THIRD_LENGTH = 0x0A, 0x12, 0x1A
+_FIRST_VARINT, _FIRST_FIXED32 = 0x08, 0x0D
 
 
 def parse_example(data: Any) -> dict:
@@ -110,66 +126,119 @@ def parse_example(data: Any) -> dict:
     """
     data = bytes(data)
     features: dict = {}
-    for number, wire, span in _fields(data, 0, len(data)):
-        if number == 1 and wire == _LENGTH:
-            for entry_number, entry_wire, entry in _fields(data, *span):
-                if entry_number == 1 and entry_wire == _LENGTH:
-                    name, value = _map_entry(data, *entry)
-                    features[name] = value
+    position, stop = 0, len(data)
+    while position < stop:
+        tag, position = _tag(data, position)
+        if tag == _FIRST_LENGTH:  # Example.features
+            start, position = _span(data, position, stop)
+            _features(data, start, position, features)
+        else:
+            position = _skip(data, position, stop, tag)
     return features
 
 
-def _map_entry(data: bytes, start: int, stop: int) -> tuple[str, Any]:
+def _features(data: bytes, position: int, stop: int, features: dict) -> None:
+    while position < stop:
+        tag, position = _tag(data, position)
+        if tag == _FIRST_LENGTH:  # an entry of Features.feature, a map
+            start, position = _span(data, position, stop)
+            name, value = _map_entry(data, start, position)
+            features[name] = value
+        else:
+            position = _skip(data, position, stop, tag)
+
+
+def _map_entry(data: bytes, position: int, stop: int) -> tuple[str, Any]:
     name, value = "", None
-    for number, wire, span in _fields(data, start, stop):
-        if number == 1 and wire == _LENGTH:
-            name = data[span[0]:span[1]].decode("utf-8")
-        elif number == 2 and wire == _LENGTH:
-            value = _feature(data, *span)
+    while position < stop:
+        tag, position = _tag(data, position)
+        if tag == _FIRST_LENGTH:
+            start, position = _span(data, position, stop)
+            name = data[start:position].decode("utf-8")
+        elif tag == _SECOND_LENGTH:
+            start, position = _span(data, position, stop)
+            value = _feature(data, start, position)
+        else:
+            position = _skip(data, position, stop, tag)
     return name, value
 
 
-def _feature(data: bytes, start: int, stop: int) -> Any:
+def _feature(data: bytes, position: int, stop: int) -> Any:
     value = None
-    for number, wire, span in _fields(data, start, stop):
-        if wire != _LENGTH:
-            continue
-        if number == _BYTES_LIST:
-            items = [data[a:b] for n, w, (a, b) in _fields(data, *span) if n == 1 and w == _LENGTH]
-            value = items[0] if len(items) == 1 else items
-        elif number == _FLOAT_LIST:
-            value = _floats(data, *span)
-        elif number == _INT64_LIST:
-            value = _int64s(data, *span)
+    while position < stop:
+        tag, position = _tag(data, position)
+        if tag in _LISTS:  # the oneof: the last one set wins
+            start, position = _span(data, position, stop)
+            value = _LISTS[tag](data, start, position)
+        else:
+            position = _skip(data, position, stop, tag)
     return value
 
 
-def _floats(data: bytes, start: int, stop: int) -> np.ndarray:
+def _bytes_list(data: bytes, position: int, stop: int) -> Any:
+    items = []
+    while position < stop:
+        tag, position = _tag(data, position)
+        if tag == _FIRST_LENGTH:
+            start, position = _span(data, position, stop)
+            items.append(data[start:position])
+        else:
+            position = _skip(data, position, stop, tag)
+    return items[0] if len(items) == 1 else items
+
+
+def _float_list(data: bytes, position: int, stop: int) -> np.ndarray:
     parts = []
-    for number, wire, (a, b) in _fields(data, start, stop):
-        if number == 1 and wire in (_LENGTH, _FIXED32):
-            if (b - a) % 4:
+    while position < stop:
+        tag, position = _tag(data, position)
+        if tag == _FIRST_LENGTH:  # packed
+            start, position = _span(data, position, stop)
+            if (position - start) % 4:
                 raise ValueError("a packed float list whose length is not a multiple of 4")
-            parts.append(np.frombuffer(data, "<f4", (b - a) // 4, a))
+            parts.append(np.frombuffer(data, "<f4", (position - start) // 4, start))
+        elif tag == _FIRST_FIXED32:
+            if position + 4 > stop:
+                raise ValueError("a float runs past the end of its list")
+            parts.append(np.frombuffer(data, "<f4", 1, position))
+            position += 4
+        else:
+            position = _skip(data, position, stop, tag)
+    # a copy: writable, and not holding on to the record's bytes
     return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
 
 
-def _int64s(data: bytes, start: int, stop: int) -> np.ndarray:
-    values = []
-    for number, wire, value in _fields(data, start, stop):
-        if number != 1:
-            continue
-        if wire == _VARINT:
+def _int64_list(data: bytes, position: int, stop: int) -> np.ndarray:
+    values: list[int] = []
+    while position < stop:
+        tag, position = _tag(data, position)
+        if tag == _FIRST_LENGTH:  # packed
+            start, position = _span(data, position, stop)
+            values.extend(_packed_varints(data, start, position))
+        elif tag == _FIRST_VARINT:
+            value, position = _varint(data, position)
             values.append(value)
-        elif wire == _LENGTH:
-            position, end = value
-            while position < end:
-                item, position = _varint(data, position)
-                values.append(item)
-            if position != end:
-                raise ValueError("a packed varint runs past the end of its list")
-    unsigned = np.array(values, dtype=np.uint64) if values else np.zeros(0, np.uint64)
-    return unsigned.view(np.int64)  # int64 is two's complement in 64 bits
+        else:
+            position = _skip(data, position, stop, tag)
+    if position > stop:
+        raise ValueError("a varint runs past the end of its list")
+    # int64 is two's complement in 64 bits
+    return np.array(values, dtype=np.uint64).view(np.int64) if values else np.zeros(0, np.int64)
+
+
+def _packed_varints(data: bytes, start: int, stop: int) -> list[int]:
+    piece = data[start:stop]
+    if not piece or max(piece) < 0x80:  # values below 128: a byte each
+        return list(piece)
+    values, position = [], start
+    while position < stop:
+        value, position = _varint(data, position)
+        values.append(value)
+    if position != stop:
+        raise ValueError("a packed varint runs past the end of its list")
+    return values
+
+
+_LISTS = {_FIRST_LENGTH: _bytes_list, _SECOND_LENGTH: _float_list, _THIRD_LENGTH: _int64_list}
 
 
 def _put_varint(out: bytearray, value: int) -> None:

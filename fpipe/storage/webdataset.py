@@ -349,6 +349,7 @@ class TarReader(SpanReader):
             raise FormatError("the tar index in the cache does not fit the file; delete it",
                               path=self.source.path)
         self._first, self._offsets, self._sizes = first, offsets, sizes
+        self._views = _views(first, offsets, sizes)
         self._starts, self._stops = starts, stops
         self._extensions = strings_from_arrays(index["ext_blob"], index["ext_ends"])
         damaged = int(index["damaged"][0])
@@ -358,25 +359,34 @@ class TarReader(SpanReader):
     def __repr__(self) -> str:
         return f"TarReader({self.source.path!r})"
 
+    def __getstate__(self) -> dict:
+        return {name: value for name, value in self.__dict__.items() if name != "_views"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._views = _views(self._first, self._offsets, self._sizes)
+
     def _decode(self, data: Any, index: int, offset: int) -> dict:
         sample: dict = {"key": self._keys[index]}
-        for member in range(int(self._first[index]), int(self._first[index + 1])):
-            extension = self._extensions[member]
-            if self.fields is not None and extension not in self.fields:
+        first, offsets, sizes = self._views  # memoryviews: their items are Python ints
+        fields, extensions = self.fields, self._extensions
+        for member in range(first[index], first[index + 1]):
+            extension = extensions[member]
+            if fields is not None and extension not in fields:
                 continue
             if extension in sample:
                 what = "the key field" if extension == "key" else "twice"
                 raise FormatError(f"member {sample['key']}.{extension} is {what} in the sample",
                                   path=self.source.path, index=index, offset=offset)
-            begin = int(self._offsets[member]) - offset
-            value = bytes(data[begin:begin + int(self._sizes[member])])
-            sample[extension] = self._decoded(extension, value, index, offset)
-        self._check_fields(sample, index, offset)
+            begin = offsets[member] - offset
+            value = bytes(data[begin:begin + sizes[member]])
+            sample[extension] = self._decoded(extension, value, index, offset) if self.decode \
+                else value
+        if fields is not None:
+            self._check_fields(sample, index, offset)
         return sample
 
     def _decoded(self, extension: str, value: bytes, index: int, offset: int) -> Any:
-        if not self.decode:
-            return value
         try:
             return decode_field(extension, value)
         except (ValueError, UnicodeDecodeError) as error:
@@ -384,13 +394,15 @@ class TarReader(SpanReader):
                               path=self.source.path, index=index, offset=offset) from None
 
     def _check_fields(self, sample: dict, index: int, offset: int) -> None:
-        if self.fields is None:
-            return
         missing = [field for field in self.fields if field not in sample]
         if missing:
             raise FormatError(f"sample {sample['key']!r} has no field {missing[0]!r} (fields="
                               f"{list(self.fields)!r}; it has {sorted(set(sample) - {'key'})})",
                               path=self.source.path, index=index, offset=offset)
+
+
+def _views(*arrays: np.ndarray) -> tuple[memoryview, ...]:
+    return tuple(memoryview(np.ascontiguousarray(array, dtype=np.int64)) for array in arrays)
 
 
 def _check_fields(fields: Any) -> tuple[str, ...] | None:
