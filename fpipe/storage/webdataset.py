@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Union
 
 import msgpack
@@ -49,7 +49,7 @@ from ._foreign import (
     strings_to_arrays,
     write_shards,
 )
-from .format import PathLike
+from .format import PathLike, pack_sample
 from .sharded import ShardedReader
 
 __all__ = ["TarReader", "WebDatasetReader", "decode_field", "encode_field", "member_key",
@@ -118,8 +118,6 @@ def encode_field(extension: str, value: Any) -> bytes:
         np.save(buffer, value, allow_pickle=False)
         return buffer.getvalue()
     if kind in _MSGPACK_EXTENSIONS:
-        from .format import pack_sample
-
         return pack_sample(value)
     raise TypeError(f"field {extension!r} holds {type(value).__name__}; a WebDataset member holds "
                     "bytes, or a value that its extension encodes (.cls: int, .txt: str, .json: "
@@ -366,20 +364,42 @@ class TarReader(SpanReader):
         self.__dict__.update(state)
         self._views = _views(self._first, self._offsets, self._sizes)
 
+    def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
+        """Sample ``index``, each member read on its own: one copy of its bytes, not two."""
+        if type(index) is not int or not 0 <= index < len(self._starts):
+            index = self._index(index)
+        if self._damage and index in self._damage:
+            raise self._damaged(index)
+        read, offset = self.source.read, int(self._starts[index])
+
+        def member(begin: int, size: int) -> bytes:
+            data = read(begin, begin + size)
+            if len(data) != size:
+                raise self._truncated(index, offset, begin + size)
+            return data
+        sample = self._sample(index, offset, member)
+        sample = pack_sample(sample) if raw else sample
+        return (self._keys[index], sample) if yield_key else sample
+
     def _decode(self, data: Any, index: int, offset: int) -> dict:
+        return self._sample(index, offset, lambda begin, size: bytes(
+            data[begin - offset:begin - offset + size]))
+
+    def _sample(self, index: int, offset: int, member: Callable[[int, int], bytes]) -> dict:
+        """Sample ``index`` (its bytes begin at ``offset``) from ``member(begin, size)``, which
+        gives the bytes of a member."""
         sample: dict = {"key": self._keys[index]}
         first, offsets, sizes = self._views  # memoryviews: their items are Python ints
         fields, extensions = self.fields, self._extensions
-        for member in range(first[index], first[index + 1]):
-            extension = extensions[member]
+        for number in range(first[index], first[index + 1]):
+            extension = extensions[number]
             if fields is not None and extension not in fields:
                 continue
             if extension in sample:
                 what = "the key field" if extension == "key" else "twice"
                 raise FormatError(f"member {sample['key']}.{extension} is {what} in the sample",
                                   path=self.source.path, index=index, offset=offset)
-            begin = offsets[member] - offset
-            value = bytes(data[begin:begin + sizes[member]])
+            value = member(offsets[number], sizes[number])
             sample[extension] = self._decoded(extension, value, index, offset) if self.decode \
                 else value
         if fields is not None:
