@@ -517,12 +517,19 @@ def _tensor_column(name: str, values: list) -> Any:
         raise TypeError(f"field {name!r} cannot be a Parquet tensor column ({error})") from None
 
 
+# row groups held back while a column's type is not known yet (all None, or empty lists)
+_HELD_GROUPS = 16
+
+
 class _ParquetShard:
-    """One Parquet file being written, a row group every ``row_group_size`` samples."""
+    """One Parquet file being written, a row group every ``row_group_size`` samples. The file's
+    schema is fixed when its first row groups are written, so row groups are held back (at most
+    ``_HELD_GROUPS``) while a column is only None or empty lists, whose type is not known."""
 
     def __init__(self, path: str, row_group_size: int) -> None:
         self.path, self.row_group_size = path, row_group_size
         self.rows: list[dict] = []
+        self.held: list = []  # tables not written yet
         self.pending = 0  # about the bytes of the rows not yet written
         self.writer: Any = None
         self.names: list[str] = []
@@ -539,28 +546,38 @@ class _ParquetShard:
         if len(self.rows) >= self.row_group_size:
             self._flush()
 
-    def _flush(self) -> None:
-        if not self.rows:
-            return
+    def _table(self) -> Any:
         pa = _pyarrow()
-        import pyarrow.parquet as pq
-
-        names = list(self.names) or list(dict.fromkeys(n for row in self.rows for n in row))
-        extra = [n for row in self.rows for n in row if n not in names]
+        if not self.names:
+            self.names = list(dict.fromkeys(name for row in self.rows for name in row))
+        extra = [name for row in self.rows for name in row if name not in self.names]
         if extra:
             raise TypeError(f"field {extra[0]!r} is not in the first samples of this shard; a "
                             "Parquet file has one set of columns")
         table = pa.table({name: _column(name, [row.get(name) for row in self.rows])
-                          for name in names})
-        self.rows, self.pending = [], 0
+                          for name in self.names})
+        self.rows = []
+        return table
+
+    def _flush(self, final: bool = False) -> None:
+        if self.rows:
+            self.held.append(self._table())
+        if not self.held:
+            return
         if self.writer is None:
-            self.names = names
-            self.writer = pq.ParquetWriter(self.path, table.schema)
-        self.writer.write_table(_cast(table, self.writer.schema))
+            import pyarrow.parquet as pq
+
+            schema = _unified([table.schema for table in self.held])
+            if "null" in str(schema.types) and not final and len(self.held) < _HELD_GROUPS:
+                return
+            self.writer = pq.ParquetWriter(self.path, schema)
+        for table in self.held:
+            self.writer.write_table(_cast(table, self.writer.schema))
+        self.held, self.pending = [], 0
 
     def close(self) -> None:
         try:
-            self._flush()
+            self._flush(final=True)
         finally:
             self.discard()
 
@@ -570,18 +587,35 @@ class _ParquetShard:
             self.writer = None
 
 
+def _unified(schemas: list) -> Any:
+    """One schema for row groups whose columns differ only where some are None (or empty)."""
+    pa = _pyarrow()
+    try:
+        return pa.unify_schemas(schemas)
+    except (pa.ArrowException, TypeError) as error:
+        for name in schemas[0].names:
+            kinds = {str(schema.field(name).type) for schema in schemas}
+            if len(kinds) > 1 and not any("null" in kind for kind in kinds):
+                raise TypeError(f"field {name!r} holds {' and '.join(sorted(kinds))} in this "
+                                "shard; a Parquet column holds one type") from None
+        raise TypeError(f"the fields of this shard do not make one Parquet schema ({error})") from None
+
+
 def _cast(table: Any, schema: Any) -> Any:
-    """``table`` in the types of the shard's first row group (a column that was all None there
-    takes the type it has now, if it can)."""
+    """``table`` in the types of the file (a column that was all None before takes the type it
+    has now, if it can)."""
     if table.schema.equals(schema):
         return table
     pa = _pyarrow()
-    for name in table.column_names:
-        have, want = table.schema.field(name).type, schema.field(name).type
-        if have != want and not pa.types.is_null(have):
-            raise TypeError(f"field {name!r} holds {have} here but {want} in the first samples of "
-                            "this shard; a Parquet column holds one type")
-    return table.cast(schema)
+    try:
+        return table.cast(schema)
+    except (pa.ArrowException, TypeError, ValueError):
+        for name in table.column_names:
+            have, want = table.schema.field(name).type, schema.field(name).type
+            if have != want:
+                raise TypeError(f"field {name!r} holds {have} here but {want} in the first "
+                                "samples of this shard; a Parquet column holds one type") from None
+        raise
 
 
 def write_parquet(samples: Iterable[dict], pattern: PathLike, *, shard_size: int | None = None,

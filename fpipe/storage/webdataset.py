@@ -233,6 +233,9 @@ def _scan_members(source: ByteSource) -> _Scan:
                if len(rest) >= 100 else None)
         return scan.stop(position, f"truncated: a tar header at byte {position} is cut off at "
                                    f"{size} bytes", cut)
+    if size:  # every tar writer ends the archive with zero blocks: without them, it was cut
+        return scan.stop(position, f"truncated: the archive ends at byte {size} without its "
+                                   "end-of-archive blocks, so its last sample may lack members")
     return scan
 
 
@@ -262,7 +265,7 @@ def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
         offsets.append(member.offset)
         sizes.append(member.size)
     first.append(len(offsets))
-    ends = np.add(offsets, sizes, dtype=np.int64)
+    ends = np.array(offsets, np.int64) + np.array(sizes, np.int64)
     starts = np.array(offsets, np.int64)[first[:-1]] if keys else np.zeros(0, np.int64)
     stops = np.maximum.reduceat(ends, first[:-1]) if keys else np.zeros(0, np.int64)
     damaged = -1
@@ -503,6 +506,9 @@ class _TarShard:
             raise ValueError(f"keys {sample['key']!r} and the one before it are the same in "
                              "WebDataset (dots in a key's file name become '_')")
         self.last_key = key
+        if len(sample) < 2:
+            raise ValueError(f"sample {sample['key']!r} has no field besides its key; a WebDataset "
+                             "sample is its members, and would be lost")
         for field, value in sample.items():
             if field == "key":
                 continue
