@@ -159,3 +159,15 @@ def test_pickles_into_dataloader_workers(parquet_file):
     loader = torch.utils.data.DataLoader(dataset, batch_size=50, num_workers=2,
                                          multiprocessing_context="spawn")
     assert sorted(int(n) for batch in loader for n in batch) == list(range(N))
+
+
+def test_export_takes_a_column_type_that_shows_only_after_nones_and_empty_lists(tmp_path):
+    from fpipe.storage import write_parquet
+
+    samples = [{"key": f"k{i}", "ids": [] if i < 5 else [i], "note": None if i < 7 else "x"}
+               for i in range(10)]
+    names = write_parquet(samples, str(tmp_path / "p-%d.parquet"), row_group_size=2)
+    assert list(ParquetReader(names)) == samples
+    with pytest.raises(TypeError, match="field 'n' holds int and str"):
+        write_parquet([{"key": "a", "n": 1}, {"key": "b", "n": "1"}], str(tmp_path / "q-%d.parquet"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p-0.parquet"]

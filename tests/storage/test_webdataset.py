@@ -240,3 +240,21 @@ def test_not_a_file_and_no_match(tmp_path, cache):
         WebDatasetReader(str(tmp_path / "none-{0..2}.tar"), cache_dir=cache)
     with pytest.raises(ValueError, match="only apply to URLs"):
         TarReader(os.devnull, block_size=10)
+
+
+def test_a_shard_cut_at_a_member_boundary_does_not_pass_for_whole(tmp_path, cache):
+    path = tmp_path / "boundary.tar"
+    _tar(path, [("a.jpg", b"1" * 600), ("a.cls", b"0"), ("b.jpg", b"2" * 600), ("b.cls", b"1")])
+    data = path.read_bytes()
+    path.write_bytes(data[:data.index(b"b.cls")])  # b.jpg whole, b.cls and the end blocks gone
+    reader = TarReader(path, cache_dir=cache)
+    assert reader[0] == {"key": "a", "jpg": b"1" * 600, "cls": b"0"}
+    with pytest.raises(FormatError, match="sample 1 .*without its end-of-archive blocks"):
+        reader[1]
+
+
+def test_export_refuses_a_sample_with_nothing_but_its_key(tmp_path):
+    with pytest.raises(ValueError, match="sample 'b' has no field besides its key"):
+        fpipe.storage.write_webdataset([{"key": "a", "x.txt": "1"}, {"key": "b"}],
+                                       str(tmp_path / "s-%d.tar"))
+    assert list(tmp_path.iterdir()) == []
