@@ -12,7 +12,8 @@ import pytest
 import fpipe
 
 PACKAGE = Path(fpipe.__file__).parent
-HEAVY = ("torch", "lightning", "pytorch_lightning", "dask", "PIL", "fsspec", "s3fs", "botocore")
+HEAVY = ("torch", "lightning", "pytorch_lightning", "dask", "PIL", "fsspec", "s3fs", "botocore",
+         "pyarrow", "crc32c", "google_crc32c")
 
 
 def test_import_fpipe_imports_no_heavy_dependency():
