@@ -16,8 +16,10 @@ import glob
 import hashlib
 import io
 import itertools
+import json
 import os
 import re
+import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Union
@@ -283,11 +285,13 @@ class Scanner:
 # --- indexes kept in the cache ---------------------------------------------------------------
 
 def cached_index(source: ByteSource, kind: str, build: Callable[[], dict[str, np.ndarray]],
-                 cache_dir: PathLike | None = None) -> dict[str, np.ndarray]:
+                 cache_dir: PathLike | None = None,
+                 fits: Callable[[dict[str, np.ndarray]], bool] = lambda index: True,
+                 ) -> dict[str, np.ndarray]:
     """The index arrays of ``source``, made by ``build()`` once and kept in the cache folder
     (keyed by the file's path or URL, size and modification time or ETag, so a changed file
-    gets a new index). A cache that cannot be written leaves the index unsaved; one that
-    cannot be read is rebuilt.
+    gets a new index). A cache that cannot be written leaves the index unsaved; a cached index
+    that cannot be read, or that ``fits(index)`` finds does not fit the file, is rebuilt.
 
     >>> import tempfile
     >>> folder = tempfile.mkdtemp()
@@ -304,25 +308,60 @@ def cached_index(source: ByteSource, kind: str, build: Callable[[], dict[str, np
     """
     root = cache_root(cache_dir) / "indexes"
     name = hashlib.sha256(f"{_INDEX_VERSION}\0{kind}\0{source.identity}".encode()).hexdigest()
-    path = root / f"{name[:32]}.npz"
+    path = root / f"{name[:32]}.index"
     try:
-        with np.load(path, allow_pickle=False) as stored:
-            return {key: stored[key] for key in stored.files}
-    except (OSError, ValueError, KeyError, EOFError):
+        index = _load_index(path.read_bytes())
+        if fits(index):
+            return index
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass
     index = build()
     _store_index(path, index)
     return index
 
 
+_MAGIC = b"FPIPEIDX"
+_HEADER_LENGTH = struct.Struct("<Q")
+
+
+def _index_bytes(index: dict[str, np.ndarray]) -> bytes:
+    """The arrays as one file: a magic, a JSON header (name, dtype, shape, offset of each) and
+    the arrays' bytes; loading it is one read, without the per-array cost of an npz."""
+    layout, parts, offset = {}, [], 0
+    for name, array in index.items():
+        array = np.ascontiguousarray(array)
+        layout[name] = [array.dtype.str, list(array.shape), offset]
+        parts.append(array.tobytes())
+        offset += len(parts[-1])
+    header = json.dumps(layout).encode()
+    return b"".join([_MAGIC, _HEADER_LENGTH.pack(len(header)), header, *parts])
+
+
+def _load_index(data: bytes) -> dict[str, np.ndarray]:
+    if data[:len(_MAGIC)] != _MAGIC:
+        raise ValueError("not an index file")
+    start = len(_MAGIC) + _HEADER_LENGTH.size
+    (length,) = _HEADER_LENGTH.unpack_from(data, len(_MAGIC))
+    layout = json.loads(data[start:start + length])
+    body = memoryview(data)[start + length:]
+    index = {}
+    for name, (dtype, shape, offset) in layout.items():
+        dtype = np.dtype(dtype)
+        if dtype.hasobject:
+            raise ValueError("an index holds no objects")
+        count = int(np.prod(shape, dtype=np.int64))
+        if offset < 0 or offset + count * dtype.itemsize > len(body):
+            raise ValueError("the index file is cut short")
+        index[name] = np.frombuffer(body, dtype, count, offset).reshape(shape)
+    return index
+
+
 def _store_index(path: Path, index: dict[str, np.ndarray]) -> None:
     from ._blocks import write_atomically
 
-    buffer = io.BytesIO()
-    np.savez(buffer, **index)
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_atomically(path, buffer.getvalue())
+        write_atomically(path, _index_bytes(index))
     except OSError:
         pass  # a read-only cache: the index is built again next time
 

@@ -405,15 +405,18 @@ class TFRecordFileReader(SpanReader):
         self.source = ByteSource(path, **options)
         index = cached_index(self.source, f"tfrecord-{int(self.verify)}",
                              lambda: _build_record_index(self.source, self.verify),
-                             options.get("cache_dir"))
+                             options.get("cache_dir"), self._fits)
         self._load(index)
+
+    def _fits(self, index: dict[str, np.ndarray]) -> bool:
+        """Whether a cached index fits the file (sizes are claims: checked before use)."""
+        starts, stops = index["starts"], index["stops"]
+        return bool(len(starts) == len(stops) and (starts <= stops).all()
+                    and (stops <= self.source.size).all() and (np.diff(starts) > 0).all()
+                    and -1 <= int(index["damaged"][0]) < len(starts))
 
     def _load(self, index: dict[str, np.ndarray]) -> None:
         starts, stops = index["starts"], index["stops"]
-        if not (len(starts) == len(stops) and (starts <= stops).all()
-                and (stops <= self.source.size).all() and (np.diff(starts) > 0).all()):
-            raise FormatError("the record index in the cache does not fit the file; delete it",
-                              path=self.source.path)
         self._starts, self._stops, self._keys = starts, stops, None
         damaged = int(index["damaged"][0])
         reason = strings_from_arrays(index["reason_blob"], index["reason_ends"])[0]

@@ -335,20 +335,24 @@ class TarReader(SpanReader):
         self.fields = _check_fields(fields)
         self.source = ByteSource(path, **options)
         index = cached_index(self.source, "tar", lambda: _build_tar_index(self.source),
-                             options.get("cache_dir"))
+                             options.get("cache_dir"), self._fits)
         self._load(index)
+
+    def _fits(self, index: dict[str, np.ndarray]) -> bool:
+        """Whether a cached index fits the file (sizes are claims: checked before use)."""
+        offsets, sizes, first = index["offsets"], index["sizes"], index["first"]
+        starts, stops, ends = index["starts"], index["stops"], index["key_ends"]
+        n, size = len(starts), self.source.size
+        return bool(len(stops) == len(ends) == n == len(first) - 1 and len(offsets) == len(sizes)
+                    and (offsets >= 0).all() and (offsets + sizes <= size).all()
+                    and (np.diff(first) >= 0).all() and (first[-1] == len(offsets))
+                    and (starts <= stops).all() and (stops <= size).all()
+                    and -1 <= int(index["damaged"][0]) < n)
 
     def _load(self, index: dict[str, np.ndarray]) -> None:
         offsets, sizes, first = index["offsets"], index["sizes"], index["first"]
         starts, stops = index["starts"], index["stops"]
         self._keys = KeyIndex(index["key_blob"], index["key_ends"])
-        n = len(self._keys)
-        if not (len(starts) == len(stops) == n == len(first) - 1 and len(offsets) == len(sizes)
-                and (offsets >= 0).all() and (offsets + sizes <= self.source.size).all()
-                and (np.diff(first) >= 0).all() and (starts <= stops).all()
-                and (stops <= self.source.size).all()):
-            raise FormatError("the tar index in the cache does not fit the file; delete it",
-                              path=self.source.path)
         self._first, self._offsets, self._sizes = first, offsets, sizes
         self._views = _views(first, offsets, sizes)
         self._starts, self._stops = starts, stops

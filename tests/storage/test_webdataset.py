@@ -258,3 +258,15 @@ def test_export_refuses_a_sample_with_nothing_but_its_key(tmp_path):
         fpipe.storage.write_webdataset([{"key": "a", "x.txt": "1"}, {"key": "b"}],
                                        str(tmp_path / "s-%d.tar"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_damaged_index_in_the_cache_is_built_again(shards, cache):
+    reader = TarReader(shards / "train-002.tar", cache_dir=cache)
+    (stored,) = (cache / "indexes").iterdir()
+    data = bytearray(stored.read_bytes())
+    data[-8:] = (2**40).to_bytes(8, "little")  # the last damage entry: a sample far away
+    stored.write_bytes(bytes(data))
+    again = TarReader(shards / "train-002.tar", cache_dir=cache)
+    assert list(again) == list(reader)
+    stored.write_bytes(b"FPIPEIDX" + bytes(20))
+    assert TarReader(shards / "train-002.tar", cache_dir=cache)[-1] == reader[-1]
