@@ -274,11 +274,13 @@ def write_from_tfrecord() -> Pair:
           "the interpreter's after import", reference="-", target="<= 256", kind="value")
 def write_memory() -> Value:
     folder = tempfile.mkdtemp(prefix="fpipe-x6m-")
-    code = ("import resource, sys\n"
+    # the peak resident size of the run, less the resident size just before it
+    code = ("import os, resource, sys\n"
             "import fpipe.cli, fpipe.storage, pyarrow.parquet\n"
-            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "base = int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
             "assert fpipe.cli.main(['write', sys.argv[1], sys.argv[2], '-q']) == 0\n"
-            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)\n")
+            "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+            "print((peak - base) / 2**20)\n")
     try:
         result = subprocess.run([sys.executable, "-c", code, parquet_path(),
                                  os.path.join(folder, "out.msgpack")], capture_output=True,

@@ -53,30 +53,11 @@ class _RemoteFile:
     they serve a packed dataset."""
 
     def __init__(self, url: str, options: dict) -> None:
-        from ..errors import check_integer
         from ._blocks import Budget
-        from .remote import (
-            DEFAULT_BLOCK_SIZE,
-            DEFAULT_CACHE_LIMIT,
-            DEFAULT_READ_AHEAD,
-            DEFAULT_RETRIES,
-            DEFAULT_TIMEOUT,
-            Retrying,
-            check_options,
-            check_timeout,
-        )
+        from .remote import Retrying, check_options
 
-        def given(name: str, default: Any) -> Any:
-            return default if options.get(name) is None else options[name]
         self.url = url
-        self.block_size = check_integer("block_size", given("block_size", DEFAULT_BLOCK_SIZE), 1)
-        limit = check_integer("cache_limit", given("cache_limit", DEFAULT_CACHE_LIMIT), 1)
-        if limit < self.block_size:
-            raise ValueError(f"cache_limit must hold at least one block of block_size="
-                             f"{self.block_size} bytes; got cache_limit={limit}")
-        self.read_ahead = check_integer("read_ahead", given("read_ahead", DEFAULT_READ_AHEAD), 0)
-        retries = check_integer("retries", given("retries", DEFAULT_RETRIES), 0)
-        timeout = check_timeout(given("timeout", DEFAULT_TIMEOUT))
+        self.block_size, limit, self.read_ahead, retries, timeout = _remote_settings(options)
         self.source = Retrying(url, check_options(options.get("storage_options")), timeout, retries)
         self.size, tag = self.source.stat()
         self.identity = f"{url}\0{self.size}\0{tag}"
@@ -91,6 +72,25 @@ class _RemoteFile:
         starts = np.arange(0, self.size, self.block_size, dtype=np.uint64)
         offsets = np.append(starts, np.uint64(self.size)).astype(">u8").tobytes()
         return RemoteHandle(self, offsets)
+
+
+def _remote_settings(options: dict) -> tuple[int, int, int, int, float]:
+    """``block_size``, ``cache_limit``, ``read_ahead``, ``retries`` and ``timeout`` of
+    ``options``, checked, with the defaults of :mod:`fpipe.storage.remote`."""
+    from ..errors import check_integer
+    from . import remote
+
+    def given(name: str, default: Any) -> Any:
+        return default if options.get(name) is None else options[name]
+    block_size = check_integer("block_size", given("block_size", remote.DEFAULT_BLOCK_SIZE), 1)
+    limit = check_integer("cache_limit", given("cache_limit", remote.DEFAULT_CACHE_LIMIT), 1)
+    if limit < block_size:
+        raise ValueError(f"cache_limit must hold at least one block of block_size={block_size} "
+                         f"bytes; got cache_limit={limit}")
+    return (block_size, limit,
+            check_integer("read_ahead", given("read_ahead", remote.DEFAULT_READ_AHEAD), 0),
+            check_integer("retries", given("retries", remote.DEFAULT_RETRIES), 0),
+            remote.check_timeout(given("timeout", remote.DEFAULT_TIMEOUT)))
 
 
 def cache_root(cache_dir: PathLike | None) -> Path:
@@ -331,9 +331,11 @@ def _index_bytes(index: dict[str, np.ndarray]) -> bytes:
     for name, array in index.items():
         array = np.ascontiguousarray(array)
         layout[name] = [array.dtype.str, list(array.shape), offset]
-        parts.append(array.tobytes())
+        data = array.tobytes()
+        parts.append(data + bytes(-len(data) % 8))  # each array aligned, as NumPy wants it
         offset += len(parts[-1])
     header = json.dumps(layout).encode()
+    header += b" " * (-(len(_MAGIC) + _HEADER_LENGTH.size + len(header)) % 8)
     return b"".join([_MAGIC, _HEADER_LENGTH.pack(len(header)), header, *parts])
 
 
@@ -343,16 +345,16 @@ def _load_index(data: bytes) -> dict[str, np.ndarray]:
     start = len(_MAGIC) + _HEADER_LENGTH.size
     (length,) = _HEADER_LENGTH.unpack_from(data, len(_MAGIC))
     layout = json.loads(data[start:start + length])
-    body = memoryview(data)[start + length:]
+    base = start + length
     index = {}
     for name, (dtype, shape, offset) in layout.items():
         dtype = np.dtype(dtype)
         if dtype.hasobject:
             raise ValueError("an index holds no objects")
         count = int(np.prod(shape, dtype=np.int64))
-        if offset < 0 or offset + count * dtype.itemsize > len(body):
+        if offset < 0 or base + offset + count * dtype.itemsize > len(data):
             raise ValueError("the index file is cut short")
-        index[name] = np.frombuffer(body, dtype, count, offset).reshape(shape)
+        index[name] = np.frombuffer(data, dtype, count, base + offset).reshape(shape)
     return index
 
 

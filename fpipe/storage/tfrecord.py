@@ -263,30 +263,29 @@ def _feature_bytes(name: str, value: Any) -> bytes:
 
 
 def _feature_payload(name: str, value: Any) -> tuple[int, bytes]:
-    if isinstance(value, str):
-        value = value.encode("utf-8")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        value = [bytes(value)]
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
-        value = [v.encode("utf-8") for v in value]
+    if isinstance(value, (str, bytes, bytearray, memoryview)):
+        value = [value]
     if isinstance(value, (list, tuple)) and value and all(
-            isinstance(v, (bytes, bytearray)) for v in value):
+            isinstance(v, (str, bytes, bytearray, memoryview)) for v in value):
         out = bytearray()
         for item in value:
-            _put_field(out, 1, bytes(item))
+            _put_field(out, 1, item.encode("utf-8") if isinstance(item, str) else bytes(item))
         return _BYTES_LIST, bytes(out)
+    return _number_payload(name, value)
+
+
+def _number_payload(name: str, value: Any) -> tuple[int, bytes]:
     array = np.asarray(value) if value is not None else np.zeros(0, object)
+    out = bytearray()
     if array.dtype.kind in "iub":
         if array.dtype.kind == "u" and array.size and int(array.max()) > 2**63 - 1:
             raise TypeError(f"feature {name!r}: values past the int64 range")
-        out = bytearray()
         packed = bytearray()
         for item in array.astype(np.int64).ravel().tolist():
             _put_varint(packed, item)
         _put_field(out, 1, bytes(packed))
         return _INT64_LIST, bytes(out)
     if array.dtype.kind == "f":
-        out = bytearray()
         _put_field(out, 1, array.astype("<f4").ravel().tobytes())
         return _FLOAT_LIST, bytes(out)
     raise TypeError(f"feature {name!r} holds {type(value).__name__}; an Example holds bytes, "
@@ -326,32 +325,37 @@ def frame_record(data: bytes) -> bytes:
 
 
 def _build_record_index(source: ByteSource, verify: bool) -> dict[str, np.ndarray]:
-    scanner, starts, stops, position, size = Scanner(source), [], [], 0, source.size
-    reason = ""
-    while position < size:
-        header = scanner.take(position, position + _HEADER.size)
-        if len(header) < _HEADER.size:
-            reason = f"truncated: a record header at byte {position} is cut off at {size} bytes"
-            break
-        length, crc = _HEADER.unpack(header)
-        if verify and masked_crc32c(header[:8]) != crc:
-            reason = _bad_length(source, position, header)
-            break
-        stop = position + _FRAME + length
-        if stop > size:
-            reason = f"truncated: the record ends at byte {stop} but the file has {size} bytes"
-            break
-        starts.append(position)
-        stops.append(stop)
-        position = stop
+    starts, stops, position, reason = _record_spans(source, verify)
     damaged = -1
     if reason:
         damaged = len(starts)
         starts.append(position)
-        stops.append(min(position + _HEADER.size, size))
+        stops.append(min(position + _HEADER.size, source.size))
     return {"starts": np.array(starts, np.int64), "stops": np.array(stops, np.int64),
             "damaged": np.array([damaged], np.int64), **dict(zip(
                 ("reason_blob", "reason_ends"), strings_to_arrays([reason])))}
+
+
+def _record_spans(source: ByteSource, verify: bool) -> tuple[list[int], list[int], int, str]:
+    """The start and stop of every record found by reading their headers, where the reading
+    stopped, and why, if it stopped before the end of the file."""
+    scanner, starts, stops, position, size = Scanner(source), [], [], 0, source.size
+    while position < size:
+        header = scanner.take(position, position + _HEADER.size)
+        if len(header) < _HEADER.size:
+            return starts, stops, position, (f"truncated: a record header at byte {position} is "
+                                             f"cut off at {size} bytes")
+        length, crc = _HEADER.unpack(header)
+        if verify and masked_crc32c(header[:8]) != crc:
+            return starts, stops, position, _bad_length(source, position, header)
+        stop = position + _FRAME + length
+        if stop > size:
+            return starts, stops, position, (f"truncated: the record ends at byte {stop} but the "
+                                             f"file has {size} bytes")
+        starts.append(position)
+        stops.append(stop)
+        position = stop
+    return starts, stops, position, ""
 
 
 def _bad_length(source: ByteSource, position: int, header: bytes) -> str:

@@ -177,66 +177,80 @@ def _header_name(header: bytes) -> str:
 
 
 class _Scan:
-    """The regular-file members of a tar file, and where and why the scan stopped early
-    (``stopped_at`` None when it reached the end of the archive or of the file cleanly);
+    """A pass over a tar file's headers: the regular-file ``members``, and where and why the
+    pass stopped early (``stopped_at`` None when it reached the end of the archive cleanly);
     ``cut`` is the name of the member that the damage cuts, when it is known."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: ByteSource) -> None:
+        self.source, self.scanner = source, Scanner(source)
         self.members: list[_Member] = []
         self.stopped_at: int | None = None
-        self.reason = ""
-        self.cut: str | None = None
+        self.reason, self.cut = "", None
+        self.long_name: str | None = None
+        self.pax: dict[str, str] = {}
 
     def stop(self, position: int, reason: str, cut: str | None = None) -> _Scan:
         self.stopped_at, self.reason, self.cut = position, reason, cut
         return self
 
+    def run(self) -> _Scan:
+        position, size = 0, self.source.size
+        while position + _BLOCK <= size:
+            header = self.scanner.take(position, position + _BLOCK)
+            if header == _ZERO_BLOCK:
+                return self
+            if not _checksum_ok(header):
+                return self.stop(position, "not a tar header (its checksum does not match)")
+            position = self._member(header, position)
+            if self.stopped_at is not None:
+                return self
+        return self._tail(position)
 
-def _scan_members(source: ByteSource) -> _Scan:
-    scan, scanner, position, size = _Scan(), Scanner(source), 0, source.size
-    long_name: str | None = None
-    pax: dict[str, str] = {}
-    while position + _BLOCK <= size:
-        header = scanner.take(position, position + _BLOCK)
-        if header == _ZERO_BLOCK:
-            return scan
-        if not _checksum_ok(header):
-            return scan.stop(position, "not a tar header (its checksum does not match)")
-        typeflag = header[156:157]
-        name = pax.get("path") or long_name or _header_name(header)
+    def _member(self, header: bytes, position: int) -> int:
+        """Take the member whose header is at ``position``; where the next header is (or, when
+        the member is damaged, :meth:`stop` and ``position``)."""
+        typeflag, size = header[156:157], self.source.size
+        name = self.pax.get("path") or self.long_name or _header_name(header)
         try:
-            length = int(pax["size"]) if "size" in pax and typeflag not in _META_TYPES \
+            length = int(self.pax["size"]) if "size" in self.pax and typeflag not in _META_TYPES \
                 else _octal(header[124:136])
         except ValueError:
-            return scan.stop(position, f"member {name!r}: its size is not a number", name)
+            self.stop(position, f"member {name!r}: its size is not a number", name)
+            return position
         start = position + _BLOCK
         if length < 0 or start + length > size:
-            return scan.stop(position, f"truncated: member {name!r} ends at byte "
-                                       f"{start + length} but the file has {size} bytes", name)
+            self.stop(position, f"truncated: member {name!r} ends at byte {start + length} but "
+                                f"the file has {size} bytes", name)
+            return position
         if typeflag == b"L":
-            long_name = scanner.take(start, start + length).split(b"\0", 1)[0].decode(
+            self.long_name = self.scanner.take(start, start + length).split(b"\0", 1)[0].decode(
                 "utf-8", "surrogateescape")
         elif typeflag == b"x":
             try:
-                pax = _pax_records(scanner.take(start, start + length))
+                self.pax = _pax_records(self.scanner.take(start, start + length))
             except ValueError:
-                return scan.stop(position, "a pax header that does not parse")
+                self.stop(position, "a pax header that does not parse")
+                return position
         elif typeflag not in _META_TYPES:
             if typeflag in _FILE_TYPES:
-                scan.members.append(_Member(name, start, length))
-            long_name, pax = None, {}
-        position = start + -(-length // _BLOCK) * _BLOCK
-    rest = source.read(position, size)
-    if rest.strip(b"\0"):
-        # the name field comes first: a header cut after it still names its member
-        cut = (pax.get("path") or long_name or _header_name(rest + bytes(_BLOCK - len(rest)))
-               if len(rest) >= 100 else None)
-        return scan.stop(position, f"truncated: a tar header at byte {position} is cut off at "
-                                   f"{size} bytes", cut)
-    if size:  # every tar writer ends the archive with zero blocks: without them, it was cut
-        return scan.stop(position, f"truncated: the archive ends at byte {size} without its "
-                                   "end-of-archive blocks, so its last sample may lack members")
-    return scan
+                self.members.append(_Member(name, start, length))
+            self.long_name, self.pax = None, {}
+        return start + -(-length // _BLOCK) * _BLOCK
+
+    def _tail(self, position: int) -> _Scan:
+        """The end of a file that ran out before the end-of-archive blocks."""
+        size = self.source.size
+        rest = self.source.read(position, size)
+        if rest.strip(b"\0"):
+            # the name field comes first: a header cut after it still names its member
+            cut = (self.pax.get("path") or self.long_name
+                   or _header_name(rest + bytes(_BLOCK - len(rest))) if len(rest) >= 100 else None)
+            return self.stop(position, f"truncated: a tar header at byte {position} is cut off "
+                                       f"at {size} bytes", cut)
+        if size:  # every tar writer ends the archive with zero blocks: without them, it was cut
+            return self.stop(position, f"truncated: the archive ends at byte {size} without its "
+                                       "end-of-archive blocks, so its last sample may lack members")
+        return self
 
 
 def _split_name(name: str) -> tuple[str, str] | None:
@@ -252,7 +266,7 @@ def _split_name(name: str) -> tuple[str, str] | None:
 
 
 def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
-    scan = _scan_members(source)
+    scan = _Scan(source).run()
     keys, first, extensions, offsets, sizes = [], [], [], [], []
     for member in scan.members:
         parts = _split_name(member.name)
@@ -429,7 +443,7 @@ class TarReader(SpanReader):
 
 
 def _views(*arrays: np.ndarray) -> tuple[memoryview, ...]:
-    return tuple(memoryview(np.ascontiguousarray(array, dtype=np.int64)) for array in arrays)
+    return tuple(memoryview(np.require(array, np.int64, ["C", "A"])) for array in arrays)
 
 
 def _check_fields(fields: Any) -> tuple[str, ...] | None:
