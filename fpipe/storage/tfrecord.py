@@ -84,9 +84,12 @@ def _tag(data: bytes, position: int) -> tuple[int, int]:
 
 def _span(data: bytes, position: int, stop: int) -> tuple[int, int]:
     """The ``(start, end)`` of the length-delimited value whose length is at ``position``."""
-    if position < stop and data[position] < 0x80:  # most lengths fit in one byte
-        start = position + 1
-        end = start + data[position]
+    first = data[position] if position < stop else 0x80
+    if first < 0x80:  # most lengths fit in one byte, and most others in two
+        start, end = position + 1, position + 1 + first
+    elif position + 1 < stop and data[position + 1] < 0x80:
+        start = position + 2
+        end = start + ((first & 0x7F) | data[position + 1] << 7)
     else:
         length, start = _varint(data, position)
         end = start + length
