@@ -152,9 +152,9 @@ class _ArrowReader(Reader):
 
     # --- parts -----------------------------------------------------------------------------
 
-    def _part(self, part: int, index: int) -> Any:
-        """Part ``part``, decoded (from the cache when it is there); ``index`` is the sample
-        that needs it, for the error."""
+    def _part(self, part: int, index: int, keep: bool = True) -> Any:
+        """Part ``part``, decoded (from the cache when it is there, and kept there if
+        ``keep``); ``index`` is the sample that needs it, for the error."""
         handle = self._opened()
         with self._lock:
             found = self._parts.get(part)
@@ -166,7 +166,8 @@ class _ArrowReader(Reader):
             except _arrow_errors() as error:
                 raise FormatError(f"{self._unit} {part} does not decode ({error})",
                                   path=self.source.path, index=index) from None
-            self._keep(part, table)
+            if keep:
+                self._keep(part, table)
             return table
 
     def _keep(self, part: int, table: Any) -> None:
@@ -191,14 +192,19 @@ class _ArrowReader(Reader):
     def get_slice(self, start: int | None, stop: int | None, yield_key: bool = False,
                   raw: bool = False, copy: bool = True) -> list:
         start, stop, _ = slice(start, stop).indices(len(self))
-        return list(self._chunks(start, stop, yield_key, raw, copy, max(1, stop - start)))
+        return list(self._rows_between(start, stop, yield_key, raw, keep=True))
 
     def _chunks(self, start: int, stop: int, yield_key: bool, raw: bool, copy: bool,
                 chunk_size: int) -> Iterator:
+        # a pass in order needs each part once: the cache is for random access
+        return self._rows_between(start, stop, yield_key, raw, keep=False)
+
+    def _rows_between(self, start: int, stop: int, yield_key: bool, raw: bool,
+                      keep: bool) -> Iterator:
         index = start
         while index < stop:
             part, row = self._locate(index)
-            table = self._part(part, index)
+            table = self._part(part, index, keep)
             count = min(stop - index, table.num_rows - row)
             for first in range(row, row + count, _ROWS_AT_ONCE):
                 rows = _rows(table.slice(first, min(row + count, first + _ROWS_AT_ONCE) - first))
@@ -214,12 +220,15 @@ class _ArrowReader(Reader):
 
     def _key_index(self) -> KeyIndex:
         if self._keys is None:
-            keys = []
-            for part in range(len(self._part_starts) - 1):
-                first = int(self._part_starts[part])
-                column = self._key_part(part, first)
-                keys.extend(str(key) for key in column.to_pylist())
-            self._keys = KeyIndex(*strings_to_arrays(keys))
+            blobs, ends, done = [], [], 0
+            for part in range(len(self._part_starts) - 1):  # a part at a time: no list of all
+                column = self._key_part(part, int(self._part_starts[part]))
+                blob, part_ends = strings_to_arrays([str(key) for key in column.to_pylist()])
+                blobs.append(blob)
+                ends.append(part_ends + done)
+                done += len(blob)
+            self._keys = KeyIndex(np.concatenate([np.zeros(0, np.uint8), *blobs]),
+                                  np.concatenate([np.zeros(0, np.int64), *ends]))
         return self._keys
 
     def _key_part(self, part: int, first: int) -> Any:

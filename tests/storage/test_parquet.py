@@ -72,6 +72,8 @@ def test_cache_bytes_bounds_the_decoded_row_groups(parquet_file):
     for i in range(0, N, 100):
         reader[i]
     assert len(reader._parts) == 1
+    reading = ParquetFileReader(parquet_file)
+    assert sum(1 for _ in reading) == N and len(reading._parts) == 0  # a pass keeps nothing
 
 
 def test_folders_patterns_and_hugging_face_save_to_disk(tmp_path):
