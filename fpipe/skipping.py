@@ -139,14 +139,21 @@ def read_on(reader: Any, start: int, stop: int, skip: Callable[[Exception, int],
             position += 1
 
 
-def get_each(get: Callable[[int], Any], indices: Iterable[int],
-             skip: Callable[[Exception, int], Any]) -> list:
-    """``get(i)`` for each of ``indices``; for one that raises, what ``skip(error, i)`` returns.
-    Not in ``__all__``.
+def read_or_each(read: Callable[[list], list], get: Callable[[int], Any], indices: list,
+                 skip: Callable[[Exception, int], Any]) -> list:
+    """``read(indices)``; if it raises, ``get(i)`` for each of ``indices``, and for one that
+    raises, what ``skip(error, i)`` returns. Not in ``__all__``: the torch adapters use it
+    for ``on_error``.
 
-    >>> get_each([10, 20].__getitem__, [1, 5, 0], lambda error, index: None)
+    >>> def read(indices):
+    ...     raise ValueError("one of them is damaged")
+    >>> read_or_each(read, [10, 20].__getitem__, [1, 5, 0], lambda error, index: None)
     [20, None, 10]
     """
+    try:
+        return read(indices)
+    except Exception:
+        pass  # a batch that does not read is read sample by sample
     samples = []
     for index in indices:
         try:

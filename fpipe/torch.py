@@ -61,7 +61,7 @@ from .sharding import (
     worker_range,
     wrapped_runs,
 )
-from .skipping import OnError, TooManyErrors, check_max_errors, check_on_error, get_each, handle, read_on
+from .skipping import OnError, TooManyErrors, check_max_errors, check_on_error, handle, read_on, read_or_each
 from .storage.order import Indexed, QuasiShuffler, Range
 from .streaming._shm import register as share_type
 
@@ -128,7 +128,8 @@ class DatasetBase:
 
     ``on_error="skip"`` (or a callable ``on_error(error, sample, index)``, called in the
     worker; see :mod:`fpipe.skipping`) leaves out the samples whose transforms raise (a
-    corrupt image, say): :attr:`skipped` counts the skips over every DataLoader worker and
+    corrupt image, say) or that do not read (a damaged record, ``sample`` None; not in
+    ``shuffle=True``'s buffer): :attr:`skipped` counts the skips over every DataLoader worker and
     every epoch (a sample skipped in three epochs counts three times), and
     :attr:`skipped_indices` lists the index of each skipped sample once (the first 32 distinct
     of each worker). ``max_errors`` raises :class:`~fpipe.skipping.TooManyErrors` once more
@@ -183,7 +184,6 @@ class DatasetBase:
             return self._skip(error, index, sample)
 
     def _skip(self, error: Exception, index: int, sample: Any = None) -> Any:
-        """``_SKIP`` once ``on_error`` has taken ``error`` of sample ``index`` (or raise it)."""
         handle(self.on_error, error, sample, index)
         count = self._skips.add(index)
         if self.max_errors is not None and count > self.max_errors:
@@ -322,19 +322,13 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
         """Samples ``indices``, read at once (``get_many`` where the reader has it)."""
         epoch = self._clock.base
         self._follow(epoch)
-        raising = self.on_error == "raise"
-        samples = self._read_batch(indices) if raising else self._read_or_skip(indices)
-        if self._transform is None and raising:
+        samples = self._read_batch(indices) if self.on_error == "raise" else read_or_each(
+            self._read_batch, self.reader.get, indices, lambda e, i: self._skip(e, self._position(i)))
+        if self._transform is None and self.on_error == "raise":
             return samples
         outputs = [s if s is _SKIP else self._apply_or_skip(s, self._position(i), epoch)
                    for s, i in zip(samples, indices)]
-        return outputs if raising else [x for x in outputs if x is not _SKIP]
-
-    def _read_or_skip(self, indices: list[int]) -> list:
-        try:  # a batch that does not read is read sample by sample, skipping those that fail
-            return self._read_batch(indices)
-        except Exception:
-            return get_each(self.reader.get, indices, lambda e, i: self._skip(e, self._position(i)))
+        return [x for x in outputs if x is not _SKIP] if self.on_error != "raise" else outputs
 
     def _read_batch(self, indices: list[int]) -> list:
         # A sequential sampler's batch is one run: one contiguous read. Shuffled batches are
@@ -726,10 +720,10 @@ it, or load a state of epoch 2
     def _elastic_stream(self, batches: Iterator[range], epoch: int) -> Iterator[Any]:
         self._follow(epoch)
         n, reader, apply = len(self.reader), self.reader, self._apply_or_skip
-        options = {"copy": self.copy, "chunk_size": self.chunk_size}
         for batch in batches:
             for run in wrapped_runs(batch, n):
-                for index, sample in read_on(reader, run.start, run.stop, self._skip, **options):
+                for index, sample in read_on(reader, run.start, run.stop, self._skip,
+                                             copy=self.copy, chunk_size=self.chunk_size):
                     output = apply(sample, index, epoch)
                     if output is not _SKIP:
                         yield output
@@ -771,15 +765,7 @@ it, or load a state of epoch 2
         self._follow(epoch)
         if self.shuffle:
             pairs = self._shuffled(window, epoch, skip)
-        elif self.on_error == "raise":
-            window = window[skip:]
-            samples = self.reader.iter(window.start, window.stop, copy=self.copy,
-                                       chunk_size=self.chunk_size)
-            if self._transform is None:
-                yield from samples
-                return
-            pairs = zip(window, samples)
-        else:
+        else:  # with on_error, a sample that does not read is skipped and reading goes on
             pairs = read_on(self.reader, window.start + skip, window.stop, self._skip,
                             copy=self.copy, chunk_size=self.chunk_size)
         if self._transform is None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import FpipeError
 from ..storage._staging import staged_datasets
-from ._common import UsageError, human_bytes, say, shows_progress
+from ._common import UsageError, chosen_seed, human_bytes, refuse_options, say, shows_progress
 
 __all__ = ["FORMATS", "open_source", "source_format", "write_from_format"]
 
@@ -30,7 +30,9 @@ FORMATS = {"webdataset": (".tar",), "parquet": (".parquet", ".arrow", ".feather"
 _NAMES = {"webdataset": "WebDataset shards", "parquet": "Parquet/Arrow files",
           "tfrecord": "TFRecord files"}
 # options of ``fpipe write`` that only files (images) take
-_FILE_OPTIONS = ("resize", "encode", "separator", "include", "exclude", "strict", "check")
+_FILE_OPTIONS = ("field", "resize", "encode", "quality", "separator", "include", "exclude",
+                 "classes", "strict", "check", "skip_bad", "origin", "download",
+                 "base_url", "splits")
 
 
 def _format_of_name(name: str) -> str | None:
@@ -102,10 +104,9 @@ def open_source(kind: str, sources: Sequence[str]) -> Any:
 def write_from_format(kind: str, args: argparse.Namespace) -> int:
     """``fpipe write SOURCE... OUT`` for sources in another format: every sample, in order (or
     shuffled by ``--seed``), read in bounded memory and written with its key."""
-    given = [f"--{name}" for name in _FILE_OPTIONS if getattr(args, name, None)]
-    if given or args.field != "image":
-        raise UsageError(f"{', '.join(given) or '--field'} are for files, not for "
-                         f"{_NAMES[kind]}")
+    refuse_options({f"--{name.replace('_', '-')}": getattr(args, name, None)
+                    for name in _FILE_OPTIONS}, f"with {_NAMES[kind]}, whose samples are "
+                   "written as they are read")
     if args.append and args.overwrite:
         raise UsageError("--append adds to OUT, -y/--overwrite replaces it: pass one of them")
     reader = open_source(kind, args.source)
@@ -125,7 +126,7 @@ def _samples(reader: Any, args: argparse.Namespace) -> Iterator[dict]:
     if args.shuffle:
         from ..storage import Shuffler
 
-        pairs = Shuffler(reader, seed=args.seed).iter(yield_key=True)
+        pairs = Shuffler(reader, seed=chosen_seed(args)).iter(yield_key=True)
     else:
         pairs = reader.iter(yield_key=True, chunk_size=256)
     for key, sample in pairs:

@@ -28,6 +28,7 @@ from ._common import (
     shows_progress,
     workers,
 )
+from ._formats import source_format, write_from_format
 from ._images import checked_suffixes, damage, decode_failure
 from ._inputs import IMAGE_SUFFIXES, JSON_LINES, LIST_FILE, Entry, Listing, list_source
 from ._labels import check_matchable, class_file, class_lists
@@ -167,6 +168,13 @@ def _run_write(args: argparse.Namespace) -> int:
 
     if not args.shuffle:
         refuse_options({"--seed": args.seed}, "without --shuffle")
+    kind = source_format(args.source)
+    if kind is not None:
+        return write_from_format(kind, args)
+    if len(args.source) > 1:
+        raise UsageError("several SOURCEs are for WebDataset, Parquet/Arrow or TFRecord files; "
+                         "give one folder, glob pattern or list file")
+    args.source = args.source[0]
     if args.source in sets.names():
         _check_known_set_options(args)
         return _write_known_set(sets.get(args.source), args)

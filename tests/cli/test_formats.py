@@ -97,7 +97,7 @@ def test_write_from_a_damaged_shard_names_file_and_sample_and_writes_nothing(tmp
 def test_write_refuses_image_options_and_mixed_formats(tmp_path):
     _shards(tmp_path, 1)
     result = fpipe("write", "shards-000.tar", "w.msgpack", "--resize", "64", cwd=tmp_path)
-    assert result.returncode == 2 and "--resize are for files, not for WebDataset" in result.stderr
+    assert result.returncode == 2 and "--resize has no effect with WebDataset shards" in result.stderr
     result = fpipe("write", "shards-000.tar", "x.parquet", "w.msgpack", cwd=tmp_path)
     assert result.returncode == 2 and "of one format" in result.stderr
 
