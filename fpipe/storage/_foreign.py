@@ -26,7 +26,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, redacted_url
 from .base import Reader
 from .format import PathLike, key_salt, pack_sample
 
@@ -53,18 +53,18 @@ class _RemoteFile:
     they serve a packed dataset."""
 
     def __init__(self, url: str, options: dict) -> None:
-        from ._blocks import Budget
+        from ._blocks import Budget, dataset_folder
         from .remote import Retrying, check_options
 
         self.url = url
         self.block_size, limit, self.read_ahead, retries, timeout = _remote_settings(options)
         self.source = Retrying(url, check_options(options.get("storage_options")), timeout, retries)
         self.size, tag = self.source.stat()
-        self.identity = f"{url}\0{self.size}\0{tag}"
-        root = cache_root(options.get("cache_dir"))
-        self.budget = Budget(root, limit)
-        self.folder = root / hashlib.sha256(self.identity.encode()).hexdigest()[:24]
-        (self.folder / "blocks").mkdir(parents=True, exist_ok=True, mode=0o700)
+        # the same cache for any credentials: they open the door, they do not change the data
+        self.identity = f"{redacted_url(url)}\0{self.size}\0{tag}"
+        self.budget = Budget(cache_root(options.get("cache_dir")), limit)
+        self.folder = dataset_folder(self.budget.root,
+                                     hashlib.sha256(self.identity.encode()).hexdigest()[:32])
 
     def handle(self) -> Any:
         from ._blocks import RemoteHandle
@@ -109,7 +109,8 @@ _REMOTE_KEYS = ("storage_options", "cache_dir", "cache_limit", "block_size", "re
 class ByteSource:
     """The bytes of one file by range: ``os.pread`` on a local file, the block cache (see
     :mod:`fpipe.storage.remote`) for a URL. Thread- and fork-safe; pickles by its settings
-    (a worker opens the file itself).
+    (a worker opens the file itself). ``path`` is the path or URL as messages show it (a URL's
+    user information hidden).
 
     >>> import tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -123,14 +124,15 @@ class ByteSource:
         unknown = set(options) - set(_REMOTE_KEYS)
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
-        self.path = os.fspath(path)
+        self._location = os.fspath(path)
+        self.path = redacted_url(self._location)
         self.options = options
         self._remote: _RemoteFile | None = None
         self._fd: int | None = None
         self._handle: Any = None
         self._pid = -1
-        if _is_url(self.path):
-            self._remote = _RemoteFile(self.path, options)
+        if _is_url(self._location):
+            self._remote = _RemoteFile(self._location, options)
             self.size, self.identity = self._remote.size, self._remote.identity
         else:
             given = [name for name in _REMOTE_KEYS if options.get(name) is not None
@@ -170,7 +172,7 @@ class ByteSource:
         if self._remote is not None:
             self._handle = self._remote.handle()
         else:
-            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            self._fd = os.open(self._location, os.O_RDONLY | getattr(os, "O_BINARY", 0))
             if os.fstat(self._fd).st_size != self.size:
                 raise FormatError(f"the file changed size since it was opened (now "
                                   f"{os.fstat(self._fd).st_size} bytes, was {self.size})",
@@ -306,9 +308,11 @@ def cached_index(source: ByteSource, kind: str, build: Callable[[], dict[str, np
     >>> index["starts"].tolist(), len(built)
     ([0, 1, 2], 1)
     """
-    root = cache_root(cache_dir) / "indexes"
+    folder = _index_folder(cache_dir)
+    if folder is None:  # a cache folder that is not the user's alone: no index is kept
+        return build()
     name = hashlib.sha256(f"{_INDEX_VERSION}\0{kind}\0{source.identity}".encode()).hexdigest()
-    path = root / f"{name[:32]}.index"
+    path = folder / f"{name[:32]}.index"
     try:
         index = _load_index(path.read_bytes())
         if fits(index):
@@ -318,6 +322,17 @@ def cached_index(source: ByteSource, kind: str, build: Callable[[], dict[str, np
     index = build()
     _store_index(path, index)
     return index
+
+
+def _index_folder(cache_dir: PathLike | None) -> Path | None:
+    """The private folder of the indexes in the cache folder (both 0700, the user's), or None
+    when it cannot be had (read-only, another user's, writable by others)."""
+    from ._blocks import private_folder
+
+    try:
+        return private_folder(private_folder(cache_root(cache_dir)) / "indexes")
+    except OSError:
+        return None
 
 
 _MAGIC = b"FPIPEIDX"
@@ -362,7 +377,6 @@ def _store_index(path: Path, index: dict[str, np.ndarray]) -> None:
     from ._blocks import write_atomically
 
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_atomically(path, _index_bytes(index))
     except OSError:
         pass  # a read-only cache: the index is built again next time
@@ -507,15 +521,15 @@ def expand_shards(shards: Union[PathLike, Iterable[PathLike]], *,
         for name in _braces(os.fspath(item)):
             found.extend(_matches(name, storage_options, must_exist))
     if not found:
-        raise FileNotFoundError(errno.ENOENT, "no file matches", os.fspath(shards)
-                                if isinstance(shards, (str, os.PathLike)) else str(items))
+        raise FileNotFoundError(errno.ENOENT, "no file matches", redacted_url(
+            os.fspath(shards) if isinstance(shards, (str, os.PathLike)) else str(items)))
     return found
 
 
 def _matches(name: str, storage_options: dict | None, must_exist: bool) -> list[str]:
     if not any(c in name for c in "*?["):
         if must_exist and not _is_url(name) and not os.path.exists(name):
-            raise FileNotFoundError(errno.ENOENT, "no such file", name)
+            raise FileNotFoundError(errno.ENOENT, "no such file", redacted_url(name))
         return [name]
     if _is_url(name):
         from .remote import glob_urls
@@ -524,7 +538,7 @@ def _matches(name: str, storage_options: dict | None, must_exist: bool) -> list[
     else:
         matches = sorted(path for path in glob.glob(name) if os.path.isfile(path))
     if not matches:
-        raise FileNotFoundError(errno.ENOENT, "no file matches the pattern", name)
+        raise FileNotFoundError(errno.ENOENT, "no file matches the pattern", redacted_url(name))
     return matches
 
 

@@ -104,3 +104,14 @@ def test_shards_glob_an_s3_pattern(s3, files, cache):
     assert len(reader) == 600 and [r.source.path for r in reader.readers] == [
         "s3://data/fmt-0.tar", "s3://data/fmt-1.tar"]
     assert reader[450] == TarReader(files / "fmt-1.tar", cache_dir=cache)[150]
+
+
+def test_credentials_in_a_url_never_reach_a_message_or_repr(server, files, cache):
+    url = server.url("fmt-0.tar").replace("http://", "http://ann:s3cret@")
+    reader = WebDatasetReader(url, **_options(cache))
+    assert "s3cret" not in repr(reader) and "s3cret" not in repr(reader.readers[0])
+    assert reader.readers[0].source.path == url.replace("ann:s3cret@", "***@")
+    bad = TarReader(url, fields=["nope"], **_options(cache))
+    with pytest.raises(Exception) as error:
+        bad[0]
+    assert "s3cret" not in str(error.value) and "***@" in str(error.value)
