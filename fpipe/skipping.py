@@ -31,7 +31,7 @@ from __future__ import annotations
 import array
 import bisect
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, Union
 
 from .errors import FpipeError, check_choice, check_integer
