@@ -8,7 +8,7 @@ Everything is a function: transforms map items, stages map streams, and a pipeli
 3
 """
 
-from . import errors, functional, infinite, random, sharding, skipping, storage, streaming
+from . import errors, functional, image, infinite, random, sharding, skipping, storage, streaming
 from ._version import __version__
 from .errors import *
 from .functional import *

@@ -362,6 +362,30 @@ def check_probability(name: str, value: Any) -> float:
     return float(value)
 
 
+def check_interval(name: str, value: Any, *, positive: bool = False) -> tuple[float, float]:
+    """``value`` as ``(low, high)``, once it is a pair of finite real numbers with
+    ``0 <= low <= high`` and ``high > 0`` (``low > 0`` too when ``positive``); otherwise a
+    ``TypeError`` or ``ValueError`` that names the argument.
+
+    >>> check_interval("scale", (0.08, 1))
+    (0.08, 1.0)
+    >>> check_interval("ratio", (4 / 3, 3 / 4), positive=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: ratio must be (low, high) with 0 < low <= high; got ratio=(1.33..., 0.75)
+    """
+    real = (numbers.Real, np.floating)
+    if (isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2
+            or any(isinstance(v, (bool, np.bool_)) or not isinstance(v, real) for v in value)):
+        raise TypeError(f"{name} must be a pair of real numbers (low, high); got {name}={value!r}")
+    low, high = float(value[0]), float(value[1])
+    bound = "0 < low <= high" if positive else "0 <= low <= high, 0 < high"
+    if not (np.isfinite(low) and np.isfinite(high) and (low > 0 if positive else low >= 0)
+            and low <= high and high > 0):
+        raise ValueError(f"{name} must be (low, high) with {bound}; got {name}={value!r}")
+    return low, high
+
+
 # --- secrets in messages ---------------------------------------------------------------------
 # Not in __all__, like the argument checks: fpipe's modules build their messages with them.
 

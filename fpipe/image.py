@@ -30,7 +30,8 @@ from .errors import FpipeError
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["CompressedToPIL", "ImageDecodeError", "decode_image"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "CompressedToPIL", "ImageDecodeError", "decode_image",
+           "normalize", "random_resized_crop", "resized_center_crop"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _simplejpeg: Any = None  # the module once looked up; False when it is not installed
@@ -176,3 +177,8 @@ def with_sample_named(error: Exception, index: int, sample: Any, field: Any) -> 
     if hasattr(error, "add_note"):
         error.add_note(f"raised while transforming {where}")
     return error
+
+
+# The fused recipes live in fpipe/_image/, whose decoder builds on this module's: so last.
+from ._image.normalize import IMAGENET_MEAN, IMAGENET_STD, normalize  # noqa: E402
+from ._image.recipes import random_resized_crop, resized_center_crop  # noqa: E402
