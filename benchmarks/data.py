@@ -11,7 +11,12 @@ the samples of ``small`` in memory (for write benchmarks).
 ``large``  10,000 samples like ``small`` with 102,400 random bytes
 ``images`` 2,000 labelled JPEGs (about 500 px long side, quality 90) of smooth random fields
 ``tiny``   2,000,000 samples ``{"key": f"{i:08d}", "data": 16 random bytes}`` (workload M1)
+``photos`` 2,000 labelled JPEGs cut from scikit-image's nine sample photographs (300-500 px
+           long side, quality 90), for the image recipes (workloads I1-I5)
+``photos6mp`` 18 JPEGs of 3000 x 2000 pixels tiled from the same photographs (I2)
 =========  ==========================================================================
+
+``photographs()`` gives the nine photographs themselves (RGB arrays, 300 to 1411 px).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import numpy as np
 
 from fpipe.storage import FileWriter
 
-__all__ = ["cache_folder", "images_path", "large_path", "small_path", "small_samples", "tiny_path"]
+__all__ = ["cache_folder", "images_path", "large_path", "photographs", "photos6mp_path",
+           "photos_path", "small_path", "small_samples", "tiny_path"]
 
 # Bump when a dataset's definition changes, so stale caches are not reused.
 _VERSION = "v1"
@@ -108,3 +114,87 @@ def _image_samples() -> Iterator[dict]:
         buffer = io.BytesIO()
         Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
         yield {"key": f"{i:08d}", "image": buffer.getvalue(), "label": i % 10}
+
+
+# scikit-image's colour photographs that ship inside its wheel (the others are downloaded)
+PHOTOGRAPHS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field",
+               "immunohistochemistry", "retina", "stereo_motorcycle")
+
+
+def photographs() -> list[np.ndarray]:
+    """scikit-image's nine colour sample photographs (the stereo pair counts two), RGB uint8."""
+    import skimage.data
+
+    photos = []
+    for name in PHOTOGRAPHS:
+        photo = getattr(skimage.data, name)()
+        photos.extend(photo[:2] if name == "stereo_motorcycle" else [photo])
+    return photos
+
+
+def jpeg(pixels: np.ndarray, quality: int = 90) -> bytes:
+    """``pixels`` (H, W, 3 uint8) encoded as JPEG with Pillow."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def _cut(photo: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A random 70-100 % of each side of ``photo``, maybe mirrored, resized so that its long
+    side is 300-500 px (ImageNet's photos are mostly 500 px on their long side)."""
+    from PIL import Image
+
+    height, width = photo.shape[:2]
+    h, w = (int(side * rng.uniform(0.7, 1.0)) for side in (height, width))
+    top, left = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
+    piece = Image.fromarray(photo[top:top + h, left:left + w])
+    if rng.random() < 0.5:
+        piece = piece.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    long_side = 500 if rng.random() < 0.7 else int(rng.integers(300, 500))
+    factor = long_side / max(w, h)
+    return np.asarray(piece.resize((max(1, round(w * factor)), max(1, round(h * factor))),
+                                   Image.Resampling.LANCZOS))
+
+
+def _photo_samples() -> Iterator[dict]:
+    rng = np.random.default_rng(4)
+    photos = photographs()
+    for i in range(2000):
+        label = i % len(photos)
+        yield {"key": f"{i:08d}", "image": jpeg(_cut(photos[label], rng)), "label": label}
+
+
+def photos_path() -> str:
+    """Path of ``photos``: 2,000 JPEGs cut from the nine photographs, labelled by photograph."""
+    return _cached("photos", _photo_samples)
+
+
+def _tiled(photos: list[np.ndarray], rng: np.random.Generator, width: int = 3000,
+           height: int = 2000, tile: int = 250) -> np.ndarray:
+    """A ``width`` x ``height`` mosaic of ``tile``-pixel squares, each cut at a random place
+    from a random photograph at its own resolution (a photograph's detail, not an
+    enlargement's: every photograph is at least 300 px on its short side)."""
+    mosaic = np.empty((height, width, 3), np.uint8)
+    for top in range(0, height, tile):
+        for left in range(0, width, tile):
+            photo = photos[int(rng.integers(len(photos)))]
+            y = int(rng.integers(0, photo.shape[0] - tile + 1))
+            x = int(rng.integers(0, photo.shape[1] - tile + 1))
+            mosaic[top:top + tile, left:left + tile] = photo[y:y + tile, x:x + tile]
+    return mosaic
+
+
+def _photo6mp_samples() -> Iterator[dict]:
+    photos, rng = photographs(), np.random.default_rng(5)
+    for i in range(18):
+        mosaic = _tiled(photos, rng)
+        upright = mosaic.transpose(1, 0, 2) if i % 2 else mosaic
+        yield {"key": f"{i:08d}", "image": jpeg(np.ascontiguousarray(upright)), "label": 0}
+
+
+def photos6mp_path() -> str:
+    """Path of ``photos6mp``: 18 six-megapixel JPEG mosaics of the photographs, half of them
+    upright (2000 x 3000)."""
+    return _cached("photos6mp", _photo6mp_samples)

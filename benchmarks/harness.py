@@ -10,6 +10,9 @@ argument and returns either
   runs, untimed, before every timed run (to let a reference's background work end, say);
 * ``Value(value=..., unit=...)``: a measured figure with no reference (memory growth, say).
 
+A build that raises :class:`Unavailable` (a reference that needs another environment, say) is
+skipped with the reason it gives.
+
 Targets are written as ``">= 1.5"`` or ``"<= 0.5"`` and checked against the ratio (or value).
 Each workload starts once the machine is quiet (:func:`wait_until_quiet`), so that what the one
 before it left winding down is not timed with it.
@@ -25,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["WORKLOADS", "Pair", "Result", "Value", "run", "workload"]
+__all__ = ["WORKLOADS", "Pair", "Result", "Unavailable", "Value", "run", "workload"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,11 @@ class Pair:
     items: int = 1
     teardown: Callable[[], object] | None = None
     settle: Callable[[], object] | None = None  # untimed, before each timed run
+
+
+class Unavailable(Exception):
+    """Raised by a workload's build when its reference cannot run here; the message says
+    why and how to provide it, and the workload is skipped with that note."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +190,9 @@ def run(names: list[str], repetitions: int = 5, output: str | None = None) -> li
         except ModuleNotFoundError as error:  # a reference that is not installed here
             print(f"{name:<6} skipped: {error.name} is not installed (see docs/benchmarks.md)",
                   flush=True)
+            continue
+        except Unavailable as error:
+            print(f"{name:<6} skipped: {error}", flush=True)
             continue
         print(_row(result), flush=True)
         results.append(result)

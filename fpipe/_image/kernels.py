@@ -51,11 +51,13 @@ def _whole(box: tuple[float, float, float, float]) -> bool:
 
 
 def resize_box(pixels: np.ndarray, box: tuple[float, float, float, float],
-               size: tuple[int, int], use_torch: bool) -> np.ndarray:
+               size: tuple[int, int], use_torch: bool, flip: bool = False,
+               layout: str = "HWC") -> np.ndarray:
     """The part ``box = (left, top, right, bottom)`` of ``pixels`` (height, width, 3),
-    resized to ``size = (height, width)``, as uint8 HWC (maybe read-only: Pillow's arrays
-    are). torch's kernel takes boxes on whole pixels; Pillow's takes any box, and uses the
-    pixels around it as a resize of the whole image would.
+    resized to ``size = (height, width)``, mirrored left to right if ``flip``, as a new
+    uint8 array in ``layout`` (``"HWC"`` or ``"CHW"``). torch's kernel takes boxes on whole
+    pixels; Pillow's takes any box, and uses the pixels around it as a resize of the whole
+    image would.
 
     >>> pixels = np.zeros((10, 10, 3), np.uint8)
     >>> pixels[:, 5:] = 200
@@ -64,14 +66,16 @@ def resize_box(pixels: np.ndarray, box: tuple[float, float, float, float],
     """
     if use_torch and _whole(box):
         left, top, right, bottom = (int(edge) for edge in box)
-        return _torch_resize(pixels[top:bottom, left:right], size, None)
-    return _pillow_resize(pixels, box, size)
+        resized = _torch_resize(pixels[top:bottom, left:right], size, None)
+        return _from_tensor(resized.flip(3) if flip else resized, layout)
+    return _from_pillow(_pillow_resize(pixels, box, size), flip, layout)
 
 
 def resize_scaled(pixels: np.ndarray, scale: tuple[float, float], crop: tuple[int, int, int, int],
-                  use_torch: bool) -> np.ndarray:
+                  use_torch: bool, layout: str = "HWC") -> np.ndarray:
     """The whole of ``pixels`` resized by ``scale = (x, y)`` output pixels per pixel, then
-    cut to ``crop = (left, top, width, height)`` in output pixels.
+    cut to ``crop = (left, top, width, height)`` in output pixels, as a new uint8 array in
+    ``layout``.
 
     >>> pixels = np.full((20, 30, 3), 7, np.uint8)
     >>> resize_scaled(pixels, (0.5, 0.5), (1, 2, 12, 6), use_torch=True).shape
@@ -80,11 +84,11 @@ def resize_scaled(pixels: np.ndarray, scale: tuple[float, float], crop: tuple[in
     left, top, width, height = crop
     if not use_torch:
         box = (left / scale[0], top / scale[1], (left + width) / scale[0], (top + height) / scale[1])
-        return _pillow_resize(pixels, box, (height, width))
+        return _from_pillow(_pillow_resize(pixels, box, (height, width)), False, layout)
     factors = (_factor(pixels.shape[0], scale[1], top + height),
                _factor(pixels.shape[1], scale[0], left + width))
     resized = _torch_resize(pixels, None, factors)
-    return resized[top:top + height, left:left + width]
+    return _from_tensor(resized[:, :, top:top + height, left:left + width], layout)
 
 
 def _factor(length: int, scale: float, needed: int) -> float:
@@ -96,24 +100,39 @@ def _factor(length: int, scale: float, needed: int) -> float:
 
 
 def _torch_resize(pixels: np.ndarray, size: tuple[int, int] | None,
-                  factors: tuple[float, float] | None) -> np.ndarray:
+                  factors: tuple[float, float] | None) -> Any:
+    """``pixels`` resized, as a (1, C, H, W) tensor in channels-last memory."""
     torch, functional = load_torch()
     if not pixels.flags.writeable:  # Pillow's pixels: torch warns about read-only arrays
         pixels = np.array(pixels)
     region = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
     # the fast uint8 kernel reads channels-last memory; a cropped view is not, so copy it once
     region = region.contiguous(memory_format=torch.channels_last)
-    resized = functional.interpolate(region, size=size, scale_factor=factors, mode="bilinear",
-                                     antialias=True, align_corners=False,
-                                     recompute_scale_factor=False if factors else None)
-    return resized[0].permute(1, 2, 0).numpy()
+    return functional.interpolate(region, size=size, scale_factor=factors, mode="bilinear",
+                                  antialias=True, align_corners=False,
+                                  recompute_scale_factor=False if factors else None)
+
+
+def _from_tensor(resized: Any, layout: str) -> np.ndarray:
+    """A (1, C, H, W) tensor as a new array in ``layout``. HWC is the channels-last memory
+    itself; numpy's transpose copy to CHW is several times faster than torch's."""
+    pixels = resized[0].permute(1, 2, 0).contiguous().numpy()
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1)) if layout == "CHW" else pixels
 
 
 def _pillow_resize(pixels: np.ndarray, box: tuple[float, float, float, float],
-                   size: tuple[int, int]) -> np.ndarray:
+                   size: tuple[int, int]) -> Any:
     from PIL import Image
 
     image = Image.fromarray(pixels)
-    resized = image.resize((size[1], size[0]), Image.Resampling.BILINEAR, box=box,
-                           reducing_gap=REDUCING_GAP)
-    return np.asarray(resized)
+    return image.resize((size[1], size[0]), Image.Resampling.BILINEAR, box=box,
+                        reducing_gap=REDUCING_GAP)
+
+
+def _from_pillow(image: Any, flip: bool, layout: str) -> np.ndarray:
+    from PIL import Image
+
+    if flip:
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    pixels = np.asarray(image)  # read-only: Pillow's bytes
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1)) if layout == "CHW" else np.array(pixels)

@@ -110,10 +110,14 @@ def normalize(batch: Any, mean: Sequence[float] = IMAGENET_MEAN,
 
 def _normalize_array(view: np.ndarray, scale: np.ndarray, shift: np.ndarray,
                      kind: str) -> np.ndarray:
-    scale, shift = scale[:, None, None], shift[:, None, None]
     out = view if kind == "float" else np.empty(view.shape, np.float32)
-    np.multiply(view, scale.astype(out.dtype), out=out)
-    np.subtract(out, shift.astype(out.dtype), out=out)
+    scale, shift = (v.astype(out.dtype)[:, None, None] for v in (scale, shift))
+    # one image at a time, so that its floats are still in the cache for the second pass
+    for image, target in zip(view, out):
+        if kind != "float":
+            np.copyto(target, image)
+        np.multiply(target, scale, out=target)
+        np.subtract(target, shift, out=target)
     return out
 
 

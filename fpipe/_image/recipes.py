@@ -58,17 +58,6 @@ def _use_torch(backend: str) -> bool:
     return False
 
 
-def _finish(pixels: np.ndarray, flip: bool, layout: str) -> np.ndarray:
-    """``pixels`` (HWC) mirrored left to right if ``flip``, in ``layout``, as a writable
-    C-contiguous array that owns or shares nothing it should not: copied only when it must."""
-    view = pixels[:, ::-1] if flip else pixels
-    if layout == "CHW":
-        view = view.transpose(2, 0, 1)
-    if view is pixels and pixels.flags.writeable and pixels.flags.c_contiguous:
-        return pixels
-    return np.array(view, order="C")
-
-
 class _Recipe:
     """What the recipes share: the output size and layout, the decode and the kernel."""
 
@@ -120,9 +109,9 @@ class _RandomResizedCrop(_Recipe):
         rng = current_rng()
         box = random_resized_box(rng, image.width, image.height, self.scale, self.ratio)
         flip = rng.random() < self.flip
-        return _finish(self._resized(image, box), flip, self.layout)
+        return self._resized(image, box, flip)
 
-    def _resized(self, image: EncodedImage, box: Box) -> np.ndarray:
+    def _resized(self, image: EncodedImage, box: Box, flip: bool) -> np.ndarray:
         height, width = self.size
         reduction = 1
         if self.scaled_decode:
@@ -131,7 +120,7 @@ class _RandomResizedCrop(_Recipe):
         pixels, x_scale, y_scale = image.decode(reduction)
         region = (box.left / x_scale, box.top / y_scale, (box.left + box.width) / x_scale,
                   (box.top + box.height) / y_scale)
-        return resize_box(pixels, region, self.size, self._torch)
+        return resize_box(pixels, region, self.size, self._torch, flip, self.layout)
 
 
 class _ResizedCenterCrop(_Recipe):
@@ -162,8 +151,7 @@ class _ResizedCenterCrop(_Recipe):
         top = int(round((new_height - height) / 2.0))
         left = int(round((new_width - width) / 2.0))
         scale = (new_width / image.width * x_scale, new_height / image.height * y_scale)
-        resized = resize_scaled(pixels, scale, (left, top, width, height), self._torch)
-        return _finish(resized, False, self.layout)
+        return resize_scaled(pixels, scale, (left, top, width, height), self._torch, self.layout)
 
 
 def random_resized_crop(size: int | tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
