@@ -10,9 +10,10 @@ torchvision's ``ToTensor`` and ``Normalize`` computed per image. fpipe's side is
 both sides (one core); I4 and I5 run two worker processes.
 
 I5 compares with a DataLoader running torchvision's tensor path (``decode_jpeg`` and
-``transforms.v2``), which needs a torchvision that matches torch: it runs in another Python
-environment, named by ``$FPIPE_PEERS_PYTHON`` (see docs/benchmarks.md), and is skipped when
-that is not set.
+``transforms.v2``) and with FFCV's loader (see :mod:`benchmarks.peer_loaders`). They need a
+torchvision that matches torch, so they run in another Python environment, named by
+``$FPIPE_PEERS_PYTHON`` (see docs/benchmarks.md), and are skipped with a note when it is not
+set or lacks them.
 """
 
 from __future__ import annotations
@@ -52,15 +53,15 @@ class PillowRecipe:
         from PIL import Image
 
         import fpipe
-        from fpipe._image.boxes import random_resized_box, resized_size
+        from fpipe._image.boxes import center_box, random_resized_box, resized_size
         from fpipe.image import decode_image
 
         image = decode_image(data)
         if not self.train:
             image = image.resize(resized_size(image.width, image.height, self.resize),
                                  Image.Resampling.BILINEAR)
-            left, top = (round((side - self.size) / 2.0) for side in image.size)
-            return image.crop((left, top, left + self.size, top + self.size))
+            left, top, width, height = center_box(image.width, image.height, (self.size, self.size))
+            return image.crop((left, top, left + width, top + height))
         rng = fpipe.current_rng()
         box = random_resized_box(rng, image.width, image.height, (0.08, 1.0), (3 / 4, 4 / 3))
         image = image.resize((self.size, self.size), Image.Resampling.BILINEAR,
@@ -239,22 +240,25 @@ def workers_float() -> Pair:
     return _against_data_loader(floats=True)
 
 
-# --- I5: torchvision's tensor path, in the peers' environment --------------------------------
+# --- I5: torchvision's tensor path and FFCV, in the peers' environment ----------------------
 
 
-_PEER_SCRIPT = Path(__file__).with_name("torchvision_peer.py")
+_PEERS = Path(__file__).with_name("peer_loaders.py")
 
 
-def peers_python() -> str:
+def peers_python(system: str) -> str:
     """The peers' interpreter (``$FPIPE_PEERS_PYTHON``), or :class:`Unavailable` saying how
     to make one."""
     python = os.environ.get("FPIPE_PEERS_PYTHON")
     if not python:
-        raise Unavailable("torchvision's tensor path runs in an environment with a torchvision "
-                          "that matches its torch; set FPIPE_PEERS_PYTHON to its python "
-                          "(see docs/benchmarks.md)")
+        raise Unavailable(f"{system} runs in an environment of its own (a torchvision that "
+                          "matches its torch); set FPIPE_PEERS_PYTHON to its python (see "
+                          "docs/benchmarks.md)")
     if not os.access(python, os.X_OK):
         raise Unavailable(f"FPIPE_PEERS_PYTHON={python} is not an executable file")
+    module = "ffcv" if system == "ffcv" else "torchvision"
+    if subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode:
+        raise Unavailable(f"{module} is not installed in FPIPE_PEERS_PYTHON={python}")
     return python
 
 
@@ -274,35 +278,41 @@ def flat_photos() -> tuple[Path, Path]:
 
 
 class PeerProcess:
-    """A DataLoader in the peers' interpreter, kept running: each call reads one epoch there
-    and returns the number of images it gave."""
+    """A peer's loader in the peers' interpreter, kept running: each call reads one epoch
+    there and returns the number of images it gave."""
 
-    def __init__(self, python: str, kind: str, order: list) -> None:
+    def __init__(self, python: str, system: str, kind: str, order: list) -> None:
         data, offsets = flat_photos()
-        order_file = cache_folder() / "photos-flat" / f"order-{len(order)}.npy"
+        order_file = data.with_name(f"order-{len(order)}.npy")
         np.save(order_file, np.asarray(order))
-        self.process = subprocess.Popen([python, str(_PEER_SCRIPT), str(data), str(offsets),
-                                         str(order_file), kind], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [python, str(_PEERS), system, kind, str(data), str(offsets), str(order_file)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._answer()  # "ready": the loader is built (and FFCV's file written)
+
+    def _answer(self) -> str:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the peer process ended (exit status {self.process.wait()})")
+        return line
 
     def __call__(self) -> int:
         self.process.stdin.write("epoch\n")
         self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the peer process ended (exit status {self.process.wait()})")
-        return int(line)
+        return int(self._answer())
 
     def close(self) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=120)
 
 
-def _against_torchvision(floats: bool) -> Pair:
-    python = peers_python()
+def _against_peer(system: str, floats: bool) -> Pair:
+    python = peers_python(system)
     order = np.random.default_rng(0).permutation(WORKER_IMAGES).tolist()
-    peer = PeerProcess(python, "float" if floats else "uint8", order)
-    ours, close = _fpipe_epochs("CHW", floats, order)
+    # torchvision's tensors are CHW; FFCV's ToTensor gives HWC: fpipe makes the same
+    layout = "HWC" if system == "ffcv" else "CHW"
+    peer = PeerProcess(python, system, "float" if floats else "uint8", order)
+    ours, close = _fpipe_epochs(layout, floats, order)
 
     def teardown() -> None:
         close()
@@ -310,14 +320,30 @@ def _against_torchvision(floats: bool) -> Pair:
     return Pair(fpipe=ours, reference=peer, items=len(order), teardown=teardown)
 
 
-@workload("I5u", description="I4u with uint8 CHW output", reference="torch DataLoader (2 "
-          "persistent workers) running torchvision's decode_jpeg + v2.RandomResizedCrop("
-          "antialias=True) + v2.RandomHorizontalFlip, in $FPIPE_PEERS_PYTHON", target=">= 1.15")
+_TORCHVISION = ("torch DataLoader (2 persistent workers) running torchvision's decode_jpeg + "
+                "v2.RandomResizedCrop(antialias=True) + v2.RandomHorizontalFlip, in "
+                "$FPIPE_PEERS_PYTHON")
+_FFCV = ("FFCV Loader (2 threads, os_cache) with RandomResizedCropRGBImageDecoder + "
+         "RandomHorizontalFlip + ToTensor, in $FPIPE_PEERS_PYTHON")
+
+
+@workload("I5u", description="I4u with uint8 CHW output", reference=_TORCHVISION, target=">= 1.15")
 def torchvision_uint8() -> Pair:
-    return _against_torchvision(floats=False)
+    return _against_peer("torchvision", floats=False)
 
 
-@workload("I5f", description="I4f", reference="I5u's DataLoader, then v2.ToDtype(float32, "
+@workload("I5f", description="I4f", reference=_TORCHVISION + ", then v2.ToDtype(float32, "
           "scale=True) + v2.Normalize per image", target=">= 1.15")
 def torchvision_float() -> Pair:
-    return _against_torchvision(floats=True)
+    return _against_peer("torchvision", floats=True)
+
+
+@workload("I5u-ffcv", description="I4u (uint8 HWC)", reference=_FFCV, target=">= 1.15")
+def ffcv_uint8() -> Pair:
+    return _against_peer("ffcv", floats=False)
+
+
+@workload("I5f-ffcv", description="I4f", reference=_FFCV + ", then ToTorchImage + NormalizeImage",
+          target=">= 1.15")
+def ffcv_float() -> Pair:
+    return _against_peer("ffcv", floats=True)

@@ -1,7 +1,7 @@
-"""Where the recipes crop: torchvision's RandomResizedCrop box draw, and the box that
-Resize-then-CenterCrop keeps.
+"""Where the recipes crop: torchvision's RandomResizedCrop box draw, and the sizes and box of
+its Resize then CenterCrop.
 
-A box is ``(left, top, width, height)`` in pixels of the full-size image.
+A box is ``(left, top, width, height)`` in pixels.
 
 >>> import numpy as np
 >>> random_resized_box(np.random.default_rng(0), 500, 375, (0.08, 1.0), (3 / 4, 4 / 3))
@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["ATTEMPTS", "Box", "random_resized_box", "resized_center_box", "resized_size"]
+__all__ = ["ATTEMPTS", "Box", "center_box", "random_resized_box", "resized_size"]
 
 ATTEMPTS = 10  # torchvision's tries at a box before its centre-crop fallback
 
@@ -77,16 +77,14 @@ def resized_size(width: int, height: int, shorter: int) -> tuple[int, int]:
     return int(shorter * width / height), shorter
 
 
-def resized_center_box(width: int, height: int, size: tuple[int, int], shorter: int) -> Box:
-    """The box of a ``width`` x ``height`` image that ``Resize(shorter)`` then
-    ``CenterCrop(size)`` keeps (``size`` is ``(height, width)``), in full-size pixels.
+def center_box(width: int, height: int, size: tuple[int, int]) -> Box:
+    """torchvision's ``CenterCrop(size)`` (``size`` is ``(height, width)``) of a ``width`` x
+    ``height`` image: the offsets rounded as Python rounds, half to even.
 
-    >>> resized_center_box(500, 375, (224, 224), 256)
-    Box(left=85.04..., top=23.4375, width=328.44..., height=328.125)
+    >>> center_box(341, 256, (224, 224))
+    Box(left=58, top=16, width=224, height=224)
     """
-    new_width, new_height = resized_size(width, height, shorter)
     crop_height, crop_width = size
-    top = int(round((new_height - crop_height) / 2.0))
-    left = int(round((new_width - crop_width) / 2.0))
-    x_scale, y_scale = width / new_width, height / new_height
-    return Box(left * x_scale, top * y_scale, crop_width * x_scale, crop_height * y_scale)
+    top = int(round((height - crop_height) / 2.0))
+    left = int(round((width - crop_width) / 2.0))
+    return Box(left, top, crop_width, crop_height)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import check_bool, check_choice, check_integer, check_interval, check_probability
 from ..random import current_rng
-from .boxes import Box, random_resized_box, resized_size
+from .boxes import Box, center_box, random_resized_box, resized_size
 from .decode import EncodedImage
 from .kernels import load_torch, resize_box, resize_scaled
 
@@ -147,11 +147,9 @@ class _ResizedCenterCrop(_Recipe):
         new_width, new_height = resized_size(image.width, image.height, self.resize)
         reduction = image.reduction_for(new_width, new_height) if self.scaled_decode else 1
         pixels, x_scale, y_scale = image.decode(reduction)
-        height, width = self.size
-        top = int(round((new_height - height) / 2.0))
-        left = int(round((new_width - width) / 2.0))
+        crop = center_box(new_width, new_height, self.size)
         scale = (new_width / image.width * x_scale, new_height / image.height * y_scale)
-        return resize_scaled(pixels, scale, (left, top, width, height), self._torch, self.layout)
+        return resize_scaled(pixels, scale, crop, self._torch, self.layout)
 
 
 def random_resized_crop(size: int | tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
