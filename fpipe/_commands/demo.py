@@ -25,9 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ..image import decode_image
+from ..image import normalize, random_resized_crop
 from ..infinite import Infinite
-from ..random import current_rng
 from ..storage import Cycler, MsgpackReader, Shuffler, unpack_sample
 from ..streaming import map, processes, stats
 from . import write
@@ -205,12 +204,15 @@ def _class_count(dataset: Path) -> int:
 
 
 class Augment:
-    """Decode a sample's image and augment it: a random crop of 80-100 % of each side, a
-    horizontal flip half of the time, brightness times 0.8-1.2, resized to ``size`` x
-    ``size``. Returns ``(image, label)``, the image a float32 CHW array around 0.
+    """Decode a sample's image by fpipe's training recipe,
+    :func:`fpipe.image.random_resized_crop`: a random crop of half to all of the image's area,
+    of aspect 3:4 to 4:3, mirrored half of the time, resized to ``size`` x ``size``. Returns
+    ``(image, label)``, the image uint8 CHW; the training step normalises whole batches
+    with :func:`fpipe.image.normalize`.
 
     Draws from :func:`fpipe.current_rng`, so a seeded stage makes it reproducible per
-    sample. Takes a sample dict or its packed bytes (decoded in the worker).
+    sample. Takes a sample dict or its packed bytes (decoded in the worker); ``backend`` is
+    the recipe's (``"pillow"`` keeps torch out of a run without it).
 
     >>> import io
     >>> from PIL import Image
@@ -220,11 +222,12 @@ class Augment:
     >>> with using_rng(np.random.default_rng(0)):
     ...     image, label = Augment(8)({"image": buffer.getvalue(), "label": 3})
     >>> image.shape, image.dtype, label
-    ((3, 8, 8), dtype('float32'), 3)
+    ((3, 8, 8), dtype('uint8'), 3)
     """
 
-    def __init__(self, size: int, field: str = "image") -> None:
+    def __init__(self, size: int, field: str = "image", backend: str = "auto") -> None:
         self.size, self.field = size, field
+        self.crop = random_resized_crop(size, scale=(0.5, 1.0), layout="CHW", backend=backend)
 
     def __repr__(self) -> str:
         return f"Augment({self.size})"
@@ -232,18 +235,7 @@ class Augment:
     def __call__(self, sample: Any) -> tuple[np.ndarray, int]:
         if not isinstance(sample, dict):
             sample = unpack_sample(sample)
-        rng = current_rng()
-        image = decode_image(sample[self.field])
-        width, height = image.size
-        scale = rng.uniform(0.8, 1.0)
-        crop_w, crop_h = max(1, round(width * scale)), max(1, round(height * scale))
-        x, y = int(rng.integers(0, width - crop_w + 1)), int(rng.integers(0, height - crop_h + 1))
-        image = image.resize((self.size, self.size), box=(x, y, x + crop_w, y + crop_h))
-        pixels = np.asarray(image, dtype=np.float32) * np.float32(rng.uniform(0.8, 1.2) / 255)
-        if rng.random() < 0.5:
-            pixels = pixels[:, ::-1]
-        return np.ascontiguousarray(pixels.transpose(2, 0, 1) - np.float32(0.5)), \
-            int(sample.get("label", 0))
+        return self.crop(sample[self.field]), int(sample.get("label", 0))
 
 
 # --- 4a. torch --------------------------------------------------------------------------
@@ -299,7 +291,7 @@ class _TorchStep:
 
     def __call__(self, batch: Any) -> tuple[float, int, int]:
         images, labels = batch
-        logits = self.model(images)
+        logits = self.model(normalize(images, layout="CHW"))
         loss = self.torch.nn.functional.cross_entropy(logits, labels)
         self.optimiser.zero_grad()
         loss.backward()
@@ -316,8 +308,9 @@ class _TorchStep:
 def _train_numpy(dataset: Path, classes: int, args: argparse.Namespace) -> tuple[int, float]:
     reader = MsgpackReader(dataset)
     source = Cycler(Shuffler(reader, seed=args.seed))  # a new permutation every pass
-    augment = (processes(Augment(args.size), n_workers=args.workers, seed=args.seed)
-               if args.workers else map(Augment(args.size), seed=args.seed))
+    augment_image = Augment(args.size, backend="pillow")  # no torch in this run
+    augment = (processes(augment_image, n_workers=args.workers, seed=args.seed)
+               if args.workers else map(augment_image, seed=args.seed))
     per_epoch = -(-len(reader) // args.batch_size)
     batch_iter = Infinite(source.iter(raw=True), augment, batch_size=args.batch_size,
                           batches_per_epoch=per_epoch)
@@ -344,7 +337,7 @@ class _SoftmaxRegression:
 
     def step(self, batch: tuple[np.ndarray, np.ndarray]) -> tuple[float, int, int]:
         images, labels = batch
-        features = _pooled(images)
+        features = _pooled(normalize(images, layout="CHW"))
         if self.weights is None:
             self.weights = np.zeros((features.shape[1], self.classes))
         logits = features @ self.weights + self.bias
