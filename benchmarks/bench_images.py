@@ -165,14 +165,15 @@ def serial_evaluation() -> Pair:
 class RecipeBatch:
     """A batch of sample ids -> (images, labels), made in a worker: fpipe's recipe for each
     image, stacked into the batch (in shared memory, by ``combine_to_arrays``), normalised
-    as a whole when ``floats``."""
+    as a whole when ``floats`` (with ``mean`` and ``std``)."""
 
-    def __init__(self, path: str, layout: str, floats: bool) -> None:
+    def __init__(self, path: str, layout: str, floats: bool, mean=MEAN, std=STD) -> None:
         import fpipe.storage
         from fpipe.image import random_resized_crop
 
         self.reader = fpipe.storage.MsgpackReader(path)
         self.crop, self.layout, self.floats = random_resized_crop(CROP, layout=layout), layout, floats
+        self.mean, self.std = mean, std
 
     def __call__(self, indices: list) -> tuple:
         import fpipe
@@ -181,7 +182,7 @@ class RecipeBatch:
         samples = [self.reader[int(i)] for i in indices]
         images, labels = fpipe.combine_to_arrays([(self.crop(s["image"]), s["label"]) for s in samples])
         if self.floats:
-            images = normalize(images, MEAN, STD, layout=self.layout)
+            images = normalize(images, self.mean, self.std, layout=self.layout)
         return images, labels
 
 

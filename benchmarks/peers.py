@@ -21,6 +21,10 @@ flip, and ends in float32 CHW in [0, 1] (T5f) or uint8 HWC (T5u); the consumer g
 * ``fpipe batch``: ``batch(32)`` then ``processes(augment_batch, n_workers=2)``, where
   ``augment_batch`` stacks with ``combine_to_arrays`` (the workers hand over whole batches,
   stacked straight into the shared memory they cross in);
+* ``fpipe recipe``: ``fpipe batch`` with fpipe's fused recipe in place of the Pillow work:
+  ``fpipe.image.random_resized_crop(224)`` for each image (the same box draw and flip; the
+  decode, crop and resize fused, torch's resize kernel), and for T5f
+  ``fpipe.image.normalize(mean=0, std=1)`` of each whole batch;
 * ``Grain``: ``MapDataset.source(ids).map(augment).batch(32).to_iter_dataset()
   .mp_prefetch(MultiprocessingOptions(num_workers=2))``;
 * ``torchdata.nodes``: ``ParallelMapper(ids, augment, num_workers=2, method="process")``, then
@@ -166,6 +170,19 @@ def _fpipe_batches(augment: Augment, order: list) -> Callable[[], int]:
     return lambda: _count(pipe(order, fp.batch(IMAGE_BATCH), stage))
 
 
+def _fpipe_recipe(augment: Augment, order: list) -> Callable[[], int]:
+    from toolz import pipe
+
+    import fpipe as fp
+
+    from .bench_images import RecipeBatch
+
+    batch = RecipeBatch(images_path(), "HWC" if augment.last is _uint8_hwc else "CHW",
+                        floats=augment.last is _float_chw, mean=0.0, std=1.0)
+    stage = fp.processes(batch, n_workers=2, seed=0)
+    return lambda: _count(pipe(order, fp.batch(IMAGE_BATCH), stage))
+
+
 def _grain(augment: Augment, order: list) -> Callable[[], int]:
     import grain
 
@@ -189,7 +206,7 @@ def _torchdata_nodes(augment: Augment, order: list) -> Callable[[], int]:
 
 SYSTEMS = {"serial": (_serial, None), "two processes": (_two_processes, None),
            "DataLoader": (_data_loader, "torch"), "fpipe item": (_fpipe_items, None),
-           "fpipe batch": (_fpipe_batches, None),
+           "fpipe batch": (_fpipe_batches, None), "fpipe recipe": (_fpipe_recipe, None),
            "Grain": (_grain, "grain"), "torchdata.nodes": (_torchdata_nodes, "torchdata")}
 
 
@@ -274,7 +291,8 @@ def plot(runs: list[dict], output: str) -> None:
     plt.close(fig)
 
 
-_COLOURS = {"fpipe item": "#1c7ed6", "fpipe batch": "#1c7ed6", "two processes": "#ced4da"}
+_COLOURS = {"fpipe item": "#1c7ed6", "fpipe batch": "#1c7ed6", "fpipe recipe": "#1864ab",
+            "two processes": "#ced4da"}
 OUTPUT_NAMES = {"T5f": "float32 CHW", "T5u": "uint8 HWC"}
 _BEGIN, _END = "<!-- peers:", "<!-- /peers -->"
 
