@@ -5,10 +5,15 @@ Packed datasets store images as their compressed bytes; a data-loader worker dec
 :mod:`fpipe.torch`): it decodes JPEG with simplejpeg when that is installed (several times
 faster than Pillow) and everything else with Pillow, and always returns an RGB image.
 
-Pillow is imported when a :class:`CompressedToPIL` is made (or at the first decode), so
-importing this module costs nothing; ``import fpipe`` does not import it at all. Making the
-transform in the main process imports the decoders there, once, and DataLoader workers forked
-from it find them loaded instead of importing them at their first sample.
+The fused recipes go from the encoded bytes straight to the pixels a model takes, decoding a
+JPEG at the scale its crop needs: :func:`random_resized_crop` (training) and
+:func:`resized_center_crop` (evaluation), with :func:`normalize` for whole batches (see the
+docs' "Fast image pipelines" page).
+
+Pillow (and for the recipes torch) is imported when a transform is made (or at the first
+decode), so importing this module costs nothing; ``import fpipe`` does not import them at all.
+Making the transform in the main process imports the decoders there, once, and DataLoader
+workers forked from it find them loaded instead of importing them at their first sample.
 
 >>> import io
 >>> from PIL import Image
@@ -30,10 +35,10 @@ from .errors import FpipeError
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "CompressedToPIL", "ImageDecodeError", "decode_image",
+__all__ = ["CompressedToPIL", "IMAGENET_MEAN", "IMAGENET_STD", "ImageDecodeError", "decode_image",
            "normalize", "random_resized_crop", "resized_center_crop"]
 
-_JPEG_MAGIC = b"\xff\xd8\xff"
+JPEG_MAGIC = b"\xff\xd8\xff"
 _simplejpeg: Any = None  # the module once looked up; False when it is not installed
 
 
@@ -59,7 +64,13 @@ def _rebuild_decode_error(reason: str, sample: str | None) -> ImageDecodeError:
     return ImageDecodeError(reason, sample=sample)
 
 
-def _jpeg_decoder() -> Any:
+def jpeg_decoder() -> Any:
+    """The simplejpeg module, imported once, or False when it is not installed (not in
+    ``__all__``: fpipe's decoders use it).
+
+    >>> jpeg_decoder() is jpeg_decoder()
+    True
+    """
     global _simplejpeg
     if _simplejpeg is None:
         try:
@@ -70,7 +81,13 @@ def _jpeg_decoder() -> Any:
     return _simplejpeg
 
 
-def _as_buffer(data: Any) -> memoryview:
+def as_buffer(data: Any) -> memoryview:
+    """``data`` as a memoryview of bytes, or a ``TypeError`` saying what an encoded image must
+    be (not in ``__all__``: fpipe's decoders use it).
+
+    >>> as_buffer(b"abc")[0], as_buffer(bytearray(2)).nbytes
+    (97, 2)
+    """
     try:
         return memoryview(data).cast("B")
     except TypeError:
@@ -91,9 +108,9 @@ def decode_image(data: bytes | bytearray | memoryview, mode: str = "RGB") -> Ima
     ...
     fpipe.image.ImageDecodeError: cannot decode 19 bytes starting b'not an image at a' as an image: ...
     """
-    view = _as_buffer(data)
-    if mode == "RGB" and view[:3] == _JPEG_MAGIC:
-        simplejpeg = _jpeg_decoder()
+    view = as_buffer(data)
+    if mode == "RGB" and view[:3] == JPEG_MAGIC:
+        simplejpeg = jpeg_decoder()
         if simplejpeg:
             try:
                 return _from_array(simplejpeg.decode_jpeg(view, colorspace="RGB"))
@@ -102,12 +119,12 @@ def decode_image(data: bytes | bytearray | memoryview, mode: str = "RGB") -> Ima
     return _pillow_decode(view, mode)
 
 
-def _load_decoders() -> None:
+def load_decoders() -> None:
     """Import Pillow with all its format plugins, and simplejpeg when installed: what a decode
     needs, loaded once in this process (and so in processes forked from it)."""
     from PIL import Image
     Image.init()
-    _jpeg_decoder()
+    jpeg_decoder()
 
 
 def _from_array(pixels: Any) -> Image:
@@ -122,9 +139,18 @@ def _pillow_decode(view: memoryview, mode: str) -> Image:
             # a plain Image, whatever the format (not a PngImageFile), as datadings gives
             return image.convert(mode)
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        head = bytes(view[:17])
-        raise ImageDecodeError(f"cannot decode {len(view)} bytes starting {head!r} as an image: "
-                               f"{error}") from error
+        raise undecodable(view, error) from error
+
+
+def undecodable(view: memoryview, error: Exception) -> ImageDecodeError:
+    """The error for bytes that Pillow could not decode (not in ``__all__``: the decoders
+    raise it), naming their length and first bytes.
+
+    >>> undecodable(memoryview(b"GIF89a..."), OSError("truncated"))
+    ImageDecodeError("cannot decode 9 bytes starting b'GIF89a...' as an image: truncated")
+    """
+    head = bytes(view[:17])
+    return ImageDecodeError(f"cannot decode {len(view)} bytes starting {head!r} as an image: {error}")
 
 
 class CompressedToPIL:
@@ -145,7 +171,7 @@ class CompressedToPIL:
     """
 
     def __init__(self) -> None:
-        _load_decoders()
+        load_decoders()
 
     def __call__(self, buf: bytes | bytearray | memoryview) -> Image:
         return decode_image(buf)

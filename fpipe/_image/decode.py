@@ -26,9 +26,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..image import _JPEG_MAGIC, ImageDecodeError, _as_buffer, _jpeg_decoder
+from ..image import JPEG_MAGIC, as_buffer, jpeg_decoder, undecodable
 
-__all__ = ["REDUCTIONS", "Decoded", "EncodedImage"]
+__all__ = ["Decoded", "EncodedImage", "REDUCTIONS"]
 
 # libjpeg-turbo's fast reductions; it has others (3/8, 5/8, ...), but those decode slower
 # than the full size does
@@ -49,7 +49,7 @@ class EncodedImage:
     :class:`~fpipe.image.ImageDecodeError` here or in :meth:`decode`."""
 
     def __init__(self, data: Any) -> None:
-        self.view = _as_buffer(data)
+        self.view = as_buffer(data)
         self._pillow: Any = None  # the Pillow image, opened once its header is wanted
         self._jpeg = self._simplejpeg_header()
         if self._jpeg is None:
@@ -57,9 +57,9 @@ class EncodedImage:
             self.width, self.height = self._pillow.size
 
     def _simplejpeg_header(self) -> tuple | None:
-        if self.view[:3] != _JPEG_MAGIC:
+        if self.view[:3] != JPEG_MAGIC:
             return None
-        simplejpeg = _jpeg_decoder()
+        simplejpeg = jpeg_decoder()
         if not simplejpeg:
             return None
         try:
@@ -86,7 +86,7 @@ class EncodedImage:
         """The pixels at ``1 / reduction`` of the full size (rounded up), RGB."""
         if self._jpeg is not None:
             try:
-                pixels = _jpeg_decoder().decode_jpeg(
+                pixels = jpeg_decoder().decode_jpeg(
                     self.view, colorspace="RGB", min_height=-(-self.height // reduction),
                     min_width=-(-self.width // reduction))
                 return self._decoded(pixels)
@@ -114,7 +114,7 @@ def _open_with_pillow(view: memoryview) -> Any:
     try:
         return Image.open(io.BytesIO(view))
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        raise _undecodable(view, error) from error
+        raise undecodable(view, error) from error
 
 
 def _pillow_pixels(image: Any, view: memoryview, reduction: int) -> np.ndarray:
@@ -124,12 +124,6 @@ def _pillow_pixels(image: Any, view: memoryview, reduction: int) -> np.ndarray:
             image.draft("RGB", (max(1, image.width // reduction), max(1, image.height // reduction)))
         return np.asarray(image.convert("RGB"))
     except (OSError, SyntaxError, ValueError) as error:
-        raise _undecodable(view, error) from error
+        raise undecodable(view, error) from error
     finally:
         image.close()
-
-
-def _undecodable(view: memoryview, error: Exception) -> ImageDecodeError:
-    head = bytes(view[:17])
-    return ImageDecodeError(f"cannot decode {len(view)} bytes starting {head!r} as an image: "
-                            f"{error}")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import check_bool, check_choice, check_integer, check_interval, check_probability
+from ..image import load_decoders
 from ..random import current_rng
 from .boxes import Box, center_box, random_resized_box, resized_size
 from .decode import EncodedImage
@@ -70,6 +71,7 @@ class _Recipe:
         self.scaled_decode = check_bool("scaled_decode", scaled_decode)
         self.backend = backend
         self._torch = _use_torch(backend)
+        load_decoders()  # here, once: forked workers find them loaded
 
     def _options(self) -> dict[str, Any]:
         return {"layout": self.layout, "scaled_decode": self.scaled_decode, "backend": self.backend}

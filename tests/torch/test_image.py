@@ -29,7 +29,7 @@ def jpeg_decoder(request, monkeypatch):
 
 def test_simplejpeg_is_used_when_installed():
     pytest.importorskip("simplejpeg")  # the test and bench extras install it
-    fpipe.image._jpeg_decoder()
+    fpipe.image.jpeg_decoder()
     assert fpipe.image._simplejpeg.__name__ == "simplejpeg"
 
 
