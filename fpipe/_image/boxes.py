@@ -62,6 +62,9 @@ def _central_box(width: int, height: int, ratio: tuple[float, float]) -> Box:
         w, h = int(round(height * max(ratio))), height
     else:
         w, h = width, height
+    # torchvision's rounding leaves a side of 0 on an image of a pixel or two with a ratio far
+    # from its own (1 x 1 with ratio (1/2, 1/2)), which no resize takes: one pixel instead
+    w, h = max(w, 1), max(h, 1)
     return Box((width - w) // 2, (height - h) // 2, w, h)
 
 

@@ -220,3 +220,11 @@ def test_a_pillow_image_the_decoder_refuses_names_the_bytes():
     data = broken.getvalue()[:60]  # the header is there, the pixels are not
     with pytest.raises(ImageDecodeError, match="cannot decode 60 bytes starting"):
         _with_rng(random_resized_crop(16), data)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_one_pixel_image_with_a_far_ratio_still_gives_a_crop(backend):
+    # no try fits (every box rounds to 0 x 1), and torchvision's fallback rounds to 0 x 1 too
+    one = encode(np.full((1, 1, 3), 77, np.uint8), "PNG")
+    crop = _with_rng(random_resized_crop(16, scale=(0.0, 0.5), ratio=(0.5, 0.5), backend=backend), one)
+    assert crop.shape == (16, 16, 3) and (crop == 77).all()

@@ -1,0 +1,55 @@
+"""Laws of the image recipes' boxes and output: whatever the image's size and the settings,
+the box lies inside the image and is torchvision's (the reference of tests/image fed the same
+draws; where torchvision's fallback would leave an empty box on an image of a pixel or two,
+one pixel), the draws that follow are the same, and the output has the size asked for."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+import fpipe
+from fpipe._image.boxes import random_resized_box
+from fpipe.image import random_resized_crop, resized_center_crop
+from tests.image.test_boxes import torchvision_get_params
+
+sides = st.integers(1, 5000)
+fractions = st.tuples(st.floats(0.0, 2.0), st.floats(0.0, 2.0)).map(sorted).filter(lambda p: p[1] > 0)
+ratios = st.tuples(st.floats(0.05, 20.0), st.floats(0.05, 20.0)).map(sorted)
+
+
+@given(sides, sides, fractions, ratios, st.integers(0, 2 ** 32))
+def test_the_box_is_inside_the_image_and_is_torchvisions(width, height, scale, ratio, seed):
+    ours, reference = np.random.default_rng(seed), np.random.default_rng(seed)
+    box = random_resized_box(ours, width, height, tuple(scale), tuple(ratio))
+    assert 0 <= box.left and box.left + box.width <= width and box.width >= 1
+    assert 0 <= box.top and box.top + box.height <= height and box.height >= 1
+    i, j, h, w = torchvision_get_params(reference, height, width, scale, ratio)
+    if 0 in (w, h):  # torchvision's empty fallback box on a tiny image: one pixel instead
+        w, h = max(w, 1), max(h, 1)
+        i, j = (height - h) // 2, (width - w) // 2
+    assert tuple(box) == (j, i, w, h)
+    assert ours.random() == reference.random()
+
+
+def _png(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (10, 20, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@settings(max_examples=30)
+@given(st.integers(1, 300), st.integers(1, 300), st.integers(1, 64), st.integers(1, 64),
+       st.sampled_from(["torch", "pillow"]), st.integers(0, 1000))
+def test_the_output_has_the_size_asked_for_whatever_the_image(width, height, out_h, out_w,
+                                                              backend, index):
+    data = _png(width, height)
+    with fpipe.using_rng(fpipe.item_rng(0, 0, index)):
+        crop = random_resized_crop((out_h, out_w), backend=backend)(data)
+    assert crop.shape == (out_h, out_w, 3) and (crop == (10, 20, 30)).all()
+    center = resized_center_crop((out_h, out_w), max(out_h, out_w), backend=backend)(data)
+    assert center.shape == (out_h, out_w, 3) and (center == (10, 20, 30)).all()
