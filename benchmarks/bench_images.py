@@ -344,7 +344,8 @@ def ffcv_uint8() -> Pair:
     return _against_peer("ffcv", floats=False)
 
 
-@workload("I5f-ffcv", description="I4f", reference=_FFCV + ", then ToTorchImage + NormalizeImage",
+@workload("I5f-ffcv", description="I4f", reference=_FFCV.replace(
+          "ToTensor", "NormalizeImage (its CPU form, on the numpy batch) + ToTensor + ToTorchImage"),
           target=">= 1.15")
 def ffcv_float() -> Pair:
     return _against_peer("ffcv", floats=True)

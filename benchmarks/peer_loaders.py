@@ -15,8 +15,9 @@ std:
 * ``ffcv``: FFCV's ``Loader`` (2 threads, random order, ``os_cache=True``) over a ``.beton``
   written beside JPEGS.npy from the same photographs (``RGBImageField(write_mode="jpg",
   jpeg_quality=90)``: FFCV re-encodes them), with ``RandomResizedCropRGBImageDecoder``,
-  ``RandomHorizontalFlip`` and ``ToTensor`` (uint8 HWC), and for ``float`` ``ToTorchImage``
-  and ``NormalizeImage``.
+  ``RandomHorizontalFlip`` and ``ToTensor`` (uint8 HWC), and for ``float`` ``NormalizeImage``
+  first (its CPU form takes numpy batches; after ``ToTensor`` the loader hung here) and
+  ``ToTorchImage`` last (channels first).
 """
 
 from __future__ import annotations
@@ -82,10 +83,12 @@ def _ffcv(kind: str, jpegs: np.ndarray, offsets: np.ndarray, order: list, beton:
 
     if not beton.exists():
         _write_beton(beton, jpegs, offsets)
-    image = [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(), ToTensor()]
-    if kind == "float":
-        image += [ToTorchImage(), NormalizeImage(np.array(MEAN) * 255, np.array(STD) * 255,
-                                                 np.float32)]
+    image = [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip()]
+    if kind == "float":  # on the CPU FFCV normalises numpy batches, before ToTensor
+        image += [NormalizeImage(np.array(MEAN) * 255, np.array(STD) * 255, np.float32),
+                  ToTensor(), ToTorchImage()]
+    else:
+        image += [ToTensor()]
     return Loader(str(beton), batch_size=32, num_workers=2, order=OrderOption.RANDOM,
                   os_cache=True, indices=order,
                   pipelines={"image": image, "label": [IntDecoder(), ToTensor()]})
