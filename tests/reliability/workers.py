@@ -69,7 +69,8 @@ def slow_identity(x):
 def announced_sleep(x, seconds=30.0):
     """Say "running" (from the worker process that runs it), then sleep: a slow item (the
     issue saw Ctrl-C hang with items of 3 to 30 s)."""
-    print("running", flush=True)
+    # one write of the whole line: two workers' prints could interleave ("runningrunning")
+    os.write(1, b"running\n")
     time.sleep(seconds)
     return x
 
