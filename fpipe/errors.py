@@ -224,6 +224,43 @@ def check_workers(n_workers: Any) -> int:
     return int(n_workers)
 
 
+def check_auto(name: str, value: Any, check: Callable[[Any], Any]) -> Any:
+    """``"auto"``, or ``value`` once ``check(value)`` accepts it (and what it returns); another
+    string is a ``ValueError`` that names the argument.
+
+    >>> check_auto("buffer_size", "auto", int), check_auto("buffer_size", 3, int)
+    ('auto', 3)
+    >>> check_auto("n_workers", "all", check_workers)
+    Traceback (most recent call last):
+    ...
+    ValueError: n_workers must be an integer or 'auto'; got n_workers='all'
+    """
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f"{name} must be an integer or 'auto'; got {name}={value!r}")
+        return value
+    return check(value)
+
+
+def check_positive(name: str, value: Any) -> float:
+    """``value`` as a float, once it is a real number > 0; otherwise a ``TypeError`` or
+    ``ValueError`` that names the argument.
+
+    >>> check_positive("cpu_budget", 1.5)
+    1.5
+    >>> check_positive("cpu_budget", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: cpu_budget must be > 0 and finite; got cpu_budget=0
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                     np.floating)):
+        raise TypeError(f"{name} must be a number; got {name}={value!r}")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be > 0 and finite; got {name}={value!r}")
+    return float(value)
+
+
 def check_callable(name: str, value: Any) -> Callable:
     """``value``, once it is callable; otherwise a ``TypeError`` that names the argument. Not
     in ``__all__``, like :func:`check_integer`.

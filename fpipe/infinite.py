@@ -44,12 +44,14 @@ from .functional import call_repr
 from .skipping import OnError, SkippedIndices, check_max_errors, check_on_error
 from .streaming import (
     ExpirationPool,
+    Plan,
     Stage,
     Stats,
     Stream,
     as_stream,
     batch,
     combine_to_arrays,
+    explain,
     map,
     prefetch,
     processes,
@@ -114,6 +116,13 @@ def _error_options(on_error: Any, max_errors: Any) -> dict:
             **({} if max_errors is None else {"max_errors": max_errors})}
 
 
+def _budget_options(cpu_budget: Any, memory_budget: Any) -> dict:
+    """The budgets of a stage class that were given, for the stage and its repr."""
+    return {name: value for name, value in (("cpu_budget", cpu_budget),
+                                            ("memory_budget", memory_budget))
+            if value is not None}
+
+
 def _is_count(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -135,7 +144,9 @@ class Threads(_Adapter):
     the consumer, each worker may finish two chunks ahead. Unlike dpipe's, the output keeps the
     input order. As in dpipe, every keyword argument goes to ``func``, also one named like an
     option of :func:`fpipe.threads` (``seed=``), except ``on_error`` and ``max_errors``, which
-    skip the items on which ``func`` raises (see :mod:`fpipe.skipping`).
+    skip the items on which ``func`` raises (see :mod:`fpipe.skipping`), and ``cpu_budget`` and
+    ``memory_budget``, which bound ``n_workers="auto"`` and ``buffer_size="auto"`` as in
+    :func:`fpipe.threads`.
 
     >>> from toolz import pipe
     >>> list(pipe(range(5), Threads(pow, 2, n_workers=2)))
@@ -144,14 +155,16 @@ class Threads(_Adapter):
 
     one_to_one = True
 
-    def __init__(self, func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 1,
-                 on_error: OnError = "raise", max_errors: int | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, func: Callable, *args: Any, n_workers: int | str = 1,
+                 buffer_size: int | str = 1, on_error: OnError = "raise",
+                 max_errors: int | None = None, cpu_budget: float | None = None,
+                 memory_budget: int | None = None, **kwargs: Any) -> None:
+        budgets = _budget_options(cpu_budget, memory_budget)
         options = {"n_workers": n_workers, "buffer_size": buffer_size,
-                   **_error_options(on_error, max_errors)}
+                   **_error_options(on_error, max_errors), **budgets}
         stage = _make_stage(threads, func, args, kwargs, n_workers=n_workers,
                             buffer_size=_thread_buffer(n_workers, buffer_size),
-                            on_error=on_error, max_errors=max_errors)
+                            on_error=on_error, max_errors=max_errors, **budgets)
         super().__init__([stage], (func, *args), {**options, **kwargs})
 
 
@@ -169,7 +182,10 @@ class Loky(_Adapter):
     once and stay warm for the next epoch and the next pipeline, items travel in chunks, the
     output keeps the input order, and a worker's exception reaches the consumer whole.
     With ``n_workers=1``, joblib runs the work in this process. ``on_error`` and ``max_errors``
-    skip the items on which ``func`` raises, as in :class:`Threads`.
+    skip the items on which ``func`` raises, as in :class:`Threads`; ``n_workers="auto"``,
+    ``buffer_size="auto"``, ``cpu_budget`` and ``memory_budget`` are those of
+    :func:`fpipe.processes`. In an :class:`Infinite` with the default combiner, the workers
+    make whole batches (see :func:`fpipe.explain`).
 
     >>> from toolz import pipe
     >>> list(pipe(range(4), Loky(divmod, 3)))
@@ -178,14 +194,16 @@ class Loky(_Adapter):
 
     one_to_one = True
 
-    def __init__(self, func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 1,
-                 on_error: OnError = "raise", max_errors: int | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, func: Callable, *args: Any, n_workers: int | str = 1,
+                 buffer_size: int | str = 1, on_error: OnError = "raise",
+                 max_errors: int | None = None, cpu_budget: float | None = None,
+                 memory_budget: int | None = None, **kwargs: Any) -> None:
+        budgets = _budget_options(cpu_budget, memory_budget)
         options = {"n_workers": n_workers, "buffer_size": buffer_size,
-                   **_error_options(on_error, max_errors)}
+                   **_error_options(on_error, max_errors), **budgets}
         stage = _make_stage(processes, func, args, kwargs, backend="loky",
                             n_workers=_loky_workers(n_workers), buffer_size=buffer_size,
-                            on_error=on_error, max_errors=max_errors)
+                            on_error=on_error, max_errors=max_errors, **budgets)
         super().__init__([stage], (func, *args), {**options, **kwargs})
 
 
@@ -603,6 +621,25 @@ class Infinite:
         """
         stream = self._pipeline.last
         return stats(stream) if stream is not None else Stats()
+
+    def explain(self) -> Plan:
+        """The plan of the running pipeline (or the last one): what was fused into the
+        workers, and the workers and buffers each background stage runs with; see
+        :func:`fpipe.explain`. Empty before the pipeline first runs.
+
+        >>> batch_iter = Infinite(range(8), Loky(divmod, 3), batch_size=4, batches_per_epoch=2)
+        >>> _ = list(batch_iter())
+        >>> print(batch_iter.explain())  # doctest: +ELLIPSIS
+        source(range)
+        batch(4)
+        processes(divmod, 3, n_workers=1) + map(combine_to_arrays)
+            fused: the workers make whole batches of 4 and combine them with combine_to_arrays
+            workers 1 (fixed); ...
+        prefetch(2)
+        >>> batch_iter.close()
+        """
+        stream = self._pipeline.last
+        return explain(stream) if stream is not None else Plan()
 
     def state_dict(self) -> dict:
         """Where the pipeline stands: the state of the source and the epochs of the stages when

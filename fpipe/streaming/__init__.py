@@ -4,7 +4,8 @@ One module per job: the stream core (:class:`Stream`, :class:`Stage`, the meter)
 simple stages (``simple``), the background stages (``parallel``; joblib is touched only by
 its private ``_joblib`` module), ``metrics`` (:func:`stats`), ``batching`` (batches and
 combiners), ``packing`` (token budgets, length buckets and sequence packing),
-``expiration`` (the expiration pool) and ``sources`` (seeded infinite sources).
+``expiration`` (the expiration pool), ``sources`` (seeded infinite sources) and
+``planner`` (which stages fuse, and :func:`explain`; the tuner is ``_tuner``).
 Every public name is re-exported here and by :mod:`fpipe`.
 
 >>> from toolz import pipe
@@ -13,18 +14,19 @@ Every public name is re-exported here and by :mod:`fpipe`.
 [[0, 1], [2, 3], [4]]
 """
 
-from . import batching, expiration, metrics, packing, parallel, simple, sources
+from . import batching, expiration, metrics, packing, parallel, planner, simple, sources
 from ._core import Stage, Stream, as_stream
 from .batching import *
 from .expiration import *
 from .metrics import *
 from .packing import *
 from .parallel import *
+from .planner import *
 from .simple import *
 from .sources import *
 
 # Each module that adds public names is imported above and listed here (the core's by name).
-_PUBLIC_MODULES = (batching, expiration, metrics, packing, parallel, simple, sources)
+_PUBLIC_MODULES = (batching, expiration, metrics, packing, parallel, planner, simple, sources)
 
 __all__ = sorted({"Stage", "Stream", "as_stream",  # noqa: PLE0605
                   *(name for module in _PUBLIC_MODULES for name in module.__all__)})

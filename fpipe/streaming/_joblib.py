@@ -48,6 +48,7 @@ from ..errors import CapturedError, capture
 from ._core import JOIN_SECONDS
 from ._messages import Message
 from ._shm import Transport, encode, lending, sweep, watch_owner
+from ._tuner import measured
 from .simple import ItemCall
 
 _IDLE_SECONDS = (1e-3, 2e-2)  # an idle task sleeps this long, doubling up to the maximum
@@ -276,10 +277,10 @@ def _run_task(call: ItemCall | ShippedCall, token: int, seq: int, index: int, ch
         _keep_freed_memory()
     fallback = None
     with lending(transport):  # fpipe's combiners make large arrays in shared memory at once
-        outputs, error, seconds = call.run(chunk, index)
+        outputs, error, seconds, cpu, queued = measured(call.run, chunk, index)
         if os.getpid() != owner:  # the outputs leave this process: pickled here
             outputs, error, fallback = _pickled(outputs, error, index, transport)
-    return token, seq, outputs, error, seconds, slots, fallback
+    return token, seq, outputs, error, seconds, slots, fallback, cpu, queued
 
 
 def _pickled(outputs: list, error: CapturedError | None, index: int,
@@ -396,7 +397,7 @@ class _Pool:
         """Put a task's result on its run's queue (dropped unread if the run is closed); warn
         once that results went through the pipe for want of shared memory. It runs in
         joblib's or loky's threads, so it raises nothing: an error goes to the run."""
-        token, seq, outputs, error, seconds, slots, fallback = result
+        token, seq, outputs, error, seconds, slots, fallback, cpu, queued = result
         with self._lock:
             results = self._routes.get(token)
         if results is None:
@@ -411,7 +412,7 @@ class _Pool:
                 outputs = pickle.loads(outputs)
             except Exception as failure:  # say, a class that this process cannot import
                 outputs, error = [], capture(failure)
-        results.put(Message(seq, outputs, error, seconds, slots))
+        results.put(Message(seq, outputs, error, seconds, slots, cpu, queued))
 
 
 class ProcessPool(_Pool):

@@ -10,14 +10,16 @@ from ..errors import CapturedError
 
 class Message(NamedTuple):
     """One entry of a run's results queue: the outputs of chunk ``seq`` (and the error that
-    cut it short, the seconds of work and the slots it held), or one of the markers that the
-    named constructors make."""
+    cut it short, the seconds of work, the slots it held, and of the seconds of work those on a
+    core and those waiting for one), or one of the markers that the named constructors make."""
 
     seq: int | None
     outputs: list | None
     error: CapturedError | None
     seconds: float
     slots: int
+    cpu: float = 0.0
+    queued: float = 0.0
 
     @classmethod
     def end(cls, seq: int, slots: int) -> Message:

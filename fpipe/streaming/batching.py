@@ -68,6 +68,7 @@ _NOTHING = object()
 class _Batched(Stream):
     def __init__(self, upstream: Stream, name: str, stage: _BatchStage) -> None:
         super().__init__(upstream, name)
+        self.stage = stage  # for the planner, which may move the batching ahead of the workers
         self._size, self._predicate, self._drop_last = stage.size, stage.predicate, stage.drop_last
         self._held = _NOTHING  # the item that closed the last predicate batch
         self._filling: list = []  # the batch being made

@@ -13,6 +13,7 @@ order (or as they complete).
 from __future__ import annotations
 
 import abc
+import math
 import os
 import queue
 import threading
@@ -21,7 +22,15 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..errors import capture, check_bool, check_callable, check_integer, check_workers
+from ..errors import (
+    capture,
+    check_auto,
+    check_bool,
+    check_callable,
+    check_integer,
+    check_positive,
+    check_workers,
+)
 from ..random import Seed, optional_entropy
 from ..skipping import OnError, SkipLog, check_max_errors, check_on_error
 from ._core import JOIN_SECONDS, Stage, Stream, as_stream, next_chunk_size
@@ -29,6 +38,17 @@ from ._joblib import ShippedCall, process_pool
 from ._messages import Message
 from ._shm import Transport, end_run
 from ._shm import available as shared_memory_available
+from ._tuner import (
+    MOST_THREADS,
+    Gauge,
+    Limits,
+    Setting,
+    Tuner,
+    Watch,
+    default_cpu_budget,
+    measured,
+)
+from .planner import plan_parallel
 from .simple import ItemCall, at_epoch, check_call, error_options, stage_repr
 
 __all__ = ["prefetch", "processes", "threads"]
@@ -46,14 +66,18 @@ class _Slots:
     def __init__(self, count: int) -> None:
         self.count, self._free, self._shut = count, count, False
         self._condition = threading.Condition()
+        self.waited = 0.0  # seconds the feeder waited for room
 
     def acquire(self, most: int, least: int = 1) -> int:
         """Reserve between ``least`` and ``most`` slots, waiting for ``least`` (0: no waiting);
         0 once closed, or when ``least`` is 0 and none is free."""
         with self._condition:
-            while self._free < least and not self._shut:
-                self._condition.wait()
-            if self._shut or not self._free:
+            if self._free < least and not self._shut:
+                began = time.perf_counter()
+                while self._free < least and not self._shut:
+                    self._condition.wait()
+                self.waited += time.perf_counter() - began
+            if self._shut or self._free <= 0:
                 return 0
             taken = min(most, self._free)
             self._free -= taken
@@ -62,6 +86,14 @@ class _Slots:
     def release(self, count: int) -> None:
         with self._condition:
             self._free += count
+            self._condition.notify()
+
+    def resize(self, change: int) -> None:
+        """Hold ``change`` slots more (fewer, if negative: the feeder then waits until the
+        chunks held beyond the new count are handed out)."""
+        with self._condition:
+            self.count += change
+            self._free += change
             self._condition.notify()
 
     def close(self) -> None:
@@ -173,8 +205,9 @@ class _Run:
     stream, so that a forgotten stream is garbage-collected and its finalizer stops them."""
 
     def __init__(self, upstream: Stream, executor: Any, slots: int, per_item: bool,
-                 sizer: _Sizer, start: int) -> None:
-        self.upstream, self.executor, self.sizer = upstream, executor, sizer
+                 sizer: _Sizer, start: int, tuner: Tuner | None = None) -> None:
+        self.upstream, self.executor, self.sizer, self.tuner = upstream, executor, sizer, tuner
+        self.slot_count = slots
         self.results: queue.SimpleQueue = queue.SimpleQueue()
         self.slots, self.per_item, self.start = _Slots(slots), per_item, start
         # an upstream that does not wait fills each chunk in one pull, without the consumer
@@ -292,6 +325,13 @@ class _Run:
             self.slots.release(spare)
         return True
 
+    def apply(self, setting: Setting) -> None:
+        """Run with ``setting`` from now on (the tuner's): workers, room and chunk size."""
+        change, self.slot_count = setting.slots - self.slot_count, setting.slots
+        self.slots.resize(change)
+        self.executor.resize(setting.workers)
+        self.sizer.limit(setting.chunk)
+
     def close_upstream(self) -> None:
         with self._lock:
             if self._closed_upstream:
@@ -322,6 +362,7 @@ class _Sizer:
 
     def __init__(self, target: float, cap: int, measure_first: bool = False) -> None:
         self.target, self.cap, self.size = target, cap, 1
+        self.most = cap  # the stage's chunk_size; cap may be lower (a memory budget)
         self.work_per_item: float | None = None  # until the first results come back
         self.measure_first = measure_first
 
@@ -337,6 +378,11 @@ class _Sizer:
     def worked(self, items: int, seconds: float) -> None:
         if items:
             self.work_per_item = seconds / items
+
+    def limit(self, items: int | None) -> None:
+        """At most ``items`` per chunk from now on (None: the stage's own ``chunk_size``)."""
+        self.cap = self.most if items is None else max(1, min(self.most, items))
+        self.size = min(self.size, self.cap)
 
 
 class _Background(Stream):
@@ -357,6 +403,12 @@ class _Background(Stream):
         self._handed = 0  # how many of the ready results are handed out
         self._ready_slots, self._ready_error = 0, None
         self._work = 0.0
+        self.watch: Watch | None = None  # what the run measures, and its tuner
+
+    @property
+    def started(self) -> bool:
+        """Whether the run has begun (by :meth:`start` or the first pull)."""
+        return self._run is not None
 
     def start(self) -> Stream:
         if self._run is None and not self.closed:
@@ -364,9 +416,15 @@ class _Background(Stream):
         return self
 
     def _begin(self) -> None:
-        self._run = self._make_run(self.upstream)
-        self._finalizer = weakref.finalize(self, self._run.stop, False)
-        self._run.begin()
+        run = self._run = self._make_run(self.upstream)
+        self._finalizer = weakref.finalize(self, run.stop, False)
+        if run.tuner is not None:
+            self.watch = Watch(run.tuner, Gauge(), run.apply, self._delivered,
+                               lambda: (run.reading, run.slots.waited))
+        run.begin()
+
+    def _delivered(self) -> int:
+        return self.measure(0.0)[0]
 
     def _pull(self, n: int) -> list:
         if self._run is None:
@@ -389,12 +447,18 @@ class _Background(Stream):
     def _next_chunk(self) -> bool:
         """Make the next chunk of results ready; False at the end."""
         while True:
+            began = time.perf_counter()
             message = self._next_message()
+            watch = self.watch
+            if watch is not None:
+                watch.gauge.starved += time.perf_counter() - began
             if message is None:
                 return False
             outputs, error, seconds, slots = message.outputs, message.error, message.seconds, message.slots
             self._work += seconds
             self._run.sizer.worked(len(outputs), seconds)
+            if watch is not None:
+                watch.received(outputs, seconds, message.cpu, message.queued)
             if self.skips is not None:
                 self.skips.keep(outputs, 0)  # on_error: the workers' Skipped records
             if outputs:
@@ -448,7 +512,8 @@ class _Background(Stream):
 
     def shares(self, wall: float) -> tuple[float, float, float]:
         # the workers are busy, or wait for the feeder to read, or wait for room downstream
-        busy = self._work / (wall * self._workers) if self._workers else 0.0
+        workers = self._workers if self.watch is None else self.watch.tuner.setting.workers
+        busy = self._work / (wall * workers) if workers else 0.0
         reading = (self._run.reading if self._run is not None else 0.0) / wall
         return busy, reading, max(1.0 - busy - reading, 0.0)
 
@@ -495,18 +560,35 @@ def prefetch(n: int) -> Stage:
 
 
 class _ThreadWorkers:
-    """The executor of :func:`threads`: n threads taking chunks from a queue."""
+    """The executor of :func:`threads`: n threads taking chunks from a queue; the tuner may
+    add threads or retire some (each retires once the chunks before its notice are done)."""
 
     def __init__(self, call: ItemCall, n_workers: int) -> None:
         self._call, self._tasks = call, queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name="fpipe-worker", daemon=True)
-                         for _ in range(n_workers)]
-        self._stopped = False
+        self._threads: list[threading.Thread] = []
+        self._count, self._stopped = n_workers, False
+        self._lock = threading.Lock()
 
     def begin(self, results: queue.SimpleQueue) -> None:
         self._results = results
-        for thread in self._threads:
+        with self._lock:
+            self._add(self._count)
+
+    def _add(self, count: int) -> None:
+        self._threads = [thread for thread in self._threads if thread.is_alive()]
+        for _ in range(count):
+            thread = threading.Thread(target=self._work, name="fpipe-worker", daemon=True)
+            self._threads.append(thread)
             thread.start()
+
+    def resize(self, workers: int) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            change, self._count = workers - self._count, workers
+            self._add(max(0, change))
+            for _ in range(-change):
+                self._tasks.put(_RETIRE)
 
     def submit(self, seq: int, index: int, chunk: list, slots: int) -> None:
         self._tasks.put((seq, index, chunk, slots))
@@ -514,21 +596,25 @@ class _ThreadWorkers:
     def _work(self) -> None:
         while True:
             task = self._tasks.get()
-            if task is None or self._stopped:
+            if task is None or task is _RETIRE or self._stopped:
                 return
             seq, index, chunk, slots = task
-            outputs, error, seconds = self._call.run(chunk, index)
-            self._results.put(Message(seq, outputs, error, seconds, slots))
+            outputs, error, seconds, cpu, queued = measured(self._call.run, chunk, index)
+            self._results.put(Message(seq, outputs, error, seconds, slots, cpu, queued))
 
     def stop(self) -> None:
-        self._stopped = True
-        for _ in self._threads:
-            self._tasks.put(None)
+        with self._lock:
+            self._stopped = True
+            for _ in self._threads:
+                self._tasks.put(None)
 
     def join(self, deadline: float) -> None:
-        for thread in self._threads:
+        for thread in list(self._threads):
             if thread.ident is not None and thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
+
+
+_RETIRE = object()  # a thread that takes it ends (the tuner chose fewer)
 
 
 class _ParallelStage(Stage):
@@ -537,56 +623,126 @@ class _ParallelStage(Stage):
     kind, chunk_seconds, per_worker, measure_first = "", 0.0, 1, False
     one_to_one = True
 
-    def __init__(self, func: Callable, args: tuple, kwargs: dict, n_workers: int,
-                 buffer_size: int, ordered: bool, seed: Seed | None, chunk_size: int, *,
-                 on_error: OnError = "raise", max_errors: int | None = None) -> None:
+    def __init__(self, func: Callable, args: tuple, kwargs: dict, n_workers: int | str,
+                 buffer_size: int | str, ordered: bool, seed: Seed | None, chunk_size: int, *,
+                 on_error: OnError = "raise", max_errors: int | None = None,
+                 cpu_budget: float | None = None, memory_budget: int | None = None) -> None:
         self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
         check_call(self.kind, func, args, kwargs, workers=True)
         self.ordered = check_bool("ordered", ordered)
-        self.n_workers = check_workers(n_workers)
-        self.workers = (os.cpu_count() or 1) if self.n_workers == -1 else self.n_workers
-        self.buffer_size = check_integer("buffer_size", buffer_size, 1)
+        self.n_workers = check_auto("n_workers", n_workers, check_workers)
+        self.buffer_size = check_auto("buffer_size", buffer_size,
+                                      lambda size: check_integer("buffer_size", size, 1))
+        self.cpu_budget, self.memory_budget = _checked_budgets(self.n_workers, cpu_budget,
+                                                               memory_budget)
+        self.workers = self._most_workers()
         self.chunk_size = check_integer("chunk_size", chunk_size, 1)
         self.seed = optional_entropy(seed)
         self.on_error, self.max_errors = check_on_error(on_error), check_max_errors(max_errors)
-        self._sizer = _Sizer(self.chunk_seconds, self.chunk_size, self.measure_first)
+        self._sizer = _Sizer(self.chunk_seconds, self.chunk_size,
+                             self.measure_first or self.memory_budget is not None)
+        self._group_sizers: dict[int, _Sizer] = {}  # of fused runs, by batch size
+        self._latest: Tuner | None = None  # of the latest run: the next one starts where it stands
+
+    def _most_workers(self) -> int:
+        """The fixed number of workers, or the most that ``"auto"`` may choose."""
+        if self.n_workers == "auto":
+            return MOST_THREADS
+        return (os.cpu_count() or 1) if self.n_workers == -1 else self.n_workers
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
         call = ItemCall(self.func, self.args, self.kwargs, self.seed, epoch, self.on_error)
-        slots = self.per_worker * self.workers + self.buffer_size
+        return plan_parallel(self, as_stream(iterable), call, start)
+
+    def stream(self, upstream: Stream, call: Any, start: int, name: str,
+               group: int | None = None) -> Stream:
+        """The stream of a run of ``call`` over ``upstream`` (numbered from ``start``), named
+        ``name``: what :func:`fpipe.explain`'s planner builds, the call possibly fused
+        (``group``: the upstream gives groups of that many items, one batch's worth)."""
+        sizer = self._sizer if group is None else self._group_sizer(group)
 
         def make_run(upstream: Stream) -> _Run:
-            return _Run(upstream, self._executor(call), slots, False, self._sizer, start)
-        stream = _Background(as_stream(iterable), repr(self), make_run, self.ordered, self.workers)
+            latest = self._latest
+            tuner = self._latest = Tuner(self._limits(), None if latest is None else latest.setting)
+            setting = tuner.setting
+            sizer.limit(setting.chunk)
+            return _Run(upstream, self._executor(call, setting.workers), setting.slots, False,
+                        sizer, start, tuner)
+        stream = _Background(upstream, name, make_run, self.ordered, self.workers)
         if self.on_error != "raise":
             stream.skips = SkipLog(self.max_errors)
         return stream
 
+    def _group_sizer(self, size: int) -> _Sizer:
+        sizer = self._group_sizers.get(size)
+        if sizer is None:
+            sizer = self._group_sizers[size] = _Sizer(self.chunk_seconds,
+                                                      max(1, self.chunk_size // size), True)
+        return sizer
+
+    def _limits(self) -> Limits:
+        auto = self.n_workers == "auto"
+        return Limits(workers=None if auto else self.workers,
+                      buffer=None if self.buffer_size == "auto" else self.buffer_size,
+                      cpu=self.cpu_budget or default_cpu_budget(), memory=self.memory_budget,
+                      most=self.workers, per_worker=self.per_worker)
+
     @abc.abstractmethod
-    def _executor(self, call: ItemCall) -> Any:
+    def _executor(self, call: Any, workers: int) -> Any:
         """The executor of one run: ``begin(results)``, ``submit(seq, index, chunk, slots)``,
-        ``stop()`` and ``join(deadline)``, as :class:`_ThreadWorkers` has them."""
+        ``resize(workers)``, ``stop()`` and ``join(deadline)``, as :class:`_ThreadWorkers`
+        has them."""
 
     def _options(self) -> dict:
-        return {"n_workers": self.n_workers, "ordered": None if self.ordered else False,
-                "seed": self.seed, **error_options(self)}
+        return {"n_workers": self.n_workers,
+                "buffer_size": self.buffer_size if self.buffer_size == "auto" else None,
+                "cpu_budget": self.cpu_budget, "memory_budget": self.memory_budget,
+                "ordered": None if self.ordered else False, "seed": self.seed,
+                **error_options(self)}
 
     def __repr__(self) -> str:
         return stage_repr(self.kind, self.func, self.args, {**self._options(), **self.kwargs})
 
 
+def _checked_budgets(n_workers: int | str, cpu_budget: Any,
+                     memory_budget: Any) -> tuple[float | None, int | None]:
+    """``cpu_budget`` (cores) and ``memory_budget`` (bytes), once they are checked: a core
+    budget bounds ``n_workers="auto"`` and nothing else; a byte budget bounds any stage."""
+    if cpu_budget is not None:
+        cpu_budget = check_positive("cpu_budget", cpu_budget)
+        if n_workers != "auto":
+            raise ValueError(f"cpu_budget bounds the workers that n_workers='auto' chooses; "
+                             f"with n_workers={n_workers!r} it has nothing to bound: pass one "
+                             f"of the two; got cpu_budget={cpu_budget!r}")
+    if memory_budget is not None:
+        memory_budget = check_integer("memory_budget", memory_budget, _LEAST_MEMORY)
+    return cpu_budget, memory_budget
+
+
+_LEAST_MEMORY = 1 << 20  # bytes: a smaller budget is a mistake (a unit missed, say)
+
+
 class _ThreadStage(_ParallelStage):
     kind, chunk_seconds = "threads", _THREAD_CHUNK_SECONDS
 
-    def _executor(self, call: ItemCall) -> _ThreadWorkers:
-        return _ThreadWorkers(call, self.workers)
+    def _executor(self, call: Any, workers: int) -> _ThreadWorkers:
+        return _ThreadWorkers(call, workers)
 
 
-def threads(func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 2,
+def threads(func: Callable, *args: Any, n_workers: int | str = 1, buffer_size: int | str = 2,
             ordered: bool = True, seed: Seed | None = None, epoch: int = 0, chunk_size: int = 64,
-            on_error: OnError = "raise", max_errors: int | None = None, **kwargs: Any) -> Stage:
+            on_error: OnError = "raise", max_errors: int | None = None,
+            cpu_budget: float | None = None, memory_budget: int | None = None,
+            **kwargs: Any) -> Stage:
     """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` threads (-1:
     one per core). Use it for work that releases the GIL (numpy, IO, decoding).
+
+    ``n_workers="auto"`` lets the stage choose, while it runs, as many threads as keep up with
+    its consumer, within ``cpu_budget`` cores (default: those this process may use) and at
+    most 64: work that waits for IO takes a fraction of a core per thread, so it gets more.
+    ``buffer_size="auto"`` grows the buffer while the consumer waits and the threads wait for
+    room. ``memory_budget`` (bytes) bounds what the stage holds, its chunks in work and those
+    waiting, with any setting. See :doc:`/tuning`; :func:`fpipe.explain` shows the choices.
 
     Items travel to the threads in chunks of at most ``chunk_size`` (fewer while items are
     slow, so the first results come quickly). At most ``n_workers + buffer_size`` chunks are in
@@ -607,24 +763,57 @@ def threads(func: Callable, *args: Any, n_workers: int = 1, buffer_size: int = 2
     [3, 2, 1, 0, 1, 2, 3]
     """
     return at_epoch(_ThreadStage(func, args, kwargs, n_workers, buffer_size, ordered, seed,
-                                 chunk_size, on_error=on_error, max_errors=max_errors), epoch)
+                                 chunk_size, on_error=on_error, max_errors=max_errors,
+                                 cpu_budget=cpu_budget, memory_budget=memory_budget), epoch)
 
 
 class _ProcessWorkers:
-    """The executor of one run of :func:`processes`: its tasks go to the stage's pool."""
+    """The executor of one run of :func:`processes`: its tasks go to the stage's pool. With
+    ``gated``, at most ``workers`` of them run at once (two per worker when the pool has no
+    other worker to run the second), so a tuned stage on a larger pool uses what it chose."""
 
-    def __init__(self, pool: Any, call: ItemCall, transport: Transport | None) -> None:
+    def __init__(self, pool: Any, call: Any, transport: Transport | None, workers: int,
+                 gated: bool) -> None:
         self._pool, self._call, self._token = pool, ShippedCall(call), None
-        self._transport = transport
+        self._transport, self._gated = transport, gated
+        self._room = threading.Condition()
+        self._running, self._stopped = 0, False
+        self._limit = self._limit_for(workers)
+
+    def _limit_for(self, workers: int) -> int:
+        return 2 * workers if workers >= self._pool.n_workers else workers
 
     def begin(self, results: queue.SimpleQueue) -> None:
-        self._token = self._pool.open(results)
+        self._token = self._pool.open(_Counted(results, self._finished) if self._gated else results)
 
     def submit(self, seq: int, index: int, chunk: list, slots: int) -> None:
-        self._pool.submit(self._token, (self._call, self._token, seq, index, chunk, slots,
-                                        os.getpid(), self._transport))
+        if self._gated:
+            with self._room:
+                while self._running >= self._limit and not self._stopped:
+                    self._room.wait()
+                self._running += 1
+        try:
+            self._pool.submit(self._token, (self._call, self._token, seq, index, chunk, slots,
+                                            os.getpid(), self._transport))
+        except BaseException:
+            if self._gated:
+                self._finished()
+            raise
+
+    def _finished(self) -> None:
+        with self._room:
+            self._running -= 1
+            self._room.notify()
+
+    def resize(self, workers: int) -> None:
+        with self._room:
+            self._limit = self._limit_for(workers)
+            self._room.notify_all()
 
     def stop(self) -> None:
+        with self._room:
+            self._stopped = True
+            self._room.notify_all()
         if self._token is not None:
             self._pool.close_run(self._token)
         if self._transport is not None:
@@ -632,6 +821,18 @@ class _ProcessWorkers:
 
     def join(self, deadline: float) -> None:
         pass
+
+
+class _Counted:
+    """A run's results queue that tells ``finished()`` of each chunk's results as they come."""
+
+    def __init__(self, results: queue.SimpleQueue, finished: Callable[[], None]) -> None:
+        self._results, self._finished = results, finished
+
+    def put(self, message: Message) -> None:
+        if message.seq is not None:
+            self._finished()
+        self._results.put(message)
 
 
 _STREAMING_BACKENDS = "'loky' (the default: worker processes on this machine), 'threading', 'dask'"
@@ -664,20 +865,31 @@ class _ProcessStage(_ParallelStage):
         self.shared_memory = check_bool("shared_memory", shared_memory)
         self.shared_memory_budget = (None if shared_memory_budget is None else
                                      check_integer("shared_memory_budget", shared_memory_budget, 0))
-        self._pool = process_pool(self.n_workers, backend)
+        self._pool = process_pool(self.workers if self.n_workers == "auto" else self.n_workers,
+                                  backend)
         # a stage that nobody can use again stops now: a forgotten stage's joblib generator
         # would keep feeding idle tasks for a second to the workers that every stage shares,
         # and on loky its tasks that no worker took yet are cancelled
         weakref.finalize(self, self._pool.shutdown)
 
-    def _executor(self, call: ItemCall) -> _ProcessWorkers:
-        return _ProcessWorkers(self._pool, call, self._transport())
+    def _most_workers(self) -> int:
+        # processes work on a core each: "auto" chooses at most one per core of the budget
+        if self.n_workers == "auto":
+            return max(1, math.floor(self.cpu_budget or default_cpu_budget()))
+        return super()._most_workers()
+
+    def _executor(self, call: Any, workers: int) -> _ProcessWorkers:
+        return _ProcessWorkers(self._pool, call, self._transport(), workers,
+                               gated=self.n_workers == "auto")
 
     def _transport(self) -> Transport | None:
         """How this run's results come back in shared memory; None: through the pipe."""
         if not self.shared_memory or self.backend != "loky" or not shared_memory_available():
             return None
-        return Transport.for_consumer(self.workers, budget=self.shared_memory_budget)
+        budget = self.shared_memory_budget
+        if budget is None and self.memory_budget is not None:
+            budget = self.memory_budget // self.workers  # the slabs count in the budget too
+        return Transport.for_consumer(self.workers, budget=budget)
 
     def close(self) -> None:
         """On other backends than loky, end the joblib generator now, not a second after the
@@ -692,11 +904,12 @@ class _ProcessStage(_ParallelStage):
                 "shared_memory_budget": self.shared_memory_budget}
 
 
-def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "loky",
+def processes(func: Callable, *args: Any, n_workers: int | str = 1, backend: Any = "loky",
               ordered: bool = True, seed: Seed | None = None, epoch: int = 0,
-              buffer_size: int = 2, chunk_size: int = 256, on_error: OnError = "raise",
+              buffer_size: int | str = 2, chunk_size: int = 256, on_error: OnError = "raise",
               max_errors: int | None = None, shared_memory: bool = True,
-              shared_memory_budget: int | None = None, **kwargs: Any) -> Stage:
+              shared_memory_budget: int | None = None, cpu_budget: float | None = None,
+              memory_budget: int | None = None, **kwargs: Any) -> Stage:
     """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` worker
     processes (-1: one per core), on joblib. Use it for pure-Python work that holds the GIL.
 
@@ -747,7 +960,16 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     in anew costs image pipelines a quarter of their time on virtual machines.
 
     Order, seeds, ``epoch``, errors and ``on_error`` behave as in :func:`threads` (a callable
-    ``on_error`` runs in the worker process, so it must pickle).
+    ``on_error`` runs in the worker process, so it must pickle). So do ``n_workers="auto"``,
+    ``buffer_size="auto"``, ``cpu_budget`` and ``memory_budget``, but ``"auto"`` chooses at most
+    one process per core of ``cpu_budget`` (the pool has that many; the stage runs as many
+    chunks at once as it chose), and with ``memory_budget`` each worker's shared memory is its
+    share of the budget.
+
+    Followed by :func:`fpipe.batch` of a size and one of fpipe's combiners
+    (``map(combine_to_arrays)``, say), the stage makes whole batches in its workers, which
+    cross in shared memory as one piece; a ``map(..., in_workers=True)`` just before it runs in
+    its workers too (see :func:`fpipe.explain`).
 
     Where joblib can start no worker process, the stage runs ``func`` in its own thread, in
     this process: in a daemon process (every DataLoader worker), with one ``RuntimeWarning``,
@@ -764,4 +986,5 @@ def processes(func: Callable, *args: Any, n_workers: int = 1, backend: Any = "lo
     return at_epoch(_ProcessStage(func, args, kwargs, n_workers, buffer_size, ordered, seed,
                                   chunk_size, backend=backend, on_error=on_error,
                                   max_errors=max_errors, shared_memory=shared_memory,
-                                  shared_memory_budget=shared_memory_budget), epoch)
+                                  shared_memory_budget=shared_memory_budget,
+                                  cpu_budget=cpu_budget, memory_budget=memory_budget), epoch)

@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..errors import CapturedError, capture, check_callable, check_integer
+from ..errors import CapturedError, capture, check_bool, check_callable, check_integer
 from ..functional import call_repr, func_name
 from ..random import Seed, item_rng, optional_entropy, set_active
 from ..skipping import OnError, SkipLog, check_max_errors, check_on_error, handle
 from ._core import Stage, Stream, as_stream, generator_stream, mapped_stream
+from .planner import plan_map
 
 __all__ = ["filter", "map", "take", "transform_stream"]
 
@@ -161,23 +162,30 @@ class _MapStage(Stage):
     one_to_one = True
 
     def __init__(self, func: Callable, args: tuple, kwargs: dict, seed: Seed | None,
-                 on_error: OnError = "raise", max_errors: int | None = None) -> None:
+                 on_error: OnError = "raise", max_errors: int | None = None,
+                 in_workers: bool = False) -> None:
         self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
         check_call("map", func, args, kwargs)
         self.seed = optional_entropy(seed)
         self.on_error, self.max_errors = check_on_error(on_error), check_max_errors(max_errors)
+        self.in_workers = check_bool("in_workers", in_workers)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
         call = ItemCall(self.func, self.args, self.kwargs, self.seed, epoch, self.on_error)
+        return plan_map(self, call, as_stream(iterable), start,
+                        lambda upstream: self._stream(upstream, call, start))
+
+    def _stream(self, upstream: Stream, call: ItemCall, start: int) -> Stream:
         if self.on_error == "raise":
-            return mapped_stream(iterable, repr(self), call.into, start)
+            return mapped_stream(upstream, repr(self), call.into, start)
         log = SkipLog(self.max_errors)
-        stream = mapped_stream(iterable, repr(self), SkippingInto(call.into, log), start)
+        stream = mapped_stream(upstream, repr(self), SkippingInto(call.into, log), start)
         stream.skips = log
         return stream
 
     def __repr__(self) -> str:
         return stage_repr("map", self.func, self.args, {"seed": self.seed, **error_options(self),
+                                                        "in_workers": self.in_workers or None,
                                                         **self.kwargs})
 
 
@@ -241,7 +249,8 @@ class _FilterStage(Stage):
 
 
 def map(func: Callable, *args: Any, seed: Seed | None = None, epoch: int = 0,
-        on_error: OnError = "raise", max_errors: int | None = None, **kwargs: Any) -> Stage:
+        on_error: OnError = "raise", max_errors: int | None = None, in_workers: bool = False,
+        **kwargs: Any) -> Stage:
     """The stage that yields ``func(item, *args, **kwargs)`` for each item, in this thread.
 
     With ``seed``, each item's generator (from ``(seed, epoch, index)``) is active while
@@ -253,6 +262,13 @@ def map(func: Callable, *args: Any, seed: Seed | None = None, epoch: int = 0,
     ``on_error="skip"`` (or a callable) leaves out the items on which ``func`` raises, counts
     them and records them for :func:`fpipe.stats`; ``max_errors`` bounds how many may fail
     (see :mod:`fpipe.skipping`).
+
+    ``in_workers=True`` lets ``func`` run in the worker processes of the process stage next to
+    it: just before a :func:`fpipe.processes` stage, or after one and a :func:`fpipe.batch`
+    (then the workers make whole batches). It is the one way to say that ``func`` may run
+    there: fpipe never moves a function of yours to another process unasked (one that puts
+    tensors on a GPU must stay here). fpipe's own combiners move without it. The output is
+    the same either way; :func:`fpipe.explain` says what moved.
 
     >>> from fpipe import stats
     >>> stream = map(lambda x: 10 // x, on_error="skip")([5, 0, 2])
@@ -269,7 +285,7 @@ def map(func: Callable, *args: Any, seed: Seed | None = None, epoch: int = 0,
     >>> second == list(map(random_apply(0.5, lambda x: -x), seed=0, epoch=1)(range(1, 9)))
     True
     """
-    return at_epoch(_MapStage(func, args, kwargs, seed, on_error, max_errors), epoch)
+    return at_epoch(_MapStage(func, args, kwargs, seed, on_error, max_errors, in_workers), epoch)
 
 
 def filter(predicate: Callable) -> Stage:
