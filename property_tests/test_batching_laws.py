@@ -65,3 +65,37 @@ def test_padding_puts_each_array_at_its_offset_in_the_largest_shape(shapes, data
         outside = np.ones(padded.shape, bool)
         outside[inside] = False
         assert (padded[outside] == -7).all()
+
+
+def _item(x, bad):
+    """A field of a shape that depends on ``x`` (so some batches are ragged), and ``x``;
+    a KeyError at the values in ``bad``."""
+    if x in bad:
+        raise KeyError(f"bad item {x}")
+    return np.full((2, 1 + (x % 7 == 0)), x), x
+
+
+def _outcome(stream):
+    batches = []
+    try:
+        for batch in stream:
+            batches.append(tuple(field.tolist() for field in batch))
+    except (KeyError, ValueError) as error:
+        return batches, (type(error), str(error))
+    return batches, None
+
+
+@given(stream_items, batch_sizes, st.booleans(), st.sets(st.integers(-1000, 1000), max_size=2),
+       st.sampled_from(["combine_to_arrays", "combine_pad"]), st.booleans())
+def test_fused_batches_are_the_batches_and_errors_of_the_stages_one_after_another(
+        items, size, drop_last, bad, combiner, fold):
+    from toolz import pipe
+
+    combine = getattr(fp, combiner)
+    after = [fp.batch(size, drop_last=drop_last), fp.map(combine)]
+    fused = pipe(items, fp.map(_item, bad, in_workers=fold),
+                 fp.processes(fp.identity, n_workers=2, backend="threading", chunk_size=5),
+                 *after)
+    reference = pipe(items, fp.map(_item, bad), *after)
+    assert _outcome(fused) == _outcome(reference)
+    assert "fused" in str(fp.explain(fused))

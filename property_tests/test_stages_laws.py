@@ -6,12 +6,14 @@ import itertools
 import queue
 import time
 from collections import Counter
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from toolz import pipe
 
 import fpipe as fp
+from fpipe.streaming import _tuner
 from property_tests.strategies import (
     add_three,
     background_stages,
@@ -98,6 +100,40 @@ def test_seeded_stages_give_the_same_output_for_any_workers_and_backend(items, s
     for stage in stages:
         out = list(stage(items))
         assert (out if ordered else sorted(out)) == (reference if ordered else sorted(reference))
+
+
+def _scripted(settings):
+    """Tuner.decide returning ``settings`` in turn, then the last: a run resized at every
+    chunk, whatever its measurements say."""
+    script = iter(settings)
+
+    def decide(self, window):
+        self.decisions += 1
+        setting = next(script, self.setting)
+        self.history.append(_tuner.Decision(setting, "scripted", window))
+        return setting
+    return decide
+
+
+@given(st.lists(st.integers(0, 100), max_size=60), st.integers(0, 2**32),
+       st.lists(st.tuples(st.integers(1, 6), st.integers(1, 4)), min_size=1, max_size=20),
+       st.sampled_from(["threads", "processes"]), st.booleans())
+@settings(max_examples=10, deadline=None)
+def test_seeded_stages_give_the_same_output_whatever_the_tuner_chooses(items, seed, choices,
+                                                                        kind, fused):
+    reference = list(fp.map(noisy, seed=seed)(items))
+    per_worker = 2 if kind == "processes" else 1
+    settings = [_tuner.Setting(w, b, per_worker * w + b) for w, b in choices]
+    factory = fp.processes if kind == "processes" else fp.threads
+    stage = factory(noisy, n_workers="auto", buffer_size="auto", seed=seed, chunk_size=3,
+                    **({"cpu_budget": 2} if kind == "processes" else {}))
+    after = [fp.batch(4), fp.map(fp.combine_batches)] if fused else []
+    expected = list(pipe(reference, *after))
+    with mock.patch.multiple(_tuner, WINDOW_SECONDS=0.0, WINDOW_CHUNKS=1), \
+            mock.patch.object(_tuner.Tuner, "decide", _scripted(settings)):
+        assert list(pipe(stage.apply(items), *after)) == expected
+    # the tuner itself, from where the scripted run left the stage
+    assert list(pipe(stage.apply(items), *after)) == expected
 
 
 @given(st.integers(1, 12))
