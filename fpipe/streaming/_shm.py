@@ -107,18 +107,20 @@ def _codec(path: str) -> Any:
 @dataclass(frozen=True)
 class Transport:
     """What a worker needs to send its results through shared memory: the consumer's pid,
-    the size below which arrays stay in the pipe, its byte budget, the registered types, and
-    the run whose slabs these are ("": slabs that last as long as the worker)."""
+    the size below which arrays stay in the pipe, its byte budget, the registered types, the
+    run whose slabs these are ("": slabs that last as long as the worker), and how many free
+    slabs it keeps for reuse (None: as many as its budget holds)."""
 
     owner: int
     threshold: int = THRESHOLD
     budget: int = 1 << 30
     kinds: tuple = ()
     run: str = ""
+    keep: int | None = None
 
     @classmethod
     def for_consumer(cls, workers: int, threshold: int = THRESHOLD,
-                     budget: int | None = None) -> Transport:
+                     budget: int | None = None, keep: int | None = None) -> Transport:
         """The transport of a new run of this process's stage (end it with :func:`end_run`);
         the first one removes what killed runs left."""
         _sweep_once()
@@ -126,7 +128,7 @@ class Transport:
         run = secrets.token_hex(8)
         os.close(os.open(_run_path(os.getpid(), run), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         _reader().start_run(run)
-        return cls(os.getpid(), threshold, budget, tuple(sorted(_KINDS.items())), run)
+        return cls(os.getpid(), threshold, budget, tuple(sorted(_KINDS.items())), run, keep)
 
 
 def end_run(transport: Transport) -> None:
@@ -285,15 +287,19 @@ class _Writer:
                 slab.state[0] = 0
         self.open, self.sent = [], set()
 
-    def slab_for(self, nbytes: int, budget: int) -> _Slab | str:
+    def slab_for(self, nbytes: int, budget: int, keep: int | None = None) -> _Slab | str:
         """A free slab of at least ``nbytes``, or why there is none (``"budget"``, ``"full"``).
         Free slabs are given up while the worker holds more than ``budget`` for the consumer
-        (its runs share the budget, and may have different ones), or to make room."""
+        (its runs share the budget, and may have different ones), or more than ``keep`` free
+        ones besides the one it takes (a stage with a memory budget keeps one), or to make
+        room."""
         free = sorted((slab for slab in self.slabs if slab.state[0] == 0),
                       key=lambda slab: slab.capacity)
         held = _held(self.owner)
         while free and held > budget:
             held -= self._retire(free.pop())
+        while keep is not None and len(free) > keep + 1:
+            held -= self._retire(free.pop(0))
         fitting = [slab for slab in free if slab.capacity >= nbytes]
         if fitting:
             return fitting[0]
@@ -409,7 +415,7 @@ def encode(transport: Transport, value: Any,
     copied = [ref for ref in refs if ref.slab is None]
     if copied:
         offsets, total = _layout(copied)
-        slab = writer.slab_for(total, transport.budget)
+        slab = writer.slab_for(total, transport.budget, transport.keep)
         if isinstance(slab, str):
             return dumps(value), slab  # the lent slabs are freed when the task ends
         _fill(writer, slab, copied, offsets)

@@ -54,8 +54,10 @@ HISTORY = 8  # decisions that explain() shows
 @dataclass(frozen=True)
 class Limits:
     """What a stage asks for: fixed ``workers`` and ``buffer`` (None: "auto"), its budgets of
-    cores and bytes (None: no byte budget), the most workers it may have, and the chunks each
-    worker holds (one in work, and for processes one waiting)."""
+    cores and bytes (None: no byte budget), the most workers it may have, the chunks each
+    worker holds (one in work, and for processes one waiting), and how many items' worth of
+    memory the budget leaves besides the chunks (the consumer's last, the workers' free
+    shared memory)."""
 
     workers: int | None
     buffer: int | None
@@ -63,6 +65,7 @@ class Limits:
     memory: int | None
     most: int
     per_worker: int
+    held: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -211,10 +214,9 @@ class Tuner:
         budget = self.limits.memory
         if budget is None:
             return Setting(workers, buffer, per_worker * workers + buffer)
-        item = max(window.item_bytes, 1)
-        holding = per_worker * workers + buffer + 1  # + 1: what the consumer holds
-        chunk = max(1, budget // (holding * item))
-        slots = min(per_worker * workers + buffer, max(1, budget // (chunk * item) - 1))
+        item, held = max(window.item_bytes, 1), self.limits.held
+        chunk = max(1, int(budget // ((per_worker * workers + buffer + held) * item)))
+        slots = min(per_worker * workers + buffer, max(1, int(budget // (chunk * item) - held)))
         workers = max(1, min(workers, slots))
         return Setting(workers, max(0, slots - per_worker * workers), slots, chunk)
 

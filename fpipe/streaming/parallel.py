@@ -685,7 +685,11 @@ class _ParallelStage(Stage):
         return Limits(workers=None if auto else self.workers,
                       buffer=None if self.buffer_size == "auto" else self.buffer_size,
                       cpu=self.cpu_budget or default_cpu_budget(), memory=self.memory_budget,
-                      most=self.workers, per_worker=self.per_worker)
+                      most=self.workers, per_worker=self.per_worker, held=self._held())
+
+    def _held(self) -> float:
+        """Items' worth of memory outside the chunks the stage holds: the consumer's last."""
+        return 1.0
 
     @abc.abstractmethod
     def _executor(self, call: Any, workers: int) -> Any:
@@ -878,6 +882,10 @@ class _ProcessStage(_ParallelStage):
             return max(1, math.floor(self.cpu_budget or default_cpu_budget()))
         return super()._most_workers()
 
+    def _held(self) -> float:
+        # and each worker's free slab, an output's worth (half of what an item counts)
+        return 1.0 + self.workers / 2
+
     def _executor(self, call: Any, workers: int) -> _ProcessWorkers:
         return _ProcessWorkers(self._pool, call, self._transport(), workers,
                                gated=self.n_workers == "auto")
@@ -886,10 +894,12 @@ class _ProcessStage(_ParallelStage):
         """How this run's results come back in shared memory; None: through the pipe."""
         if not self.shared_memory or self.backend != "loky" or not shared_memory_available():
             return None
-        budget = self.shared_memory_budget
-        if budget is None and self.memory_budget is not None:
-            budget = self.memory_budget // self.workers  # the slabs count in the budget too
-        return Transport.for_consumer(self.workers, budget=budget)
+        if self.memory_budget is None:
+            return Transport.for_consumer(self.workers, budget=self.shared_memory_budget)
+        # the slabs count in the memory budget, which bounds the chunks held, and so the
+        # slabs in use (any worker may hold them all); a worker keeps one free slab besides
+        budget = self.shared_memory_budget or self.memory_budget
+        return Transport.for_consumer(self.workers, budget=budget, keep=1)
 
     def close(self) -> None:
         """On other backends than loky, end the joblib generator now, not a second after the

@@ -390,3 +390,22 @@ def test_without_a_free_slab_the_batch_is_made_plainly_and_copied_once(fresh_exe
 def test_outside_a_task_the_combiner_makes_plain_arrays():
     images, _ = fp.combine_to_arrays([(image(i), i) for i in range(4)])
     assert not _shm.is_shared(images) and images.base is None
+
+
+@pytest.mark.parametrize("keep, held", [(None, 3), (1, 2), (0, 1)])
+def test_a_worker_keeps_as_many_free_slabs_as_it_is_told(keep, held):
+    # a stage with a memory budget keeps one: the slabs in use are bounded by its chunks, and
+    # free ones beside them would be memory outside the budget
+    writer = _shm._Writer(os.getpid(), "")
+    try:
+        taken = []
+        for _ in range(3):  # three results held at once: three slabs
+            slab = writer.slab_for(1 << 20, 1 << 30, keep)
+            slab.state[0] = 1
+            taken.append(slab)
+        for slab in taken:  # all let go of
+            slab.state[0] = 0
+        assert writer.slab_for(1 << 20, 1 << 30, keep) in taken
+        assert len(writer.slabs) == held
+    finally:
+        writer.unlink_all()

@@ -12,9 +12,10 @@ import pytest
 
 import fpipe as fp
 from fpipe.streaming import _tuner
+from fpipe.streaming._shm import is_shared
 from fpipe.streaming._tuner import Gauge, Limits, Setting, Tuner, Watch, Window
 
-from .helpers import double
+from .helpers import double, large
 
 
 def limits(**changes):
@@ -245,3 +246,18 @@ def test_in_a_dataloader_worker_the_cores_are_shared_between_the_workers(monkeyp
     fake = types.SimpleNamespace(get_worker_info=lambda: info)
     monkeypatch.setitem(sys.modules, "torch.utils.data", fake)
     assert _tuner.default_cpu_budget() == max(1.0, cores / 2)
+
+
+def test_a_process_stage_within_a_memory_budget_sends_results_in_shared_memory(recwarn):
+    mib = 1 << 20
+    stage = fp.processes(large, 8 * mib, n_workers=2, buffer_size=4, memory_budget=96 * mib)
+    with stage(range(30)) as stream:
+        shared = [is_shared(array) for array in stream]
+    # the first results make the slabs (with a copy); none goes through the pipe for want of
+    # room: a worker's shared memory is the stage's budget, which bounds its chunks
+    assert len(shared) == 30 and all(shared[4:])
+    assert not [w for w in recwarn if "no room in shared memory" in str(w.message)]
+    setting = fp.explain(stream)[-1]
+    # an item counts 16 MiB (8 MiB, and again on its way); besides the chunks held, the budget
+    # keeps room for the consumer's and a free slab per worker (2 items): 4 chunks of one
+    assert (setting.slots, setting.chunk) == (4, 1)
