@@ -13,7 +13,8 @@ budget's peak.
   each run also prints how far into the epoch ``"auto"`` had reached 0.9x the best rate for
   the rest of it.
 * O3: a consumer that takes 10 ms per batch of 32; CPU time (this process and its workers)
-  of ``"auto"`` over that of the smallest fixed ``n_workers`` that keeps up.
+  of ``"auto"`` over that of the smallest fixed ``n_workers`` (1 to 8) that keeps up, that is
+  whose epoch is within 5 % of the fastest.
 * O4: items of 64 MiB with ``memory_budget=512 MiB``: the peak of the process tree's
   proportional memory (PSS, so shared memory counts once) above its idle baseline.
 """
@@ -280,16 +281,14 @@ def _slow_consumer_epoch(stage) -> tuple[float, float]:
           reference="the smallest fixed n_workers that keeps up", target="<= 1.2", kind="value")
 def slow_consumer_cpu() -> Value:
     work = QuarterItem()
-    keeps_up = O3_BATCHES * O3_STEP * 1.1
-    smallest = None
-    for workers in GRID_WORKERS:
+    walls = {}
+    for workers in GRID_WORKERS[:5]:
         stage = fp.processes(work, n_workers=workers)
         _slow_consumer_epoch(stage)  # warm
-        if _slow_consumer_epoch(stage)[0] <= keeps_up:
-            smallest = workers
-            break
-    if smallest is None:
-        raise RuntimeError("no fixed setting kept up with the consumer: the machine is too busy")
+        walls[workers] = _slow_consumer_epoch(stage)[0]
+    # keeping up: as fast as the fastest setting, give or take 5 % (on a busy machine no
+    # setting reaches the consumer's own 2 s)
+    smallest = min(w for w, wall in walls.items() if wall <= 1.05 * min(walls.values()))
     fixed = fp.processes(work, n_workers=smallest)
     cpu: dict[str, list] = {"auto": [], "fixed": []}
     for repetition in range(REPETITIONS + 1):
@@ -299,8 +298,10 @@ def slow_consumer_cpu() -> Value:
             cpu["auto"].append(auto_cpu)
             cpu["fixed"].append(fixed_cpu)
     auto, least = statistics.median(cpu["auto"]), statistics.median(cpu["fixed"])
-    print(f"  O3: the smallest fixed setting that keeps up: n_workers={smallest}, {least:.2f} s "
-          f"of CPU an epoch; auto {auto:.2f} s", flush=True)
+    print(f"  O3: epochs of {O3_BATCHES * O3_STEP:.0f} s of consumer: "
+          + ", ".join(f"n_workers={w} {wall:.2f} s" for w, wall in walls.items())
+          + f"; the smallest that keeps up: n_workers={smallest}, {least:.2f} s of CPU an "
+          f"epoch; auto {auto:.2f} s", flush=True)
     return Value(auto / least, "x CPU")
 
 

@@ -7,7 +7,8 @@
    batches, and train a small model on them: a CNN fed by a torch ``DataLoader`` over
    :class:`fpipe.torch.IterableDataset` when torch is installed, or else a numpy softmax
    regression fed by :class:`fpipe.Infinite` (a ``processes`` stage, batches, ``combine_to_arrays``);
-4. print throughput, accuracy and the per-stage table of the pipeline.
+4. print throughput, accuracy, the per-stage table of the pipeline and its plan
+   (:func:`fpipe.explain`: which stages run in the workers, with how many workers).
 
 Everything goes into a temporary folder that is removed at the end, unless ``--keep DIR``.
 """
@@ -28,7 +29,7 @@ import numpy as np
 from ..image import normalize, random_resized_crop
 from ..infinite import Infinite
 from ..storage import Cycler, MsgpackReader, Shuffler, unpack_sample
-from ..streaming import map, processes, stats
+from ..streaming import explain, map, processes, stats
 from . import write
 from ._common import (
     UsageError,
@@ -60,8 +61,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "read it for a few epochs through a seeded augmentation pipeline with process workers "
         "into batches and train a small model: a CNN through a torch DataLoader when torch is "
         "installed, else a numpy model fed by fpipe's Infinite. Prints throughput, "
-        "accuracy and the per-stage table. Takes seconds and leaves nothing behind, unless "
-        "--keep DIR.",
+        "accuracy, the per-stage table and the plan (fpipe.explain). Takes seconds and leaves "
+        "nothing behind, unless --keep DIR.",
         "  fpipe demo\n  fpipe demo --keep demo-files --epochs 5\n"
         "  fpipe demo --data my-photos/ --size 64 --no-torch", _run_demo)
     _add_data_options(parser)
@@ -320,7 +321,7 @@ def _train_numpy(dataset: Path, classes: int, args: argparse.Namespace) -> tuple
     model = _SoftmaxRegression(classes)
     try:
         with batch_iter:
-            return _epochs(lambda epoch: batch_iter(), model.step, args, batch_iter.stats)
+            return _epochs(lambda epoch: batch_iter(), model.step, args, batch_iter)
     finally:
         if hasattr(augment, "close"):
             augment.close()
@@ -367,16 +368,17 @@ def _pooled(images: np.ndarray) -> np.ndarray:
 
 
 def _epochs(make_source: Any, step: Any, args: argparse.Namespace,
-            pipeline_stats: Any = None) -> tuple[int, float]:
+            pipeline: Any = None) -> tuple[int, float]:
     """Train ``args.epochs`` epochs, each through ``pipe(make_source(epoch), map(step))``;
-    print a line per epoch and the per-stage table of the last (``pipeline_stats()``, or that
-    of the epoch's stream); return samples and seconds."""
-    seen, seconds, table = 0, 0.0, None
+    print a line per epoch, then the per-stage table and the plan of the last (those of
+    ``pipeline``, an Infinite, or of the epoch's stream); return samples and seconds."""
+    seen, seconds, table, plan = 0, 0.0, None, None
     for epoch in range(args.epochs):
         start = time.perf_counter()
         with map(step)(make_source(epoch)) as stream:
             loss, hits, count = _run_epoch(stream, epoch, args)
-            table = pipeline_stats() if pipeline_stats is not None else stats(stream)
+            table = pipeline.stats() if pipeline is not None else stats(stream)
+            plan = pipeline.explain() if pipeline is not None else explain(stream)
         elapsed = time.perf_counter() - start
         seen, seconds = seen + count, seconds + elapsed
         say(args, f"   epoch {epoch + 1}/{args.epochs}: {count} samples in {elapsed:.2f} s "
@@ -384,6 +386,7 @@ def _epochs(make_source: Any, step: Any, args: argparse.Namespace,
                   f"accuracy {hits / max(count, 1):.0%}")
     if table is not None:
         say(args, f"4. where the time went, per stage:\n{table}")
+        say(args, f"5. the plan (fpipe.explain: what runs where, with how many workers):\n{plan}")
     return seen, seconds
 
 

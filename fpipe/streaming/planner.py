@@ -58,6 +58,7 @@ class _Applied:
     call: Any
     start: int
     notes: list[str] = field(default_factory=list)
+    unit: str = "item"  # what the stream gives: items, or batches where fused
 
 
 _applied: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # stream -> _Applied
@@ -105,7 +106,7 @@ def _fused(stage: Stage, call: Any, batched: Stream, start: int) -> tuple[Stream
     combiner = func_name(stage.func)
     _applied[stream] = _Applied(producer.stage, grouped, fused_call, 0, [
         *producer.notes, f"fused: the workers make whole batches of {size} and combine them "
-                         f"with {combiner}"])
+                         f"with {combiner}"], unit="batch")
     return stream, None
 
 
@@ -209,30 +210,34 @@ class StagePlan:
     tuned: bool = False
     reason: str = ""
     measured: Any = None  # the tuner's Window: seconds, items, work, cpu, ...
+    unit: str = "item"  # what the stage gives: "batch" where fused
 
     def lines(self) -> list[str]:
         lines = [self.name, *(f"    {note}" for note in self.notes)]
         if self.workers is not None:
             how = f"auto: {self.reason}" if self.tuned else self.reason
-            chunk = f", chunks of at most {self.chunk} items" if self.chunk else ""
+            chunk = f", chunks of at most {self.chunk} {_PLURAL[self.unit]}" if self.chunk else ""
             lines.append(f"    workers {self.workers} ({how}); room for {self.slots} chunks "
                          f"(buffer {self.buffer}){chunk}")
         if self.measured is not None:
-            lines.append(f"    measured: {_measurements(self.measured)}")
+            lines.append(f"    measured: {_measurements(self.measured, self.unit)}")
         return lines
 
 
-def _measurements(window: Any) -> str:
+_PLURAL = {"item": "items", "batch": "batches"}
+
+
+def _measurements(window: Any, unit: str) -> str:
     seconds = max(window.seconds, 1e-9)
     alone, share = window.per_item()
-    parts = [f"{window.delivered / seconds:.4g} items/s to the consumer"]
+    parts = [f"{window.delivered / seconds:.4g} {_PLURAL[unit]}/s to the consumer"]
     if window.worked:
-        parts.append(f"{1e3 * window.work / window.worked:.3g} ms of work per item "
+        parts.append(f"{1e3 * window.work / window.worked:.3g} ms of work per {unit} "
                      f"({share:.0%} of it on a core)")
     parts.append(f"the consumer waited {window.starved / seconds:.0%} of the time")
     parts.append(f"the feeder read the upstream {window.reading / seconds:.0%}")
     if window.item_bytes:
-        parts.append(f"{window.item_bytes / 2**20:.3g} MiB per item in the stage")
+        parts.append(f"{window.item_bytes / 2**20:.3g} MiB per {unit} in the stage")
     return ", ".join(parts)
 
 
@@ -293,4 +298,5 @@ def _stage_plan(stream: Stream) -> StagePlan:
     decision = watch.tuner.history[-1]
     setting = decision.setting
     return StagePlan(stream.name, notes, setting.workers, setting.buffer, setting.slots,
-                     setting.chunk, watch.tuner.auto, decision.reason, watch.last_window())
+                     setting.chunk, watch.tuner.auto, decision.reason, watch.last_window(),
+                     record.unit if record is not None else "item")
