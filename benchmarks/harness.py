@@ -13,7 +13,8 @@ argument and returns either
 A build that raises :class:`Unavailable` (a reference that needs another environment, say) is
 skipped with the reason it gives.
 
-Targets are written as ``">= 1.5"`` or ``"<= 0.5"`` and checked against the ratio (or value).
+Targets are written as ``">= 1.5"`` or ``"<= 0.5"`` and checked against the ratio (or value);
+``"-"`` marks a figure kept as information, with no target (a retired one, say).
 Each workload starts once the machine is quiet (:func:`wait_until_quiet`), so that what the one
 before it left winding down is not timed with it.
 """
@@ -98,7 +99,9 @@ def _seconds(func: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _meets(target: str, figure: float) -> bool:
+def _meets(target: str, figure: float) -> bool | None:
+    if target == "-":  # information: nothing to meet
+        return None
     op, bound = target.split()
     return figure >= float(bound) if op == ">=" else figure <= float(bound)
 
@@ -173,7 +176,7 @@ def _row(result: Result) -> str:
         fp, ref = (statistics.median(s) for s in (result.fpipe_seconds, result.reference_seconds))
         figure = f"{result.ratio:.2f}x"
         timing = f"fpipe {fp * 1e3:.1f} ms, ref {ref * 1e3:.1f} ms"
-    verdict = "met" if result.met else "MISSED"
+    verdict = {True: "met", False: "MISSED", None: "info"}[result.met]
     return f"{result.name:<6} {figure:>12}  target {result.target:<8} {verdict:<7} {timing}"
 
 

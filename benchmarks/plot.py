@@ -35,19 +35,21 @@ def markdown_table(results: list[dict]) -> str:
             times = tuple(f"{statistics.median(s) * 1e3:.1f} ms"
                           for s in (r["fpipe_seconds"], r["reference_seconds"]))
             figure = f"{r['ratio']:.2f}×"
-        verdict = "met" if r["met"] else "**missed**"
+        verdict = {True: "met", False: "**missed**", None: "information"}[r["met"]]
         rows.append(f"| {r['name']} | {r['description']} | {r['reference']} | {times[0]} | "
                     f"{times[1]} | {figure} | {_pretty(r['target'])} | {verdict} |")
     return "\n".join(rows)
 
 
-def speed(result: dict) -> tuple[float, float]:
+def speed(result: dict) -> tuple[float, float | None]:
     """fpipe's speed relative to its reference and the target's, both as "higher is better":
-    a time ratio ``t`` (target ``<= b``) becomes ``1 / t`` (target ``1 / b``)."""
-    op, bound = result["target"].split()
-    if result["kind"] == "time":
-        return 1 / result["ratio"], 1 / float(bound)
-    return result["ratio"], float(bound)
+    a time ratio ``t`` (target ``<= b``) becomes ``1 / t`` (target ``1 / b``). A figure kept
+    as information (target ``-``) has no target: None."""
+    figure = 1 / result["ratio"] if result["kind"] == "time" else result["ratio"]
+    if result["target"] == "-":
+        return figure, None
+    bound = float(result["target"].split()[1])
+    return figure, 1 / bound if result["kind"] == "time" else bound
 
 
 def _family(reference: str) -> str:
@@ -70,18 +72,21 @@ def plot(results: list[dict], output: Path) -> None:
                    key=lambda r: (_family(r["reference"]), r["name"]), reverse=True)
     speeds, targets = zip(*(speed(r) for r in timed)) if timed else ((), ())
     labels = [f"{r['name']}  vs {_family(r['reference'])}" for r in timed]
-    colours = ["#2b8a3e" if r["met"] else "#c92a2a" for r in timed]
+    colours = [{True: "#2b8a3e", False: "#c92a2a", None: "#868e96"}[r["met"]] for r in timed]
+    ticks = [(target, label) for target, label in zip(targets, labels) if target is not None]
     fig, ax = plt.subplots(figsize=(7.5, 0.3 * len(timed) + 1.4))
     # bars grow from 1 (as fast as the reference): right is faster, left is slower
     ax.barh(labels, [s - 1 for s in speeds], left=1, color=colours, height=0.6)
-    ax.scatter(targets, labels, marker="|", s=220, color="black", zorder=3, label="target")
+    ax.scatter([t for t, _ in ticks], [label for _, label in ticks], marker="|", s=220,
+               color="black", zorder=3, label="target")
     ax.axvline(1.0, color="black", linewidth=0.8)
     for label, figure, target in zip(labels, speeds, targets):
-        ax.annotate(f"{figure:.2f}×", (max(figure, target, 1.0), label), xytext=(6, 0),
+        ax.annotate(f"{figure:.2f}×", (max(figure, target or 1.0, 1.0), label), xytext=(6, 0),
                     textcoords="offset points", va="center", fontsize=7)
     ax.set_xscale("log")
-    ax.set_xlim(right=max((*speeds, *targets, 1.0)) * 4)  # room for the figures' labels
-    ax.set_xlabel("fpipe's speed / the reference's (log scale; green: target met, red: missed)")
+    ax.set_xlim(right=max((*speeds, *(t for t, _ in ticks), 1.0)) * 4)  # room for the labels
+    ax.set_xlabel("fpipe's speed / the reference's\n(log scale; green: target met, red: missed, "
+                  "grey: no target)")
     ax.set_title("fpipe against datadings, dpipe, the torch DataLoader, plain Python and itself\n"
                  "(same-run ratios)", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)

@@ -117,3 +117,19 @@ def test_the_peers_table_has_a_row_per_system_and_a_column_per_run():
     table = peers.markdown_table([{"results": [result]}, {"results": [result]}])
     assert "| T5u | fpipe batch | 180 img/s, 1.12×, 90% | 180 img/s, 1.12×, 90% |" in table
     assert table.count("\n") == 4
+
+
+def test_a_figure_kept_as_information_has_no_verdict_and_no_tick(workloads, tmp_path, capsys):
+    @harness.workload("X3", description="kept", reference="builtin", target="-")
+    def _information():
+        return harness.Pair(fpipe=lambda: sum(range(100)), reference=lambda: sum(range(100)))
+
+    output = tmp_path / "out.json"
+    (result,) = harness.run(["X3"], repetitions=5, output=str(output))
+    assert result.met is None and result.ratio > 0
+    assert "target -        info" in capsys.readouterr().out
+    saved = json.loads(output.read_text())["results"]
+    assert markdown_table(saved).endswith("| - | information |")
+    assert speed(saved[0])[1] is None
+    plot(saved, tmp_path / "fig.png")
+    assert (tmp_path / "fig.png").stat().st_size > 1000

@@ -746,7 +746,8 @@ def threads(func: Callable, *args: Any, n_workers: int | str = 1, buffer_size: i
     most 64: work that waits for IO takes a fraction of a core per thread, so it gets more.
     ``buffer_size="auto"`` grows the buffer while the consumer waits and the threads wait for
     room. ``memory_budget`` (bytes) bounds what the stage holds, its chunks in work and those
-    waiting, with any setting. See :doc:`/tuning`; :func:`fpipe.explain` shows the choices.
+    waiting, with any setting. The docs' Tuning page says more; :func:`fpipe.explain` shows
+    the choices.
 
     Items travel to the threads in chunks of at most ``chunk_size`` (fewer while items are
     slow, so the first results come quickly). At most ``n_workers + buffer_size`` chunks are in
