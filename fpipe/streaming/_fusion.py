@@ -61,10 +61,11 @@ class BatchCall:
     through the combiner's call. ``start`` counts groups: group ``g`` numbers its items from
     ``item_start + g * size`` and is batch ``combine_start + g`` for a seeded combiner.
 
-    As in the consumer, a short group at the end makes a short batch unless ``drop_last``; an
-    error in the item calls ends the chunk after the batches before the one it cut short
-    (:func:`fpipe.batch` drops the items of a batch that an error cuts short), and an error of
-    the combiner ends it after the batches before it.
+    As in the consumer, a short group makes a short batch unless ``drop_last``: the last one,
+    and one that an error of the item calls cut short (:func:`fpipe.batch` hands out what came
+    before an error, then raises it); the error then ends the chunk. An error of the combiner
+    ends it after the batches before it, also when it combines what an error cut short (the
+    combiner's error comes first there, as in the consumer).
     """
 
     __slots__ = ("items", "item_start", "size", "drop_last", "combine", "combine_start")
@@ -82,13 +83,11 @@ class BatchCall:
         began, batches, error = time.perf_counter(), [], None
         for group, number in zip(groups, range(start, start + len(groups))):
             outputs, error, _ = self.items.run(group, self.item_start + number * self.size)
+            if outputs and not (self.drop_last and len(outputs) < self.size):
+                try:
+                    self.combine.into(batches, [outputs], self.combine_start + number)
+                except BaseException as raised:
+                    error = capture(raised)
             if error is not None:
-                break
-            if self.drop_last and len(outputs) < self.size:
-                continue
-            try:
-                self.combine.into(batches, [outputs], self.combine_start + number)
-            except BaseException as raised:
-                error = capture(raised)
                 break
         return batches, error, time.perf_counter() - began
