@@ -113,7 +113,8 @@ def test_command_without_subcommand_is_a_usage_error():
 # --- layers (DESIGN.md): imports point down, and the two halves of layer 2 stay apart ---------
 
 CORE = {"errors", "functional", "random", "sharding", "skipping", "_version"}
-ADAPTERS = {"infinite", "torch", "image", "_image", "_lightning", "_torch_shared"}  # and their helpers
+ADAPTERS = {"infinite", "_infinite_pipeline", "torch", "image", "_image", "_lightning",
+            "_torch_shared"}  # and their helpers
 
 
 def _layer(module: str) -> tuple[int, str]:

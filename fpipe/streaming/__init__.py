@@ -1,11 +1,12 @@
 """The streaming half of layer 2: streams, the stages that make them, and where their time goes.
 
 One module per job: the stream core (:class:`Stream`, :class:`Stage`, the meter), the
-simple stages (``simple``), the background stages (``parallel``; joblib is touched only by
-its private ``_joblib`` module), ``metrics`` (:func:`stats`), ``batching`` (batches and
-combiners), ``packing`` (token budgets, length buckets and sequence packing),
-``expiration`` (the expiration pool), ``sources`` (seeded infinite sources) and
-``planner`` (which stages fuse, and :func:`explain`; the tuner is ``_tuner``).
+simple stages (``simple``), the background stages (``parallel``, whose runs are the private
+``_background``; joblib is touched only by its private ``_joblib`` module), ``metrics``
+(:func:`stats`), ``batching`` (batches and combiners), ``packing`` (token budgets, length
+buckets and sequence packing), ``expiration`` (the expiration pool), ``sources`` (seeded
+infinite sources) and ``planner`` (which stages fuse, and :func:`explain`; the tuner is
+``_tuner``).
 Every public name is re-exported here and by :mod:`fpipe`.
 
 >>> from toolz import pipe

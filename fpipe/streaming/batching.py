@@ -55,7 +55,7 @@ class _BatchStage(Stage):
         self.drop_last = bool(drop_last)
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
-        return _Batched(as_stream(iterable), repr(self), self)
+        return Batched(as_stream(iterable), repr(self), self)
 
     def __repr__(self) -> str:
         size = self.size if self.predicate is None else func_name(self.predicate)
@@ -65,7 +65,7 @@ class _BatchStage(Stage):
 _NOTHING = object()
 
 
-class _Batched(Stream):
+class Batched(Stream):
     def __init__(self, upstream: Stream, name: str, stage: _BatchStage) -> None:
         super().__init__(upstream, name)
         self.stage = stage  # for the planner, which may move the batching ahead of the workers

@@ -41,7 +41,7 @@ from typing import Any
 from ..functional import func_name
 from ._core import Stage, Stream
 from ._fusion import BatchCall, ChainedCall
-from .batching import _Batched, combine_batches, combine_dicts, combine_pad, combine_to_arrays
+from .batching import Batched, combine_batches, combine_dicts, combine_pad, combine_to_arrays
 
 __all__ = ["Plan", "StagePlan", "explain"]
 
@@ -87,7 +87,7 @@ def plan_map(stage: Stage, call: Any, upstream: Stream, start: int,
 
 
 def _fused(stage: Stage, call: Any, batched: Stream, start: int) -> tuple[Stream | None, str | None]:
-    if not isinstance(batched, _Batched):
+    if not isinstance(batched, Batched):
         return None, None
     producer = _applied.get(batched.upstream)
     if producer is None or getattr(producer.stage, "kind", "") != "processes":
@@ -199,7 +199,14 @@ class StagePlan:
     """One stage of a :class:`Plan`: its name; what the planner did with it (``notes``); for
     ``threads`` and ``processes``, the setting it runs with (``workers``, ``buffer``,
     ``slots``: the chunks it may hold, ``chunk``: the most items in one, None when not
-    bounded by memory), whether it is tuned, why the tuner chose so, and what it measured."""
+    bounded by memory), whether it is tuned, why the tuner chose so, and what it measured.
+
+    >>> stage = StagePlan("threads(abs, n_workers=2)", workers=2, buffer=2, slots=4,
+    ...                   reason="fixed")
+    >>> print(Plan([stage]))
+    threads(abs, n_workers=2)
+        workers 2 (fixed); room for 4 chunks (buffer 2)
+    """
 
     name: str
     notes: tuple[str, ...] = ()

@@ -89,9 +89,12 @@ def test_no_thread_leaks_after_100_cycles():
     assert threading.active_count() == before
 
 
-def test_a_forgotten_stream_is_stopped_when_collected():
+@pytest.mark.parametrize("options", [{"n_workers": 2},
+                                     {"n_workers": "auto", "buffer_size": "auto",
+                                      "memory_budget": 1 << 24}])
+def test_a_forgotten_stream_is_stopped_when_collected(options):
     before = set(fpipe_threads())
-    stream = pipe(itertools.count(), fp.threads(double, n_workers=2))
+    stream = pipe(itertools.count(), fp.threads(double, **options))
     next(stream)
     del stream
     for _ in range(100):  # the finalizer stops them; they exit on their own
