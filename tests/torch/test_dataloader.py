@@ -10,6 +10,7 @@ import collections
 
 import numpy as np
 import pytest
+import toolz
 import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
@@ -17,6 +18,7 @@ from tqdm import tqdm
 import fpipe
 from fpipe.image import ImageDecodeError
 from fpipe.storage import FileWriter, ListReader, MsgpackReader
+from fpipe.streaming import _tuner
 from fpipe.torch import Compose, CompressedToPIL, Dataset, IterableDataset, dict2tuple, worker_range
 
 from .conftest import encode, pixels, write_numbers
@@ -220,3 +222,35 @@ def test_the_iterable_dataset_dataloader_example_runs_with_only_the_imports_chan
 
     labels = sorted(int(label) for _, y in dict2tuple(train) for label in y)
     assert labels == sorted(i % 4 for i in range(40)) and x.shape[1:] == (3, 6, 6)
+
+
+def triple(sample: dict) -> int:
+    return 3 * int(sample["x"])
+
+
+class _TunedPipeline(torch.utils.data.IterableDataset):
+    """fpipe's IterableDataset read through an fpipe pipeline of tuned stages, in each
+    DataLoader worker; each worker ends with the cores its stages may use."""
+
+    def __init__(self, reader) -> None:
+        self.samples = IterableDataset(reader)
+
+    def __iter__(self):
+        stream = toolz.pipe(self.samples, fpipe.threads(triple, n_workers="auto",
+                                                        buffer_size="auto",
+                                                        memory_budget=1 << 24),
+                            fpipe.processes(abs, n_workers="auto", cpu_budget=1))
+        with stream:
+            yield from stream
+        yield {"cores": _tuner.default_cpu_budget()}
+
+
+@pytest.mark.filterwarnings("ignore:.*daemon process")
+def test_an_fpipe_pipeline_in_the_workers_takes_auto_and_shares_the_cores(tmp_path):
+    reader = MsgpackReader(write_numbers(tmp_path / "numbers.msgpack", 40))
+    outputs = list(DataLoader(_TunedPipeline(reader), batch_size=None, num_workers=2,
+                              multiprocessing_context="fork"))
+    values = sorted(int(value) for value in outputs if not isinstance(value, dict))
+    assert values == [3 * i for i in range(40)]
+    cores = [value["cores"] for value in outputs if isinstance(value, dict)]
+    assert cores == [max(1.0, _tuner.default_cpu_budget() / 2)] * 2
