@@ -39,8 +39,8 @@ import numpy as np
 
 from ._infinite_pipeline import Pipeline, restorable
 from ._lightning import closing_callback
-from .errors import check_integer, check_state, close_after, state_header
-from .functional import call_repr
+from .errors import check_auto, check_integer, check_state, close_after, state_header
+from .functional import call_repr, func_name
 from .skipping import OnError, check_max_errors, check_on_error
 from .streaming import (
     ExpirationPool,
@@ -214,6 +214,9 @@ class _ChunkCall:
     def __call__(self, chunk: list) -> list:
         return list(self.transform(chunk, *self.args, **self.kwargs))
 
+    def __repr__(self) -> str:  # what stats() and explain() call the thread stage's function
+        return f"{func_name(self.transform)} (per chunk)"
+
 
 class Iterator(_Adapter):
     """dpipe's ``Iterator``: ``transform(stream, *args, **kwargs)`` gets the whole stream and
@@ -224,7 +227,10 @@ class Iterator(_Adapter):
     With ``n_workers > 1``, ``transform`` is called on consecutive chunks of 64 items, in
     ``n_workers`` threads, and the outputs keep the input order; its state then lasts one
     chunk. (dpipe runs one instance per thread, each on an arbitrary share of the items.)
-    ``buffer_size`` then counts chunks as in :class:`Threads`.
+    ``buffer_size`` then counts chunks as in :class:`Threads`; ``n_workers="auto"``,
+    ``buffer_size="auto"``, ``cpu_budget`` and ``memory_budget`` are those of
+    :func:`fpipe.threads` (the chunks are its items). With one worker there is nothing for a
+    budget to bound, and passing one is an error.
 
     >>> from toolz import pipe
     >>> def pairs(items):
@@ -234,18 +240,31 @@ class Iterator(_Adapter):
     [(0, 1), (2, 3), (4, 5)]
     """
 
-    def __init__(self, transform: Callable, *args: Any, n_workers: int = 1,
-                 buffer_size: int = 1, **kwargs: Any) -> None:
-        options = {"n_workers": n_workers, "buffer_size": buffer_size}
-        check_integer("buffer_size", buffer_size, 1)
-        if check_integer("n_workers", n_workers, 1) == 1:
+    def __init__(self, transform: Callable, *args: Any, n_workers: int | str = 1,
+                 buffer_size: int | str = 1, cpu_budget: float | None = None,
+                 memory_budget: int | None = None, **kwargs: Any) -> None:
+        budgets = _budget_options(cpu_budget, memory_budget)
+        options = {"n_workers": n_workers, "buffer_size": buffer_size, **budgets}
+        check_auto("buffer_size", buffer_size, lambda size: check_integer("buffer_size", size, 1))
+        if check_auto("n_workers", n_workers,
+                      lambda count: check_integer("n_workers", count, 1)) == 1:
+            _check_no_budgets(budgets)
             stages = [_make_stage(transform_stream, transform, args, kwargs)]
         else:
             stages = [batch(_ITERATOR_CHUNK),
                       threads(_ChunkCall(transform, args, kwargs), n_workers=n_workers,
-                              buffer_size=_thread_buffer(n_workers, buffer_size)),
+                              buffer_size=_thread_buffer(n_workers, buffer_size), **budgets),
                       unbatch()]
         super().__init__(stages, (transform, *args), {**options, **kwargs})
+
+
+def _check_no_budgets(budgets: dict) -> None:
+    """An Iterator of one worker runs in the thread that reads it: no budget bounds it."""
+    if budgets:
+        name, value = next(iter(budgets.items()))
+        raise ValueError(f"{name} bounds the threads of Iterator(n_workers=2 or more, or "
+                         f"'auto'); with n_workers=1 the transform runs in the thread that "
+                         f"reads it and there is nothing to bound; got {name}={value!r}")
 
 
 # --- Infinite -------------------------------------------------------------------------------

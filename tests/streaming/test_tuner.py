@@ -240,6 +240,37 @@ def test_the_stage_classes_of_infinite_take_the_same():
     assert "memory_budget=67108864" in text and "cpu_budget=2" in text
 
 
+def doubled_all(items):
+    return [2 * x for x in items]
+
+
+def test_infinites_iterator_takes_the_same():
+    with fp.Infinite(range(300), fp.Iterator(doubled_all, n_workers="auto", buffer_size="auto",
+                                             cpu_budget=1.5, memory_budget=1 << 26),
+                     batch_size=100, batches_per_epoch=3, combiner=list) as batch_iter:
+        batches = list(batch_iter())
+        text = str(batch_iter.explain())
+    assert [x for batch in batches for x in batch] == [2 * x for x in range(300)]
+    assert ("threads(doubled_all (per chunk), n_workers='auto', buffer_size='auto', "
+            "cpu_budget=1.5, memory_budget=67108864)") in text
+    assert "(auto: " in text
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"n_workers": "all"}, ValueError, "n_workers must be an integer or 'auto'; got n_workers='all'"),
+    ({"n_workers": 2, "buffer_size": "max"}, ValueError,
+     "buffer_size must be an integer or 'auto'; got buffer_size='max'"),
+    ({"memory_budget": 1 << 26}, ValueError,
+     "memory_budget bounds the threads of Iterator.*got memory_budget=67108864"),
+    ({"cpu_budget": 2}, ValueError, "cpu_budget bounds the threads of Iterator"),
+    ({"n_workers": 2, "cpu_budget": 2}, ValueError, "with n_workers=2 it has nothing to bound"),
+    ({"n_workers": "auto", "memory_budget": 10}, ValueError, "memory_budget must be >= 1048576"),
+])
+def test_infinites_iterator_checks_its_settings_and_budgets(options, error, message):
+    with pytest.raises(error, match=message):
+        fp.Iterator(doubled_all, **options)
+
+
 def test_in_a_dataloader_worker_the_cores_are_shared_between_the_workers(monkeypatch):
     cores = _tuner.default_cpu_budget()
     info = types.SimpleNamespace(num_workers=2, id=0)
