@@ -217,7 +217,7 @@ def test_explain_shows_the_tuners_choice_and_its_measurements():
     ({"memory_budget": 512}, ValueError, "memory_budget must be >= 1048576"),
     ({"memory_budget": 1.5e9}, TypeError, "memory_budget must be an integer"),
 ])
-@pytest.mark.parametrize("factory", [fp.threads, fp.processes])
+@pytest.mark.parametrize("factory", [fp.threads, fp.processes, fp.Threads, fp.Loky])
 def test_settings_and_budgets_are_checked_when_the_stage_is_built(factory, options, error, message):
     with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
         factory(double, **options)
