@@ -467,6 +467,11 @@ def numbered_key(name: str, index: int) -> str:
     return f"{name}:{index}"
 
 
+def numbered_keys(name: str, start: int, stop: int) -> list[str]:
+    """The :func:`numbered_key` of samples ``start`` to ``stop`` of file ``name``."""
+    return [f"{name}:{index}" for index in range(start, stop)]
+
+
 def numbered_index(name: str, key: Any, n: int) -> int:
     """The index that :func:`numbered_key` ``key`` names in file ``name``, or -1."""
     if not isinstance(key, str) or not key.startswith(name + ":"):
@@ -588,7 +593,7 @@ class SpanReader(Reader):
 
     def _key_list(self, start: int, stop: int) -> list[str]:
         if self._keys is None:
-            return [numbered_key(self.source.name, i) for i in range(start, stop)]
+            return numbered_keys(self.source.name, start, stop)
         return self._keys.slice(start, stop)
 
     def _damaged(self, index: int) -> FormatError:

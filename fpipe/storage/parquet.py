@@ -41,7 +41,7 @@ from ._foreign import (
     KeyIndex,
     expand_shards,
     numbered_index,
-    numbered_key,
+    numbered_keys,
     renamed,
     strings_to_arrays,
     write_shards,
@@ -243,7 +243,7 @@ class _ArrowReader(Reader):
 
     def _key_list(self, start: int, stop: int) -> list[str]:
         if self._key_column is None:
-            return [numbered_key(self.source.name, i) for i in range(start, stop)]
+            return numbered_keys(self.source.name, start, stop)
         return self._key_index().slice(start, stop)
 
     def find_key(self, index: int) -> str:
