@@ -178,6 +178,17 @@ def _mapped_slabs(pid: int, owner: int) -> list[str]:
     return [line.split()[-2] for line in lines if mark in line]
 
 
+def _wait_unmapped(processes: list[int]) -> None:
+    """Wait until none of ``processes`` maps a slab of this consumer; say which still do."""
+    def mapped() -> dict[int, list[str]]:
+        return {pid: names for pid in processes if (names := _mapped_slabs(pid, os.getpid()))}
+    try:
+        wait_until(lambda: not mapped())
+    except AssertionError:
+        still = {pid: (psutil.Process(pid).cmdline()[-1:], names) for pid, names in mapped().items()}
+        raise AssertionError(f"slabs still mapped (pid: command, slabs): {still}") from None
+
+
 def test_slabs_fit_their_results_and_are_let_go_of_when_the_run_ends():
     nbytes = 20 << 20
     stage = fp.processes(large, nbytes, n_workers=2, chunk_size=1,
@@ -191,5 +202,5 @@ def test_slabs_fit_their_results_and_are_let_go_of_when_the_run_ends():
     del out
     gc.collect()
     processes = [os.getpid()] + [child.pid for child in psutil.Process().children(recursive=True)]
-    wait_until(lambda: not any(_mapped_slabs(pid, os.getpid()) for pid in processes))
+    _wait_unmapped(processes)
     assert _shm.names(os.getpid()) == []
