@@ -421,3 +421,16 @@ def shard_seed(seed: int, start: int) -> int:
     True
     """
     return seed_entropy(np.random.SeedSequence(seed, spawn_key=(start, 0, 1)))
+
+
+def order_keys(seed: int, epoch: int, count: int) -> np.ndarray:
+    """``count`` 64-bit keys of the order of epoch ``epoch`` under ``seed`` (an ordering's round
+    keys): a 3-number spawn key of its own, so that they are no item's or shard's seed.
+
+    >>> keys = order_keys(0, 1, 4)
+    >>> keys.dtype, len(keys), keys.tolist() == order_keys(0, 1, 4).tolist()
+    (dtype('uint64'), 4, True)
+    >>> keys.tolist() == order_keys(0, 2, 4).tolist()
+    False
+    """
+    return np.random.SeedSequence(seed, spawn_key=(epoch, 0, 2)).generate_state(count, np.uint64)

@@ -377,7 +377,8 @@ def check_elastic(elastic: Any, batch_size: int | None, shuffle: bool) -> bool:
     if shuffle:
         raise ValueError("elastic=True needs one order for the whole epoch, and shuffle=True "
                          "shuffles each worker's shard; shuffle with an ordering instead: "
-                         "IterableDataset(Shuffler(reader, seed=...), elastic=True); got shuffle=True")
+                         "IterableDataset(IndexShuffler(reader, seed=...), elastic=True) (or a Shuffler, "
+                         "for datadings's order); got shuffle=True")
     return True
 
 

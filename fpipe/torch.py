@@ -470,7 +470,8 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     ``chunk_size`` samples (``copy`` goes to the reader), as datadings does; ranks rotate
     through the shards from epoch to epoch (:func:`worker_range` gives the exact layout).
     ``reader`` may be a reader or an ordering (:class:`~fpipe.storage.order.Shuffler`,
-    :class:`~fpipe.storage.order.QuasiShuffler`, ...), which is read at the dataset's epoch.
+    :class:`~fpipe.storage.permutation.IndexShuffler`, :class:`~fpipe.storage.order.QuasiShuffler`,
+    ...), which is read at the dataset's epoch.
     ``rank`` and ``world_size`` come from ``torch.distributed`` (process ``group``) when it
     is initialised at construction, or are given.
 

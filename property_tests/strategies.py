@@ -136,6 +136,7 @@ class IndexReader:
 _layers = st.one_of(
     st.tuples(st.just("range"), st.integers(-5, 30), st.one_of(st.none(), st.integers(-5, 60))),
     st.tuples(st.just("shuffle")),
+    st.tuples(st.just("index")),
     st.tuples(st.just("quasi"), st.one_of(st.integers(1, 40), st.floats(0.01, 0.99)),
               st.integers(1, 12)),
     st.tuples(st.just("repeat"), st.integers(0, 3)),
@@ -144,9 +145,10 @@ _layers = st.one_of(
 
 
 def _allowed(spec: list) -> bool:
-    # a Shuffler needs random access, which a QuasiShuffler inside it does not offer
+    # a Shuffler or IndexShuffler needs random access, which a QuasiShuffler inside it does
+    # not offer
     kinds = [layer[0] for layer in spec]
-    return "quasi" not in kinds or "shuffle" not in kinds[kinds.index("quasi"):]
+    return "quasi" not in kinds or not {"shuffle", "index"} & set(kinds[kinds.index("quasi"):])
 
 
 ordering_specs = st.lists(_layers, min_size=1, max_size=3).filter(_allowed)
@@ -156,12 +158,15 @@ ordering_lengths = st.integers(0, 70)
 def build(spec: list, reader, seed=None):
     """The ordering that ``spec`` describes over ``reader``; seeded layers get ``seed``."""
     from fpipe.storage.order import Cycler, QuasiShuffler, Range, Repeater, Shuffler
+    from fpipe.storage.permutation import IndexShuffler
     ordering = reader
     for kind, *args in spec:
         if kind == "range":
             ordering = Range(ordering, *args)
         elif kind == "shuffle":
             ordering = Shuffler(ordering, seed=seed)
+        elif kind == "index":
+            ordering = IndexShuffler(ordering, seed=seed)
         elif kind == "quasi":
             ordering = QuasiShuffler(ordering, buf_size=args[0], chunk_size=args[1], seed=seed)
         elif kind == "repeat":
@@ -391,27 +396,28 @@ def key_of(sample: dict) -> int:
     return sample["key"]
 
 
-# where the examples come from: ("sample", seed) is infinite; ("list", n) and
-# ("shuffler", n, seed) are finite, so epochs end early and sources start over
+# where the examples come from: ("sample", seed) is infinite; ("list", n), ("shuffler", n,
+# seed) and ("index", n, seed) are finite, so epochs end early and sources start over
 batch_iter_sources = st.one_of(
     st.tuples(st.just("sample"), st.integers(0, 2**32 - 1)),
     st.tuples(st.just("list"), st.integers(1, 12)),
-    st.tuples(st.just("shuffler"), st.integers(1, 12), st.integers(0, 9)),
+    st.tuples(st.sampled_from(["shuffler", "index"]), st.integers(1, 12), st.integers(0, 9)),
 )
 
 
 def make_source(spec: tuple) -> tuple:
     """A fresh source for a spec of ``batch_iter_sources``, and the transformers it needs first
-    (a Shuffler yields samples: dicts with a key)."""
+    (a Shuffler or IndexShuffler yields samples: dicts with a key)."""
     from fpipe import sample
-    from fpipe.storage import ListReader, Shuffler
+    from fpipe.storage import IndexShuffler, ListReader, Shuffler
 
     kind, *args = spec
     if kind == "sample":
         return sample(range(1000), random_state=args[0]), []
     if kind == "list":
         return list(range(args[0])), []
-    return Shuffler(ListReader([{"key": i} for i in range(args[0])]), seed=args[1]), [key_of]
+    shuffler = IndexShuffler if kind == "index" else Shuffler
+    return shuffler(ListReader([{"key": i} for i in range(args[0])]), seed=args[1]), [key_of]
 
 
 # --- resume over any source, through stages that drop items ---------------------------------

@@ -113,7 +113,7 @@ def test_a_mix_state_continues_exactly_or_is_refused(first, second, taken):
 infinite_sources = st.one_of(
     st.tuples(st.just("sample"), st.integers(0, 3)),
     st.tuples(st.just("list"), st.integers(1, 12)),
-    st.tuples(st.just("shuffler"), st.integers(1, 12), st.integers(0, 3)),
+    st.tuples(st.sampled_from(["shuffler", "index"]), st.integers(1, 12), st.integers(0, 3)),
 )
 # what a state of an Infinite can tell apart: its source, its batch size, its stages up to the
 # batch (how many, and filters where it counted); not what its functions compute

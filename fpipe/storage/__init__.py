@@ -15,6 +15,7 @@ from . import (
     format,
     order,
     parquet,
+    permutation,
     reader,
     recovery,
     sharded,
@@ -28,6 +29,7 @@ from .class_lists import *
 from .format import *
 from .order import *
 from .parquet import *
+from .permutation import *
 from .reader import *
 from .recovery import *
 from .sharded import *
@@ -37,6 +39,6 @@ from .webdataset import *
 from .writer import *
 
 __all__ = sorted({*base.__all__, *class_lists.__all__, *format.__all__,  # noqa: PLE0605
-                  *order.__all__, *parquet.__all__, *reader.__all__, *recovery.__all__,
-                  *sharded.__all__, *tfrecord.__all__, *unpacked.__all__, *webdataset.__all__,
-                  *writer.__all__})
+                  *order.__all__, *parquet.__all__, *permutation.__all__, *reader.__all__,
+                  *recovery.__all__, *sharded.__all__, *tfrecord.__all__, *unpacked.__all__,
+                  *webdataset.__all__, *writer.__all__})

@@ -72,18 +72,22 @@ from ._plans import (
 __all__ = ["Cycler", "QuasiShuffler", "Range", "Repeater", "Shuffler"]
 
 
-class _Options(NamedTuple):
+class ReadOptions(NamedTuple):
+    """How an iteration reads samples. This class and the reading functions below without an
+    underscore (outside ``__all__``) serve the orderings of other modules as well, such as
+    :class:`~fpipe.storage.permutation.IndexShuffler`."""
+
     yield_key: bool
     raw: bool
     copy: bool
     chunk_size: int
 
 
-def _options(yield_key: bool, raw: bool, copy: bool, chunk_size: int) -> _Options:
-    return _Options(bool(yield_key), bool(raw), bool(copy), check_integer("chunk_size", chunk_size, 1))
+def _options(yield_key: bool, raw: bool, copy: bool, chunk_size: int) -> ReadOptions:
+    return ReadOptions(bool(yield_key), bool(raw), bool(copy), check_integer("chunk_size", chunk_size, 1))
 
 
-def _read_source(source: Any, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+def _read_source(source: Any, epoch: int, start: int, stop: int, options: ReadOptions) -> Iterator:
     """Positions ``[start, stop)`` of epoch ``epoch`` of a reader or ordering (``start < stop``)."""
     if isinstance(source, _Ordering):
         return source._read(epoch, start, stop, options)
@@ -91,7 +95,7 @@ def _read_source(source: Any, epoch: int, start: int, stop: int, options: _Optio
                        copy=options.copy, chunk_size=options.chunk_size)
 
 
-def _read_list(source: Any, epoch: int, start: int, stop: int, options: _Options) -> list:
+def _read_list(source: Any, epoch: int, start: int, stop: int, options: ReadOptions) -> list:
     """Like :func:`_read_source`, as a list: one ``get_slice`` where the reader offers it
     (a single contiguous read, decoded straight from the file's mapping)."""
     if isinstance(source, _Ordering):
@@ -103,7 +107,7 @@ def _read_list(source: Any, epoch: int, start: int, stop: int, options: _Options
                      copy=options.copy)
 
 
-def _source_getter(source: Any, epoch: int, options: _Options) -> Callable[[int], Any]:
+def source_getter(source: Any, epoch: int, options: ReadOptions) -> Callable[[int], Any]:
     """A function from a position of epoch ``epoch`` of ``source`` to its sample."""
     if isinstance(source, _Ordering):
         return source._getter(epoch, options)
@@ -112,7 +116,7 @@ def _source_getter(source: Any, epoch: int, options: _Options) -> Callable[[int]
     return partial(source.get, yield_key=options.yield_key, raw=options.raw, copy=options.copy)
 
 
-def _prefetch(source: Any, indices: np.ndarray) -> None:
+def prefetch_indices(source: Any, indices: np.ndarray) -> None:
     """Tell the reader under ``source`` which of its samples come next, in order, so that a
     reader at a URL fetches their blocks in the background (other readers ignore it)."""
     while isinstance(source, Range):
@@ -122,7 +126,7 @@ def _prefetch(source: Any, indices: np.ndarray) -> None:
         prefetch(indices)
 
 
-def _random_access(source: Any) -> bool:
+def random_access(source: Any) -> bool:
     if isinstance(source, _Ordering):
         return source._random_access()
     return callable(getattr(source, "get", None))
@@ -157,13 +161,13 @@ class _Ordering(abc.ABC):
         """The number of positions in an epoch."""
 
     @abc.abstractmethod
-    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+    def _read(self, epoch: int, start: int, stop: int, options: ReadOptions) -> Iterator:
         """The samples at positions ``[start, stop)`` of epoch ``epoch`` (``start < stop``)."""
 
-    def _read_list(self, epoch: int, start: int, stop: int, options: _Options) -> list:
+    def _read_list(self, epoch: int, start: int, stop: int, options: ReadOptions) -> list:
         return list(self._read(epoch, start, stop, options))
 
-    def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
+    def _getter(self, epoch: int, options: ReadOptions) -> Callable[[int], Any]:
         # one-item windows work for every ordering; the ones with random access do better
         def get(index: int) -> Any:
             return next(iter(self._read(epoch, index, index + 1, options)))
@@ -344,7 +348,7 @@ class _Ordering(abc.ABC):
         window = range(len(self))[check_integer("start", start):stop]
         return self._origin[0], window.start, window.stop
 
-    def _walk(self, epoch: int, position: int, limit: int | None, options: _Options) -> Iterator:
+    def _walk(self, epoch: int, position: int, limit: int | None, options: ReadOptions) -> Iterator:
         n = len(self)
         while True:
             end = n if limit is None else min(n, limit)
@@ -355,7 +359,7 @@ class _Ordering(abc.ABC):
                 return
             epoch, position, limit = epoch + 1, 0, None if limit is None else limit - n
 
-    def _tracked(self, progress: _Progress, limit: int | None, options: _Options) -> Iterator:
+    def _tracked(self, progress: _Progress, limit: int | None, options: ReadOptions) -> Iterator:
         n = len(self)
         for item in self._walk(progress.epoch, progress.position, limit, options):
             progress.position += 1
@@ -390,7 +394,7 @@ class _Ordering(abc.ABC):
         return ""
 
 
-class _Indexable(_Ordering):
+class IndexableOrdering(_Ordering):
     """Orderings with random access: ``get`` reads one position of the current epoch."""
 
     def get(self, index: int, yield_key: bool = False, raw: bool = False,
@@ -410,7 +414,7 @@ class _Indexable(_Ordering):
         return self._getter(self.epoch, _options(yield_key, raw, copy, 1))(index % n)
 
 
-class _Seeded(_Ordering):
+class SeededOrdering(_Ordering):
     """Orderings whose order depends on a seed and the epoch; keeps one epoch's plan cached."""
 
     def __init__(self, reader: Any, seed: Seed) -> None:
@@ -434,7 +438,7 @@ class _Seeded(_Ordering):
         return f", seed={self.seed}"
 
 
-class Range(_Indexable):
+class Range(IndexableOrdering):
     """The positions ``[start, stop)`` of ``reader``, normalised like a slice of ``range``.
 
     A window past the end is empty (datadings raised IndexError).
@@ -456,18 +460,18 @@ class Range(_Indexable):
     def __len__(self) -> int:
         return self.stop - self.start
 
-    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+    def _read(self, epoch: int, start: int, stop: int, options: ReadOptions) -> Iterator:
         return _read_source(self.reader, epoch, self.start + start, self.start + stop, options)
 
-    def _read_list(self, epoch: int, start: int, stop: int, options: _Options) -> list:
+    def _read_list(self, epoch: int, start: int, stop: int, options: ReadOptions) -> list:
         return _read_list(self.reader, epoch, self.start + start, self.start + stop, options)
 
-    def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
-        get, offset = _source_getter(self.reader, epoch, options), self.start
+    def _getter(self, epoch: int, options: ReadOptions) -> Callable[[int], Any]:
+        get, offset = source_getter(self.reader, epoch, options), self.start
         return lambda index: get(offset + index)
 
     def _random_access(self) -> bool:
-        return _random_access(self.reader)
+        return random_access(self.reader)
 
     def _arguments(self) -> str:
         return f", {self.start}, {self.stop}"
@@ -496,19 +500,19 @@ class Repeater(_Ordering):
     def __len__(self) -> int:
         return self.times * len(self.reader)
 
-    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+    def _read(self, epoch: int, start: int, stop: int, options: ReadOptions) -> Iterator:
         n = len(self.reader)
         for repetition in range(start // n, -(-stop // n)):
             low, high = max(start, repetition * n), min(stop, (repetition + 1) * n)
             yield from _read_source(self.reader, epoch * self.times + repetition,
                                     low - repetition * n, high - repetition * n, options)
 
-    def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
+    def _getter(self, epoch: int, options: ReadOptions) -> Callable[[int], Any]:
         n, reader, times = len(self.reader), self.reader, self.times
-        return lambda index: _source_getter(reader, epoch * times + index // n, options)(index % n)
+        return lambda index: source_getter(reader, epoch * times + index // n, options)(index % n)
 
     def _random_access(self) -> bool:
-        return _random_access(self.reader)
+        return random_access(self.reader)
 
     def _arguments(self) -> str:
         return f", {self.times}"
@@ -537,17 +541,17 @@ class Cycler(_Ordering):
     def __len__(self) -> int:
         return len(self.reader)
 
-    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+    def _read(self, epoch: int, start: int, stop: int, options: ReadOptions) -> Iterator:
         return _read_source(self.reader, epoch, start, stop, options)
 
-    def _read_list(self, epoch: int, start: int, stop: int, options: _Options) -> list:
+    def _read_list(self, epoch: int, start: int, stop: int, options: ReadOptions) -> list:
         return _read_list(self.reader, epoch, start, stop, options)
 
-    def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
-        return _source_getter(self.reader, epoch, options)
+    def _getter(self, epoch: int, options: ReadOptions) -> Callable[[int], Any]:
+        return source_getter(self.reader, epoch, options)
 
     def _random_access(self) -> bool:
-        return _random_access(self.reader)
+        return random_access(self.reader)
 
     def _limit(self, stop: int | None) -> int | None:
         return None if stop is None else check_integer("stop", stop, 0)
@@ -559,7 +563,7 @@ class Cycler(_Ordering):
         return self._origin[0] + laps, start % n, limit
 
 
-class Shuffler(_Seeded, _Indexable):
+class Shuffler(SeededOrdering, IndexableOrdering):
     """A true permutation of ``reader`` per epoch, read sample by sample with ``get``.
 
     The permutation of epoch ``e`` depends on ``(seed, e)`` alone, and is datadings's: Python's
@@ -580,7 +584,7 @@ class Shuffler(_Seeded, _Indexable):
 
     def __init__(self, reader: Any, seed: Seed = None) -> None:
         super().__init__(reader, seed)
-        if not _random_access(reader):
+        if not random_access(reader):
             raise TypeError(f"Shuffler needs a reader with random access (get); got "
                             f"reader={reader!r}")
         self._length = len(reader)
@@ -594,8 +598,8 @@ class Shuffler(_Seeded, _Indexable):
     def _draw_permutation(self, epoch: int) -> np.ndarray:
         return shuffled(epoch_random(self.seed, epoch, self._length), self._length)
 
-    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
-        get, order = _source_getter(self.reader, epoch, options), self._permutation(epoch)
+    def _read(self, epoch: int, start: int, stop: int, options: ReadOptions) -> Iterator:
+        get, order = source_getter(self.reader, epoch, options), self._permutation(epoch)
         return self._blocks(get, order, start, stop)
 
     def _blocks(self, get: Callable[[int], Any], order: np.ndarray, start: int,
@@ -603,18 +607,18 @@ class Shuffler(_Seeded, _Indexable):
         for low in range(start, stop, BLOCK):
             high = min(stop, low + BLOCK)
             # two blocks ahead, so the next block's first samples are on their way too
-            _prefetch(self.reader, order[low:min(stop, high + BLOCK)])
+            prefetch_indices(self.reader, order[low:min(stop, high + BLOCK)])
             yield from map(get, order[low:high].tolist())
 
-    def _getter(self, epoch: int, options: _Options) -> Callable[[int], Any]:
-        get, order = _source_getter(self.reader, epoch, options), self._permutation(epoch)
+    def _getter(self, epoch: int, options: ReadOptions) -> Callable[[int], Any]:
+        get, order = source_getter(self.reader, epoch, options), self._permutation(epoch)
         return lambda index: get(int(order[index]))
 
     def _random_access(self) -> bool:
         return True
 
 
-class QuasiShuffler(_Seeded):
+class QuasiShuffler(SeededOrdering):
     """Shuffle ``reader`` cheaply: read whole chunks in a shuffled order and pass them through a
     buffer of random slots. Reads are contiguous, one per chunk.
 
@@ -684,10 +688,10 @@ class QuasiShuffler(_Seeded):
         flush = np.arange(fill) if fill < n else shuffled(rand, fill)
         return Plan(order, starts, fill, size, state, flush)
 
-    def _read(self, epoch: int, start: int, stop: int, options: _Options) -> Iterator:
+    def _read(self, epoch: int, start: int, stop: int, options: ReadOptions) -> Iterator:
         return itertools.islice(self._pass(epoch, start, options), stop - start)
 
-    def _pass(self, epoch: int, start: int, options: _Options) -> Iterator:
+    def _pass(self, epoch: int, start: int, options: ReadOptions) -> Iterator:
         plan = self._plan(epoch)
         options = options._replace(chunk_size=self.chunk_size)
         streamed = self._length - plan.fill
@@ -702,7 +706,7 @@ class QuasiShuffler(_Seeded):
             yield sample
 
     def _stream(self, plan: Plan, epoch: int, buffer: list, slots: Iterator[int], step: int,
-                options: _Options) -> Iterator:
+                options: ReadOptions) -> Iterator:
         position = hinted = plan.fill + step
         for first, stop in plan.pieces(plan.fill + step, self._length):
             if position >= hinted:
@@ -718,7 +722,7 @@ class QuasiShuffler(_Seeded):
             del samples
 
     def _load_buffer(self, plan: Plan, epoch: int, start: int, blocks: Iterator[np.ndarray],
-                     options: _Options) -> tuple[list, np.ndarray]:
+                     options: ReadOptions) -> tuple[list, np.ndarray]:
         """The buffer at position ``start`` (slots already gone out are None), and the slot
         choices left over from the block in which the replay stopped."""
         if start == 0:
@@ -729,14 +733,14 @@ class QuasiShuffler(_Seeded):
         held, rest = replayed_slots(plan, blocks, min(start, streamed))
         wanted = plan.flush[max(0, start - streamed):]
         buffer: list = [None] * plan.fill
-        get = _source_getter(self.reader, epoch, options)
+        get = source_getter(self.reader, epoch, options)
         for slot, index in zip(wanted.tolist(), held[wanted].tolist()):
             buffer[slot] = get(index)
         return buffer, rest
 
     def _prefetch(self, plan: Plan, low: int, high: int) -> None:
         """Hint the samples at read positions ``[low, high)``: those of each chunk in turn."""
-        _prefetch(self.reader, plan.samples(np.arange(low, min(high, self._length))))
+        prefetch_indices(self.reader, plan.samples(np.arange(low, min(high, self._length))))
 
 
 class Indexed:

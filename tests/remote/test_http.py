@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from fpipe.errors import FormatError
-from fpipe.storage import MsgpackReader, QuasiShuffler, Range, ShardedReader, Shuffler
+from fpipe.storage import (
+    IndexShuffler,
+    MsgpackReader,
+    QuasiShuffler,
+    Range,
+    ShardedReader,
+    Shuffler,
+)
 from fpipe.storage.remote import RemoteError, _HttpFetcher
 
 from .conftest import BLOCK, N, sample
@@ -76,6 +83,15 @@ def test_every_block_is_fetched_once_for_an_epoch_and_never_for_the_next(http, c
     again = reader(http, cache)  # a new reader on the same cache (another worker, say)
     assert [s["key"] for s in again] == [sample(i)["key"] for i in range(N)]
     assert http.faults.ranged_gets == fetched
+
+
+def test_an_index_shuffler_reads_a_url_as_the_local_file_fetching_each_block_once(
+        http, served, cache):
+    remote, local = reader(http, cache, read_ahead=4), MsgpackReader(served / "train.msgpack")
+    order = [s["key"] for s in IndexShuffler(remote, seed=5)]
+    assert order == [s["key"] for s in IndexShuffler(local, seed=5)]
+    assert sorted(order) == [sample(i)["key"] for i in range(N)]
+    assert http.faults.ranged_gets == len(block_files(cache))  # hinted ahead, fetched once
 
 
 @pytest.mark.parametrize("fault", ["500", "short", "shifted", "whole"])
