@@ -2,7 +2,9 @@
 
 A dataset ``X.msgpack`` is a data file of msgpack messages written back to back, one per
 sample, plus index files next to it (``X.msgpack.offsets``, ``.keys``, ``.key_hashes``,
-``.filter`` and ``.md5``), byte-compatible with datadings. ``docs/format.md`` specifies every
+``.filter`` and ``.md5``), byte-compatible with datadings, and fpipe's ``.key_index`` (keys
+and indices both ways, without loading; see :mod:`fpipe.storage.keyindex`), which datadings
+ignores. ``docs/format.md`` specifies every
 byte; this module reads and writes them.
 
 Samples pack the way datadings packs them: bin type for bytes, UTF-8 strings, numpy arrays
@@ -23,8 +25,10 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import shutil
 import stat
 import struct
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +40,14 @@ import numpy as np
 from ..errors import FormatError
 
 __all__ = [
+    "BLOOM_MAX_BYTES",
     "BloomFilter",
     "DatasetFiles",
     "MAX_EMPTY_ITEMS",
     "SUFFIX_FILTER",
     "SUFFIX_KEYS",
     "SUFFIX_KEY_HASHES",
+    "SUFFIX_KEY_INDEX",
     "SUFFIX_LEGACY_INDEX",
     "SUFFIX_OFFSETS",
     "corrupt_reason",
@@ -89,6 +95,8 @@ SUFFIX_KEYS = ".keys"
 SUFFIX_KEY_HASHES = ".key_hashes"
 SUFFIX_FILTER = ".filter"
 SUFFIX_LEGACY_INDEX = ".index"
+#: fpipe's own index file (datadings has no name for it, and ignores it).
+SUFFIX_KEY_INDEX = ".key_index"
 
 
 @dataclass(frozen=True)
@@ -98,8 +106,8 @@ class DatasetFiles:
     >>> files = DatasetFiles("train.msgpack")
     >>> files.offsets.name, files.md5.name
     ('train.msgpack.offsets', 'train.msgpack.md5')
-    >>> print(*(path.name for path in files.index_files))
-    train.msgpack.offsets train.msgpack.keys train.msgpack.key_hashes train.msgpack.filter
+    >>> print(*(path.name[13:] for path in files.index_files))
+    .offsets .keys .key_hashes .filter .key_index
     """
 
     data: Path
@@ -131,6 +139,12 @@ class DatasetFiles:
         return self._sibling(SUFFIX_FILTER)
 
     @property
+    def key_index(self) -> Path:
+        """fpipe's key index: key hashes sorted, with their samples' indices, and where each
+        key is in ``.keys`` (see :mod:`fpipe.storage.keyindex`)."""
+        return self._sibling(SUFFIX_KEY_INDEX)
+
+    @property
     def md5(self) -> Path:
         """``md5sum -c`` compatible checksums of the data and index files."""
         return self._sibling(".md5")
@@ -141,9 +155,10 @@ class DatasetFiles:
         return self._sibling(SUFFIX_LEGACY_INDEX)
 
     @property
-    def index_files(self) -> tuple[Path, Path, Path, Path]:
-        """The four index files, in the order the ``.md5`` file lists them."""
-        return self.offsets, self.keys, self.key_hashes, self.filter
+    def index_files(self) -> tuple[Path, ...]:
+        """The index files, in the order the ``.md5`` file lists them: datadings's four, then
+        fpipe's key index."""
+        return self.offsets, self.keys, self.key_hashes, self.filter, self.key_index
 
     @property
     def classes(self) -> Path:
@@ -417,7 +432,13 @@ def _digests(keys: Iterable[str], salt: bytes = b"") -> bytes:
     return b"".join(map(digest, keys))
 
 
-def _salted_hashes(keys: Iterable[str], salt: bytes) -> np.ndarray:
+def salted_hashes(keys: Iterable[str], salt: bytes) -> np.ndarray:
+    """:func:`hash_key` of each key, as a uint64 array (not in ``__all__``: the index
+    writers use it).
+
+    >>> int(salted_hashes(["a"], key_salt(0))[0]) == hash_key("a", key_salt(0))
+    True
+    """
     return np.frombuffer(_digests(keys, salt), dtype=_OFFSET)[::4].astype(np.uint64)
 
 
@@ -433,7 +454,7 @@ def hash_keys(keys: Sequence[str], max_tries: int = 1000) -> tuple[bytes, np.nda
     message = f"key hashes collide for {max_tries} salts; are the keys unique?"
     for attempt in range(max_tries):
         salt = key_salt(attempt)
-        hashes = _salted_hashes(keys, salt)
+        hashes = salted_hashes(keys, salt)
         ranked = np.sort(hashes)
         if not (ranked[1:] == ranked[:-1]).any():
             return salt, hashes
@@ -459,6 +480,10 @@ _BLOOM_HEADER = struct.Struct(">8sQQd")
 _LN2 = 0.6931471805599453
 _LN2_SQUARED = 0.4804530139182015
 _BLOOM_BATCH = 1 << 15
+_BLOOM_UNPACKED_MAX = 8 << 20
+#: The most bytes of bits a Bloom filter that fpipe writes takes (see
+#: :meth:`BloomFilter.for_count`): a writer holds it while it writes the index.
+BLOOM_MAX_BYTES = 64 << 20
 
 
 class BloomFilter:
@@ -492,24 +517,62 @@ class BloomFilter:
         if bits is not None and len(bits) != size:
             raise ValueError(f"a filter of {num_elements} elements has {size} bytes; got {len(bits)}")
         self._bits = bytearray(size) if bits is None else bytearray(bits)
+        self._unpacked: np.ndarray | None = None
 
     @classmethod
     def build(cls, keys: Sequence[str]) -> BloomFilter:
-        """The filter datadings writes for ``keys``: ``max(2, len(keys))`` elements."""
-        bloom = cls(max(2, len(keys)))
+        """The filter fpipe writes for ``keys`` (:meth:`for_count` of their number).
+
+        >>> "b" in BloomFilter.build(["a", "b"])
+        True
+        """
+        bloom = cls.for_count(len(keys))
         bloom.update(keys)
         return bloom
 
+    @classmethod
+    def for_count(cls, n: int) -> BloomFilter:
+        """An empty filter for ``n`` keys: datadings's, of ``max(2, n)`` elements at false
+        positives ``1 / max(2, n)``, while it takes at most :data:`BLOOM_MAX_BYTES`; past
+        about 14 million keys, one of that many bytes, with more false positives (its header
+        says which; ``key in reader`` then looks the key up, so answers stay right).
+
+        >>> BloomFilter.for_count(1000).num_bits == BloomFilter(1000).num_bits
+        True
+        >>> BloomFilter.for_count(10**9).num_bits // 8 <= BLOOM_MAX_BYTES
+        True
+        """
+        elements = max(2, n)
+        bloom = cls(elements)
+        if bloom.num_bits // 8 <= BLOOM_MAX_BYTES:
+            return bloom
+        # a byte short of the bound, so that rounding up stays within it
+        return cls(elements, math.exp(-8 * (BLOOM_MAX_BYTES - 1) * _LN2_SQUARED / elements))
+
     def update(self, keys: Sequence[str]) -> None:
-        """Add every key (vectorised over batches of keys; uses ``num_bits`` bytes meanwhile)."""
-        bits = np.unpackbits(np.frombuffer(self._bits, np.uint8), bitorder="little").view(bool)
+        """Add every key (vectorised over batches of keys). A filter of up to 8 MiB keeps its
+        bits unpacked meanwhile, eight times its size, until it is read or dumped; a larger one
+        sets them in place."""
+        data = np.frombuffer(self._bits, np.uint8)
+        if self._unpacked is None and len(data) <= _BLOOM_UNPACKED_MAX:
+            self._unpacked = np.unpackbits(data, bitorder="little").view(bool)
         rounds = np.arange(self.num_hashes, dtype=np.uint64)
         for start in range(0, len(keys), _BLOOM_BATCH):
             h1, h2 = _bloom_hashes(keys[start:start + _BLOOM_BATCH])
             with np.errstate(over="ignore"):
-                positions = (h1[:, None] + rounds[None, :] * h2[:, None]) % np.uint64(self.num_bits)
-            bits[positions.ravel()] = True
-        self._bits = bytearray(np.packbits(bits, bitorder="little").tobytes())
+                positions = ((h1[:, None] + rounds[None, :] * h2[:, None])
+                             % np.uint64(self.num_bits)).ravel()
+            if self._unpacked is not None:
+                self._unpacked[positions] = True
+            else:
+                np.bitwise_or.at(data, (positions >> np.uint64(3)).astype(np.intp),
+                                 np.left_shift(1, positions & np.uint64(7)).astype(np.uint8))
+
+    def _packed(self) -> bytearray:
+        if self._unpacked is not None:
+            self._bits = bytearray(np.packbits(self._unpacked, bitorder="little").tobytes())
+            self._unpacked = None
+        return self._bits
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
@@ -519,7 +582,7 @@ class BloomFilter:
         except UnicodeEncodeError:  # a lone surrogate: no key that UTF-8 can hold was added
             return False
         h1, h2 = struct.unpack_from(">QQ", hashlib.blake2s(data).digest())
-        bits, num_bits = self._bits, self.num_bits
+        bits, num_bits = self._packed(), self.num_bits
         for i in range(self.num_hashes):
             position = ((h1 + i * h2) & _MASK64) % num_bits
             if not bits[position >> 3] & (1 << (position & 7)):
@@ -528,9 +591,10 @@ class BloomFilter:
 
     def dumps(self) -> bytes:
         """The filter file: ``>8sQQd`` header (magic, total size, elements, fpp) and the bits."""
-        header = _BLOOM_HEADER.pack(_BLOOM_MAGIC, _BLOOM_HEADER.size + len(self._bits),
+        bits = self._packed()
+        header = _BLOOM_HEADER.pack(_BLOOM_MAGIC, _BLOOM_HEADER.size + len(bits),
                                     self.num_elements, self.false_positive_prob)
-        return header + bytes(self._bits)
+        return header + bytes(bits)
 
     @classmethod
     def loads(cls, data: bytes) -> BloomFilter:
@@ -731,7 +795,7 @@ def read_md5(path: PathLike) -> dict[str, str]:
     return _renamed(entries, files.data.name)
 
 
-_SUFFIXES = ("", ".offsets", ".keys", ".key_hashes", ".filter", ".index")
+_SUFFIXES = ("", ".offsets", ".keys", ".key_hashes", ".filter", ".index", ".key_index")
 
 
 def _renamed(entries: dict[str, str], name: str) -> dict[str, str]:
@@ -748,28 +812,35 @@ def _renamed(entries: dict[str, str], name: str) -> dict[str, str]:
 
 
 def write_index(path: PathLike, keys: Sequence[str], offsets: Any, data_md5: str) -> None:
-    """Write the four index files and the ``.md5`` file of data file ``path``.
+    """Write the index files and the ``.md5`` file of data file ``path``.
 
-    ``offsets`` holds ``len(keys) + 1`` byte offsets; ``data_md5`` is the data file's MD5
-    (the writer hashes the data as it writes, so it is not read again). The index files'
-    checksums are computed from the bytes written, not by reading the files back.
+    ``offsets`` holds ``len(keys) + 1`` byte offsets, the first 0; ``data_md5`` is the data
+    file's MD5 (the writer hashes the data as it writes, so it is not read again). The index
+    files are written beside it and renamed into place, ``.md5`` last; a key given twice raises
+    :class:`ValueError` and changes nothing.
 
     >>> import tempfile, os
     >>> folder = tempfile.mkdtemp()
     >>> write_index(os.path.join(folder, "x.msgpack"), ["a"], [0, 5], "0" * 32)
-    >>> sorted(os.listdir(folder))
-    ['x.msgpack.filter', 'x.msgpack.key_hashes', 'x.msgpack.keys', 'x.msgpack.md5', 'x.msgpack.offsets']
+    >>> sorted(name[9:] for name in os.listdir(folder))
+    ['.filter', '.key_hashes', '.key_index', '.keys', '.md5', '.offsets']
     """
+    from ._indexing import IndexBuilder  # it builds on this module
+
     files = DatasetFiles(path)
-    salt, hashes = hash_keys(keys)
-    contents = (
-        np.asarray(offsets, dtype=np.uint64).astype(_OFFSET).tobytes(),
-        msgpack.packb(list(keys), use_bin_type=True),
-        salt + hashes.astype(_OFFSET).tobytes(),
-        BloomFilter.build(keys).dumps(),
-    )
-    lines = [f"{data_md5}  {files.data.name}\n"]
-    for target, content in zip(files.index_files, contents):
-        target.write_bytes(content)
-        lines.append(f"{hashlib.md5(content).hexdigest()}  {target.name}\n")
-    files.md5.write_text("".join(lines), encoding="utf-8")
+    offsets = np.asarray(offsets, dtype=np.uint64)
+    if len(offsets) != len(keys) + 1 or (len(offsets) and offsets[0] != 0):
+        raise ValueError(f"offsets must be len(keys) + 1 = {len(keys) + 1} offsets from 0; got "
+                         f"{len(offsets)} from {offsets[0] if len(offsets) else None}")
+    staging = Path(tempfile.mkdtemp(prefix=".fpipe-", dir=files.data.parent))
+    try:
+        builder = IndexBuilder(staging, files.data.name)
+        builder.add(list(keys), np.diff(offsets))
+        built = builder.finish()
+        if built.duplicates:
+            first, later, key = built.duplicates[0]
+            raise ValueError(f"duplicate key {key!r}: samples {first} and {later}; keys must be "
+                             "unique")
+        built.commit(files, data_md5)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import threading
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
@@ -41,6 +42,7 @@ import msgpack
 import numpy as np
 
 from ..errors import FormatError, redacted_options
+from ._keytables import HashIndex, KeyTable, read_key_table
 from .base import Reader
 from .format import (
     DECODE_ERRORS,
@@ -48,7 +50,6 @@ from .format import (
     DatasetFiles,
     PathLike,
     corrupt_reason,
-    hash_key,
     hash_keys,
     md5_file,
     open_regular,
@@ -58,6 +59,7 @@ from .format import (
 )
 from .format import decode_numpy as _decode_numpy
 from .format import decode_numpy_copy as _decode_numpy_copy
+from .keyindex import KeyIndex
 
 __all__ = ["MsgpackReader"]
 
@@ -67,13 +69,36 @@ _pread = os.pread
 # Chunks whose samples average at most this many bytes decode through one Unpacker (fewer
 # calls); bigger samples decode one by one from the buffer (no extra copy into the Unpacker).
 _UNPACKER_MAX_MEAN = 8192
-_KEY_BATCH = 1 << 16
 # Offsets files up to this size are read into memory for random access (8 bytes a sample);
 # bigger ones are read two offsets per get, so that no process holds a gigabyte of them.
 _RESIDENT_OFFSETS = 1 << 26
 # Sequential reads fetch offsets this many at a time, and data in blocks of about this size.
 _OFFSETS_WINDOW = 4096
 _READ_BYTES = 1 << 18
+# Reads into a buffer that lives on, up to this size: a fresh allocation of over 128 KiB is
+# memory mapped anew, and costs a page fault per page it fills (more than the read itself).
+_SCRATCH_MAX = 16 << 20
+
+
+class _Buffer:
+    """A buffer that reads reuse (see ``_SCRATCH_MAX``): an iterator's, or a thread's."""
+
+    buffer = bytearray()
+
+    def take(self, size: int) -> memoryview:
+        """A view of ``size`` writable bytes, valid until the next ``take`` in this thread."""
+        if size > len(self.buffer):
+            if size > _SCRATCH_MAX:
+                return memoryview(bytearray(size))
+            self.buffer = bytearray(max(size, 2 * len(self.buffer)))
+        return memoryview(self.buffer)[:size]
+
+
+class _Scratch(_Buffer, threading.local):
+    """The buffer of the reads of each thread that are done before the call returns."""
+
+
+_scratch = _Scratch()
 
 
 class _Handle:
@@ -154,6 +179,16 @@ class _Handle:
             done += len(part)
         return b"".join(parts)
 
+    def read_into(self, scratch: _Buffer, start: int, stop: int) -> memoryview:
+        """Like :meth:`read`, into ``scratch``'s buffer: a view valid until its next use."""
+        wanted = min(stop, self.size) - start
+        if wanted <= 0:
+            return memoryview(b"")
+        view, done = scratch.take(wanted), 0
+        while done < wanted and (got := os.preadv(self.fd, [view[done:]], start + done)):
+            done += got
+        return view[:done]
+
     def check_unchanged(self, path: Path, index: int, offset: int) -> None:
         """Raise FormatError if the data file changed since it was opened: raw bytes are not
         decoded, so nothing else would notice that they came from another file."""
@@ -189,94 +224,6 @@ def _remote_dataset(path: Any, **options: Any) -> Any:
     if given:
         raise ValueError(f"{', '.join(given)} only apply to URLs; got the local path {path!r}")
     return None
-
-
-class _KeyTable:
-    """Keys as one bytes object of concatenated UTF-8 plus a numpy array of end positions:
-    compact, and no Python object per key (forked workers do not copy it on read)."""
-
-    __slots__ = ("blob", "ends")
-
-    def __init__(self, pieces: list[bytes], lengths: list[np.ndarray]) -> None:
-        self.blob = b"".join(pieces)
-        ends = np.cumsum(np.concatenate([np.zeros(1, np.int64), *lengths]))
-        self.ends = memoryview(ends.astype(np.uint32 if len(self.blob) < 2**32 else np.int64))
-
-    @classmethod
-    def from_keys(cls, keys: Sequence[str]) -> _KeyTable:
-        encoded = [key.encode() for key in keys]
-        return cls(encoded, [np.fromiter(map(len, encoded), np.int64, len(encoded))])
-
-    def __len__(self) -> int:
-        return len(self.ends) - 1
-
-    def __getitem__(self, index: int) -> str:
-        return self.blob[self.ends[index]:self.ends[index + 1]].decode()
-
-    def keys(self, start: int, stop: int) -> list[str]:
-        blob, ends = self.blob, self.ends
-        return [blob[ends[i]:ends[i + 1]].decode() for i in range(start, stop)]
-
-
-def _read_key_table(path: Path, expected: int) -> _KeyTable:
-    with open_regular(path) as file:
-        try:
-            unpacker = msgpack.Unpacker(file, read_size=1 << 20)
-            count = unpacker.read_array_header()
-            if count == expected:
-                pieces, lengths = _key_batches(unpacker, count)
-        except (msgpack.OutOfData, *DECODE_ERRORS) as error:
-            raise FormatError(f"corrupt keys file ({error})", path=path) from error
-    if count != expected:
-        raise FormatError(f"the keys file holds {count} keys for {expected} samples", path=path)
-    return _KeyTable(pieces, lengths)
-
-
-def _key_batches(unpacker: msgpack.Unpacker, count: int) -> tuple[list, list]:
-    pieces, lengths = [], []
-    for first in range(0, count, _KEY_BATCH):
-        wanted = min(_KEY_BATCH, count - first)
-        batch = list(islice(unpacker, wanted))  # the iteration ends quietly at the file's end
-        if len(batch) != wanted:
-            raise ValueError(f"it ends after {first + len(batch)} of {count} keys")
-        text = _joined_keys(batch, first)
-        blob = text.encode()
-        # UTF-8 lengths are the str lengths when every key is ASCII (one encode for all)
-        sizes = map(len, batch) if len(blob) == len(text) else map(len, map(str.encode, batch))
-        lengths.append(np.fromiter(sizes, np.int64, len(batch)))
-        pieces.append(blob)
-    return pieces, lengths
-
-
-def _joined_keys(batch: list, first: int) -> str:
-    try:
-        return "".join(batch)
-    except TypeError:  # msgpack bin comes back as bytes: keys are str
-        at = next(i for i, key in enumerate(batch) if type(key) is not str)
-        raise ValueError(f"key {first + at} is {batch[at]!r:.40}, not a str") from None
-
-
-class _HashIndex:
-    """Key hashes sorted for binary search (no Python dict of hashes)."""
-
-    __slots__ = ("order", "salt", "sorted")
-
-    def __init__(self, salt: bytes, hashes: np.ndarray) -> None:
-        self.salt = salt
-        self.order = np.argsort(hashes, kind="stable")
-        self.sorted = hashes[self.order]
-
-    def find(self, key: str) -> int:
-        """The index of ``key``, or -1 (also for a key with a lone surrogate, which UTF-8
-        cannot encode, so no dataset holds it)."""
-        try:
-            value = np.uint64(hash_key(key, self.salt))
-        except UnicodeEncodeError:
-            return -1
-        slot = int(np.searchsorted(self.sorted, value))
-        if slot < len(self.sorted) and self.sorted[slot] == value:
-            return int(self.order[slot])
-        return -1
 
 
 class MsgpackReader(Reader):
@@ -346,9 +293,10 @@ class MsgpackReader(Reader):
 
     def _reset(self) -> None:
         self._handle: _Handle | None = None
-        self._legacy_index: tuple[_KeyTable, bytes] | None = None
-        self._key_table: _KeyTable | None = None
-        self._hash_index: _HashIndex | None = None
+        self._legacy_index: tuple[KeyTable, bytes] | None = None
+        self._key_table: KeyTable | KeyIndex | None = None
+        self._hash_index: HashIndex | KeyIndex | None = None
+        self._key_index: KeyIndex | bool | None = None
         self._bloom: BloomFilter | bool | None = None
 
     def _offsets_length(self) -> int:
@@ -415,36 +363,49 @@ class MsgpackReader(Reader):
         self._handle = handle
         return handle
 
-    def _legacy_tables(self) -> tuple[_KeyTable, bytes]:
+    def _legacy_tables(self) -> tuple[KeyTable, bytes]:
         if self._legacy_index is None:
             keys, offsets = read_legacy_index(self.path)
-            self._legacy_index = _KeyTable.from_keys(keys), offsets.astype(">u8").tobytes()
+            self._legacy_index = KeyTable.from_keys(keys), offsets.astype(">u8").tobytes()
         return self._legacy_index
 
-    def _keys(self) -> _KeyTable:
+    def _on_disk(self) -> KeyIndex | None:
+        """The dataset's key index, opened once; None without one (and at a URL, which does
+        not fetch it)."""
+        if self._key_index is None:
+            local = self._remote is None and not self._legacy
+            self._key_index = (local and KeyIndex.open(self._files, self._len)) or False
+        return self._key_index or None
+
+    def _keys(self) -> KeyTable | KeyIndex:
         table = self._key_table
         if table is None:
-            if self._legacy:
+            if self._on_disk() is not None:
+                table = self._on_disk()
+            elif self._legacy:
                 table = self._legacy_tables()[0]
             elif not self._files.keys.exists():
                 raise FileNotFoundError(errno.ENOENT, "dataset keys file not found", str(self._files.keys))
             else:
-                table = _read_key_table(self._files.keys, self._len)
+                table = read_key_table(self._files.keys, self._len)
             self._key_table = table
         return table
 
-    def _hashes(self) -> _HashIndex:
+    def _hashes(self) -> HashIndex | KeyIndex:
         index = self._hash_index
         if index is None:
-            if not self._legacy and self._files.key_hashes.exists():
-                salt, hashes = read_key_hashes(self.path)
-                if len(hashes) != self._len:
-                    raise FormatError(f"{len(hashes)} key hashes for {self._len} samples",
-                                      path=self._files.key_hashes)
-            else:
-                salt, hashes = self._recomputed_hashes()
-            index = self._hash_index = _HashIndex(salt, hashes)
+            index = self._hash_index = self._on_disk() or self._hash_table()
         return index
+
+    def _hash_table(self) -> HashIndex:
+        if not self._legacy and self._files.key_hashes.exists():
+            salt, hashes = read_key_hashes(self.path)
+            if len(hashes) != self._len:
+                raise FormatError(f"{len(hashes)} key hashes for {self._len} samples",
+                                  path=self._files.key_hashes)
+        else:
+            salt, hashes = self._recomputed_hashes()
+        return HashIndex(salt, hashes)
 
     def _recomputed_hashes(self) -> tuple[bytes, np.ndarray]:
         table = self._keys()
@@ -472,14 +433,16 @@ class MsgpackReader(Reader):
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
             return False
-        if self._hash_index is None:
+        if self._hash_index is None and self._on_disk() is None:
             bloom = self._filter()
             if bloom is not None and key not in bloom:
                 return False
         return self._hashes().find(key) >= 0
 
     def find_index(self, key: Any) -> int:
-        """The index of ``key`` by its salted 64-bit hash (the keys file is not loaded).
+        """The index of ``key`` by its salted 64-bit hash: with a few reads of the key index
+        where the dataset has one, else from the key hashes, sorted in memory once (the keys
+        file is not loaded).
 
         >>> import tempfile
         >>> from fpipe.storage import FileWriter
@@ -501,7 +464,8 @@ class MsgpackReader(Reader):
         return found
 
     def find_key(self, index: int) -> str:
-        """The key of sample ``index`` (loads the keys into a compact table once).
+        """The key of sample ``index``: two reads of the key index where the dataset has one,
+        else from the keys, loaded into a compact table once.
 
         >>> import tempfile
         >>> from fpipe.storage import FileWriter
@@ -566,7 +530,7 @@ class MsgpackReader(Reader):
         offsets = handle.offsets_between(start, stop, self.path)
         # the largest offset, not the last: a damaged index may decrease, and then the error
         # names the sample where it does, not one whose bytes were left unread
-        buffer = handle.read(offsets[0], max(offsets))
+        buffer = _block(handle, offsets[0], max(offsets), raw and not copy, _scratch)
         if raw:
             handle.check_unchanged(self.path, start, offsets[0])
         try:
@@ -583,16 +547,15 @@ class MsgpackReader(Reader):
         handle = self._handle or self._open()
         table = self._keys() if yield_key else None
         window = max(chunk_size, _OFFSETS_WINDOW)
+        # the iterator's own buffer: it yields a block's samples before it reads the next one
+        scratch = _Buffer() if not (raw and not copy) else None
         for first in range(start, stop, window):
             offsets, increasing = handle.offset_range(first, min(stop, first + window), self.path)
             # blocks span increasing offsets only: the samples before a decrease are read,
             # then the sample that ends before it starts raises
             for a, b in _reads(offsets[:increasing], chunk_size):
-                block = handle.read(offsets[a], offsets[b])
-                if raw:
-                    handle.check_unchanged(self.path, first + a, offsets[a])
-                samples = _split(block, offsets[a:b + 1], first + a, raw, copy, self.path,
-                                 handle.size)
+                samples = self._block_samples(handle, offsets[a:b + 1], first + a, raw, copy,
+                                              scratch)
                 try:
                     if table is None:
                         yield from samples
@@ -607,6 +570,14 @@ class MsgpackReader(Reader):
                 last = increasing - 1
                 raise _span_error(self.path, first + last, offsets[last], offsets[increasing],
                                   handle.size)
+
+    def _block_samples(self, handle: _Handle, offsets: Sequence[int], first: int, raw: bool,
+                       copy: bool, scratch: _Buffer | None) -> Iterator:
+        """The samples between ``offsets`` (increasing), the first of them ``first``."""
+        block = _block(handle, offsets[0], offsets[-1], scratch is None, scratch)
+        if raw:
+            handle.check_unchanged(self.path, first, offsets[0])
+        return _split(block, offsets, first, raw, copy, self.path, handle.size)
 
     def verify_data(self, read_size: int = 512 * 1024, progress: bool = False) -> bool:
         """Whether the data file matches its ``.md5`` entry and ends where the last sample ends.
@@ -660,9 +631,19 @@ class MsgpackReader(Reader):
         False
         """
         entries = read_md5(self.path)
-        listed = [path for path in self._files.index_files + (self._files.legacy_index,)
-                  if path.name in entries]
+        # a reader at a URL fetches no key index: it looks keys up in memory
+        fetched = [path for path in self._files.index_files + (self._files.legacy_index,)
+                   if self._remote is None or path != self._files.key_index]
+        listed = [path for path in fetched if path.name in entries]
         return all(path.exists() and md5_file(path, read_size) == entries[path.name] for path in listed)
+
+
+def _block(handle: _Handle, start: int, stop: int, kept: bool, scratch: _Buffer | None) -> Any:
+    """Bytes ``[start, stop)`` of the data file: in ``scratch`` unless they are ``kept`` (raw
+    samples handed out as views of the block), or come from a URL's block cache."""
+    if kept or handle.fd is None:
+        return handle.read(start, stop)
+    return handle.read_into(scratch, start, stop)
 
 
 def _identity(stat: os.stat_result) -> tuple[int, ...]:

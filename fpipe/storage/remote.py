@@ -168,6 +168,8 @@ def size_bound(suffix: str, data_size: int, samples: int | None = None) -> int:
     if suffix == ".filter":  # simplebloom's size for max(2, n) elements at fpp 1 / elements
         elements = max(2, n)
         return 32 + 8 + math.ceil(elements * math.log(elements) / math.log(2) ** 2 / 8)
+    if suffix == ".key_index":  # a header, a directory of at most n / 64 + 2 entries, 24n
+        return 64 + 8 * (n // 64 + 2) + 24 * n + 8
     if suffix == ".md5":
         return 1 << 16
     if suffix == ".classes.json":
@@ -665,7 +667,7 @@ def glob_urls(pattern: str, storage_options: dict | None = None) -> list[str]:
     if _family(pattern) == "http" or not any(c in pattern for c in "*?["):
         return [pattern]
     fs, _ = filesystem(pattern, storage_options)
-    sibling = re.compile(r"\.(offsets|keys|key_hashes|filter|md5|index)$")
+    sibling = re.compile(r"\.(offsets|keys|key_hashes|key_index|filter|md5|index|shards)$")
     found = [path for path in fs.glob(pattern) if not sibling.search(path)]
     return sorted(fs.unstrip_protocol(path) for path in found)
 

@@ -35,7 +35,7 @@ __all__ = ["SIBLINGS", "Upload", "download_dataset"]
 
 # Every file a dataset may have besides its data file, in upload order: ``.offsets`` goes
 # last, because a reader needs it to open the dataset, so the dataset appears only when whole.
-SIBLINGS = (".keys", ".key_hashes", ".filter", ".classes.json", ".md5", ".offsets")
+SIBLINGS = (".keys", ".key_hashes", ".filter", ".key_index", ".classes.json", ".md5", ".offsets")
 _UPLOAD_TRIES, _UPLOAD_BACKOFF = 3, 0.05
 
 

@@ -10,7 +10,7 @@ A writer buffers samples and writes them in large blocks, hashing the data as it
 ...     writer.write({"key": "cat", "legs": 4})
 ...     writer.write({"key": "bird", "legs": 2})
 >>> len(os.listdir(os.path.dirname(path)))
-6
+7
 
 ``append=True`` adds samples to an existing dataset (and creates one that is not there); its
 keys must be new to the dataset:
@@ -35,31 +35,31 @@ import shutil
 import tempfile
 import threading
 import weakref
-from array import array
-from bisect import bisect_right
 from dataclasses import dataclass
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..errors import FormatError, check_integer, redacted_url
+from ._indexing import IndexBuilder, array_length, without_samples
 from .format import (
     DatasetFiles,
     PathLike,
+    md5_file,
     new_packer,
+    open_regular,
     read_keys,
     read_md5,
-    read_offsets,
-    write_index,
 )
 
-__all__ = ["FileWriter", "RawWriter", "Writer"]
+__all__ = ["FileWriter", "RawWriter", "Writer", "index_keys"]
 
 _DEFAULT_BUFFER = 1 << 20
 # Below this buffer size blocks are written in the caller's thread (no hand-off per block).
 _THREAD_MIN = 1 << 16
+_HELD_SAMPLES = 1 << 15  # samples buffered at most, however small
+# A writer checks each key against the first this many keys (of the dataset it appends to,
+# and its own) as it is written, in memory; every key is checked when the index is built.
+WINDOW = 1 << 20
 
 
 class Writer:
@@ -78,6 +78,14 @@ class Writer:
     ``buffering`` is at least 64 KiB; the thread ends at :meth:`close`. A write that fails (a
     full disk) raises an :class:`OSError` that names the file and the number of samples it
     keeps whole; no index is written after it (``fpipe index`` makes one from the data).
+
+    Memory stays bounded at any number of samples: the offsets and keys go to files in a hidden
+    staging folder beside the dataset as they come, and :meth:`close` builds the other index
+    files from them in bounded memory (see :mod:`fpipe.storage._indexing`). A key written again
+    raises :class:`ValueError` at that write while the writer holds its keys in memory (the
+    first ``WINDOW``, 1,048,576, keys of the dataset); past them, :meth:`close` finds it, writes
+    the dataset without the later samples of each repeated key, and then raises the
+    ``ValueError`` that names them.
 
     ``append=True`` opens an existing dataset to add samples after its last one (a missing
     dataset is created). It checks first that the data file matches its index and ``.md5``
@@ -113,21 +121,28 @@ class Writer:
         self._files = DatasetFiles(self.path)
         self._buffering = buffering
         self._base = _Base.read(self._files) if append and self.path.exists() else _Base.empty()
-        self._keys: dict[str, None] | _ClosedKeys = dict.fromkeys(self._base.keys)
-        self._lengths = array("Q")
+        self._keys: dict[str, None] | _ClosedKeys = dict.fromkeys(self._base.window)
+        self._written = 0
+        self._new_keys: list[str] = []
         self._chunks: list[bytes] = []
         self._pending = 0
         self._failure: OSError | None = None
         fd = _open_end(self._files) if self._base.existing else _create(self._files, overwrite)
-        self._sink: _Sink | None = _Sink(fd, buffering >= _THREAD_MIN, self._base.md5)
+        # the MD5 before this writer's data: the sink's runs on with it
+        self._sink: _Sink | None = _Sink(fd, buffering >= _THREAD_MIN, self._base.md5.copy())
+        self._staging = Path(tempfile.mkdtemp(prefix=".fpipe-", dir=self.path.parent))
+        self._builder = IndexBuilder(self._staging, self.path.name)
+        if self._base.existing:
+            self._builder.add_dataset(self._files)
         self._bar = _progress_bar(self.path, progress, tqdm_kwargs)
-        # A writer dropped without close() still stops its thread and closes its file.
-        self._finalizer = weakref.finalize(self, self._sink.finish)
+        # A writer dropped without close() still stops its thread, closes its file and
+        # removes its staging folder.
+        self._finalizer = weakref.finalize(self, _forget, self._sink, self._staging)
 
     @property
     def written(self) -> int:
         """The number of samples written so far (by this writer, when it appends)."""
-        return len(self._keys) - len(self._base.keys)
+        return self._written
 
     def __enter__(self) -> Writer:
         return self
@@ -172,10 +187,13 @@ class Writer:
         keys = self._keys
         if key in keys:
             raise ValueError(f"duplicate key {key!r}: keys must be unique")
-        keys[key] = None
+        if len(keys) < WINDOW:
+            keys[key] = None
+        self._written += 1
+        self._new_keys.append(key)
         self._chunks.append(packed)
         self._pending += len(packed)
-        if self._pending >= self._buffering:
+        if self._pending >= self._buffering or len(self._chunks) >= _HELD_SAMPLES:
             self.flush()
         if self._bar is not None:
             self._bar.update()
@@ -183,10 +201,10 @@ class Writer:
     def flush(self) -> None:
         """Hand the buffered samples to the data file (the index is written at close)."""
         if self._chunks and self._sink is not None:
-            self._lengths.extend(map(len, self._chunks))
+            self._builder.add(self._new_keys, list(map(len, self._chunks)))
             block = b"".join(self._chunks)
+            self._new_keys, self._pending = [], 0
             self._chunks.clear()
-            self._pending = 0
             try:
                 self._sink.put(block)
             except OSError as error:
@@ -202,7 +220,7 @@ class Writer:
         >>> writer.close()
         >>> writer.close()
         >>> sorted(name[len("x.msgpack"):] for name in os.listdir(os.path.dirname(path)))
-        ['', '.filter', '.key_hashes', '.keys', '.md5', '.offsets']
+        ['', '.filter', '.key_hashes', '.key_index', '.keys', '.md5', '.offsets']
         >>> writer.write({"key": "b"})
         Traceback (most recent call last):
         ...
@@ -210,26 +228,39 @@ class Writer:
         """
         if self._sink is None:
             return
-        sink, keys = self._sink, list(self._keys)
+        sink = self._sink
         try:
             self.flush()
         finally:
-            self._sink, self._keys = None, _ClosedKeys(len(keys), self.path)
+            self._sink, self._keys = None, _ClosedKeys(self._written, self.path)
             self._finalizer.detach()
             try:
                 digest = sink.finish()
             except OSError as error:
+                self._discard_staging()
                 raise self._failed(error) from error
-        offsets = np.zeros(len(self._lengths) + 1, np.uint64)
-        np.cumsum(self._lengths, out=offsets[1:])
-        if self._base.existing:
-            self._replace_index(keys, self._base.offsets[-1] + offsets, digest)
-        else:
-            write_index(self.path, keys, offsets, digest)
+        try:
+            built = self._builder.finish()
+            repeated = built.duplicates
+            if repeated:
+                built, digest = without_samples(built, self._files, self._base.count,
+                                                self._base.end, self._base.md5)
+            built.commit(self._files, digest)
+        except BaseException:
+            if self._base.existing:
+                os.truncate(self.path, self._base.end)
+            raise
+        finally:
+            self._discard_staging()
         if self._bar is not None:
             self._bar.close()
+        if repeated:
+            raise _repeated_keys(repeated, self._files)
         if self._upload is not None:
             self._upload.commit(progress=self._bar is not None)
+
+    def _discard_staging(self) -> None:
+        shutil.rmtree(self._staging, ignore_errors=True)
 
     def abandon(self) -> None:
         """Close without keeping what this writer wrote: a new dataset's data file is removed,
@@ -249,47 +280,31 @@ class Writer:
         if self._sink is None:
             return
         sink, self._sink = self._sink, None
-        self._keys = _ClosedKeys(len(self._keys), self.path)
+        self._keys = _ClosedKeys(self._written, self.path)
         self._finalizer.detach()
         try:
             sink.finish()
         except OSError:
             pass  # what failed to be written is dropped anyway
+        self._discard_staging()
         if self._base.existing:
-            os.truncate(self.path, int(self._base.offsets[-1]))
+            os.truncate(self.path, self._base.end)
         else:
             self.path.unlink(missing_ok=True)
         if self._bar is not None:
             self._bar.close()
 
-    def _replace_index(self, keys: list[str], offsets: np.ndarray, digest: str) -> None:
-        """Write the index of the appended dataset beside it, then rename each file into
-        place (``.md5`` last); on failure, cut the data file back to what the old index says."""
-        folder = Path(tempfile.mkdtemp(prefix=".fpipe-", dir=self.path.parent))
-        try:
-            staged = DatasetFiles(folder / self.path.name)
-            write_index(staged.data, keys, np.concatenate((self._base.offsets, offsets[1:])),
-                        digest)
-            for new, old in zip((*staged.index_files, staged.md5),
-                                (*self._files.index_files, self._files.md5)):
-                os.replace(new, old)
-        except BaseException:
-            os.truncate(self.path, int(self._base.offsets[-1]))
-            raise
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-
     def _failed(self, error: OSError) -> OSError:
         """The error of a failed write (a full disk, say), saying what the data file keeps.
         No index is written after it: one would describe samples that are not there."""
         if self._failure is None and self._base.existing:
-            os.truncate(self.path, int(self._base.offsets[-1]))
+            os.truncate(self.path, self._base.end)
             self._failure = OSError(
                 error.errno, f"{error.strerror}; the append stopped and was undone: the dataset "
-                f"holds its {len(self._base.keys)} samples as before", str(self.path))
+                f"holds its {self._base.count} samples as before", str(self.path))
         if self._failure is None:
             size = self.path.stat().st_size if self.path.exists() else 0
-            whole = bisect_right(list(accumulate(self._lengths)), size)
+            whole = self._builder.samples_within(size)
             self._failure = OSError(
                 error.errno, f"{error.strerror}; writing stopped, and the data file keeps the "
                 f"first {whole} samples whole, without an index ('fpipe index' makes one)",
@@ -299,16 +314,19 @@ class Writer:
 
 @dataclass(frozen=True)
 class _Base:
-    """What a dataset holds before an append: its keys, offsets and data MD5 (running)."""
+    """What a dataset holds before an append: its number of samples, the end of its data, its
+    data MD5 (running) and the keys a writer checks at each write (all of them, up to
+    ``WINDOW``; none past it)."""
 
-    keys: list[str]
-    offsets: np.ndarray
+    count: int
+    end: int
     md5: Any
+    window: list[str]
     existing: bool = True
 
     @classmethod
     def empty(cls) -> _Base:
-        return cls([], np.zeros(1, np.uint64), hashlib.md5(), existing=False)
+        return cls(0, 0, hashlib.md5(), [], existing=False)
 
     @classmethod
     def read(cls, files: DatasetFiles) -> _Base:
@@ -316,11 +334,11 @@ class _Base:
         if not files.offsets.exists() or not files.keys.exists():
             raise FormatError("cannot append: the dataset has no .offsets and .keys (a legacy "
                               "or damaged index; 'fpipe index' makes them)", path=files.data)
-        offsets, keys = read_offsets(files.data), read_keys(files.data)
+        count, end, keys = _index_extent(files)
         size = files.data.stat().st_size
-        if len(offsets) != len(keys) + 1 or int(offsets[-1]) != size:
-            raise FormatError(f"cannot append: the index ({len(keys)} keys, {len(offsets)} "
-                              f"offsets ending at byte {int(offsets[-1])}) does not describe the "
+        if count != keys or end != size:
+            raise FormatError(f"cannot append: the index ({keys} keys, {count + 1} "
+                              f"offsets ending at byte {end}) does not describe the "
                               f"data file ({size} bytes); 'fpipe verify' says more, 'fpipe "
                               "index' rebuilds the index", path=files.data)
         md5 = _hash(files.data)
@@ -328,7 +346,26 @@ class _Base:
         if expected is not None and md5.hexdigest() != expected:
             raise FormatError("cannot append: the data file does not match its .md5 entry "
                               "('fpipe verify' says more)", path=files.data)
-        return cls(keys, offsets, md5)
+        return cls(count, end, md5, _first_keys(files, count) if count <= WINDOW else [])
+
+
+def _index_extent(files: DatasetFiles) -> tuple[int, int, int]:
+    """The samples ``.offsets`` counts, the byte it ends at, and the keys ``.keys`` counts."""
+    with open_regular(files.offsets) as file:
+        size = os.fstat(file.fileno()).st_size
+        if size < 8 or size % 8:
+            raise FormatError(f"an offsets file holds n + 1 uint64; got {size} bytes",
+                              path=files.offsets)
+        end = int.from_bytes(os.pread(file.fileno(), 8, size - 8), "big")
+    return size // 8 - 1, end, array_length(files.keys)
+
+
+def _first_keys(files: DatasetFiles, count: int) -> list[str]:
+    keys = read_keys(files.data)
+    if len(keys) != count:
+        raise FormatError(f"the keys file holds {len(keys)} keys for {count} samples",
+                          path=files.keys)
+    return keys
 
 
 def _hash(path: Path) -> Any:
@@ -337,6 +374,23 @@ def _hash(path: Path) -> Any:
         while block := file.read(1 << 20):
             md5.update(block)
     return md5
+
+
+def _forget(sink: _Sink, staging: Path) -> None:
+    """What a writer dropped without closing leaves: its thread stopped, its file closed."""
+    try:
+        sink.finish()
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _repeated_keys(repeated: list[tuple[int, int, str]], files: DatasetFiles) -> ValueError:
+    shown = "; ".join(f"{key!r:.80} is sample {first} and sample {later}"
+                      for first, later, key in repeated[:5])
+    more = f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else ""
+    return ValueError(f"duplicate key: keys must be unique; {shown}{more}, found when the index "
+                      f"of {files.data} was built; the dataset was written without the later "
+                      "samples")
 
 
 def _open_end(files: DatasetFiles) -> int:
@@ -535,3 +589,44 @@ def _progress_bar(path: Path, progress: bool, tqdm_kwargs: dict) -> Any:
 
     options = {"desc": path.name, "unit": " samples", "mininterval": 0.5, **tqdm_kwargs}
     return tqdm(**options)
+
+
+def index_keys(path: PathLike) -> None:
+    """Write the key index (``.key_index``) of the dataset of data file ``path`` from its
+    ``.offsets`` and ``.keys``, for a dataset that lacks it (written by datadings, or by an
+    older fpipe); ``.md5`` is written anew with it. Reads the index files once, in bounded
+    memory; not the data, whose MD5 the ``.md5`` file gives (or which is hashed if it does
+    not). A dataset whose index does not describe its data raises
+    :class:`~fpipe.errors.FormatError` (:func:`rebuild_index` rebuilds it from the data).
+
+    >>> import os, tempfile
+    >>> from fpipe.storage import FileWriter, MsgpackReader
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+    >>> with FileWriter(path) as writer:
+    ...     writer.write({"key": "a"})
+    >>> os.remove(path + ".key_index")
+    >>> index_keys(path)
+    >>> os.path.exists(path + ".key_index"), MsgpackReader(path).find_index("a")
+    (True, 0)
+    """
+    files = DatasetFiles(path)
+    count, end, keys = _index_extent(files)
+    size = files.data.stat().st_size
+    if count != keys or end != size:
+        raise FormatError(f"the index ({keys} keys, {count + 1} offsets ending at byte {end}) "
+                          f"does not describe the data file ({size} bytes); 'fpipe index' "
+                          "rebuilds it from the data", path=files.data)
+    listed = read_md5(files.data).get(files.data.name) if files.md5.exists() else None
+    data_md5 = listed or md5_file(files.data)
+    staging = Path(tempfile.mkdtemp(prefix=".fpipe-", dir=files.data.parent))
+    try:
+        builder = IndexBuilder(staging, files.data.name)
+        builder.add_dataset(files)
+        built = builder.finish()
+        if built.duplicates:
+            first, later, key = built.duplicates[0]
+            raise FormatError(f"duplicate key {key!r} (sample {first} has it too); 'fpipe "
+                              "verify' says more", path=files.keys, index=later)
+        built.commit(files, data_md5)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -14,7 +14,7 @@ def test_a_dataset_copied_under_another_name_verifies(tmp_path):
     for file in tmp_path.glob("toy.msgpack*"):
         shutil.copy(file, tmp_path / file.name.replace("toy", "train"))
     train = tmp_path / "train.msgpack"
-    assert ok("verify", train) == f"{train}: ok (md5 of 5 files, index, 30 samples)\n"
+    assert ok("verify", train) == f"{train}: ok (md5 of 6 files, index, 30 samples)\n"
     reader = MsgpackReader(train)
     assert reader.verify_data() and reader.verify_index()
     # the checksums still catch damage under the new name
@@ -31,16 +31,16 @@ def test_mv_renames_every_file_and_the_md5_entries(tmp_path):
     (tmp_path / "toys.msgpack").write_bytes(b"another dataset, left alone")
     expected = keys(toy)
     target = tmp_path / "sub" / "train.msgpack"
-    assert ok("mv", toy, target) == f"{toy} -> {target}: 7 files\n"
+    assert ok("mv", toy, target) == f"{toy} -> {target}: 8 files\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sub", "toys.msgpack"]
     assert sorted(p.name for p in target.parent.iterdir()) == [
         "train.msgpack", "train.msgpack.classes.json", "train.msgpack.filter",
-        "train.msgpack.key_hashes", "train.msgpack.keys", "train.msgpack.md5",
+        "train.msgpack.key_hashes", "train.msgpack.key_index", "train.msgpack.keys", "train.msgpack.md5",
         "train.msgpack.offsets"]
     assert keys(target) == expected and ok("verify", target, "-q") == ""
     md5 = subprocess.run(["md5sum", "-c", "train.msgpack.md5"], cwd=target.parent,
                          capture_output=True, text=True)
-    assert md5.returncode == 0 and md5.stdout.count(": OK") == 5
+    assert md5.returncode == 0 and md5.stdout.count(": OK") == 6
     text = DatasetFiles(target).md5.read_text()
     assert "  train.msgpack\n" in text and "toy" not in text
 

@@ -11,7 +11,7 @@ from .conftest import fails, keys, leftovers, make_dataset, ok, ok_or_failure
 
 def test_verify_passes_a_good_dataset_and_names_the_damage_in_a_bad_one(tmp_path):
     good = make_dataset(tmp_path / "good.msgpack", 40)
-    assert ok("verify", good) == f"{good}: ok (md5 of 5 files, index, 40 samples)\n"
+    assert ok("verify", good) == f"{good}: ok (md5 of 6 files, index, 40 samples)\n"
     assert ok("verify", good, "-q", "--quick") == ""
     bad = make_dataset(tmp_path / "bad.msgpack", 40)
     offsets = read_offsets(bad)

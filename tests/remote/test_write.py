@@ -32,8 +32,8 @@ def test_a_dataset_written_to_s3_is_uploaded_whole_at_close(s3, cache):
     assert repr(writer) == f"FileWriter({url!r}, written=2, open)"
     writer.close()
     assert sorted(p.rsplit("/", 1)[1] for p in _fs(s3).ls("data/written")) == [
-        "a.msgpack", "a.msgpack.filter", "a.msgpack.key_hashes", "a.msgpack.keys",
-        "a.msgpack.md5", "a.msgpack.offsets"]
+        "a.msgpack", "a.msgpack.filter", "a.msgpack.key_hashes", "a.msgpack.key_index",
+        "a.msgpack.keys", "a.msgpack.md5", "a.msgpack.offsets"]
     reader = MsgpackReader(url, storage_options=s3.storage_options, cache_dir=cache)
     assert reader[:] == [sample(0), sample(1)] and reader.verify_data()
     assert not writer.path.parent.exists()  # the staging folder is gone

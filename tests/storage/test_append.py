@@ -87,7 +87,7 @@ def test_a_failure_while_replacing_the_index_leaves_the_original_intact(tmp_path
 
     def full_disk(*args):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(writer_module, "write_index", full_disk)
+    monkeypatch.setattr(writer_module.IndexBuilder, "finish", full_disk)
     with pytest.raises(OSError, match="No space"):
         _write(path, ["c"], append=True)
     assert _snapshot(path) == before and not list(path.parent.glob(".fpipe-*"))

@@ -148,12 +148,12 @@ def test_key_hashing_matches_datadings():
 
 
 def test_hash_keys_tries_the_next_salt_on_a_collision(monkeypatch):
-    real = fmt._salted_hashes
+    real = fmt.salted_hashes
 
     def collide_on_first_salt(keys, salt):
         hashes = real(keys, salt)
         return np.zeros_like(hashes) if salt == key_salt(0) else hashes
-    monkeypatch.setattr(fmt, "_salted_hashes", collide_on_first_salt)
+    monkeypatch.setattr(fmt, "salted_hashes", collide_on_first_salt)
     salt, hashes = hash_keys(["a", "b"])
     assert salt == key_salt(1) and int(hashes[1]) == hash_key("b", key_salt(1))
 
@@ -201,7 +201,7 @@ def test_dataset_files_are_named_after_the_data_file(tmp_path):
     assert files.legacy_index.name == "a.b.msgpack.index"
     assert [p.name for p in files.all_files] == [
         "a.b.msgpack", "a.b.msgpack.offsets", "a.b.msgpack.keys", "a.b.msgpack.key_hashes",
-        "a.b.msgpack.filter", "a.b.msgpack.md5"]
+        "a.b.msgpack.filter", "a.b.msgpack.key_index", "a.b.msgpack.md5"]
 
 
 def test_md5_files_in_text_and_binary_mode_are_read(tmp_path):

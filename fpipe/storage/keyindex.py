@@ -1,0 +1,376 @@
+"""The key index ``X.msgpack.key_index``: keys to indices and back with a few ``pread`` calls,
+no table in memory.
+
+A reader without it looks keys up in a table of all the key hashes, sorted in memory (8 bytes a
+sample, and a sort, in every process), and finds the key of an index in a table of all keys
+(about 14 bytes a sample). At a billion samples those are gigabytes per process. The key index
+holds the same sorted hashes on disk, with a directory by the top bits of the hash, so that a
+lookup reads one directory entry and one bucket of about a hundred entries; and the place of
+every key in ``.keys``, so that the key of an index is two reads. :class:`KeyIndex` reads it;
+the writers write it with the dataset (see :mod:`fpipe.storage.writer`), and ``fpipe index``
+adds it to a dataset that lacks it.
+
+Layout (integers big-endian, like the rest of the format)::
+
+    0    8 bytes  magic  b"FPKEYIDX"
+    8    u32      version (1)
+    12   u32      d: the directory's bits
+    16   u64      n: samples
+    24   8 bytes  the salt of the hashes (the .key_hashes salt)
+    32   u64      the size of the .keys file it indexes
+    40   16 bytes the MD5 of that .keys file
+    56   8 bytes  zero
+    64   2**d + 1 u64: entry number where each directory slot begins (the last is n)
+         n × (u64 hash, u64 index): the hashes sorted; slot j holds those whose top d bits are j
+         n + 1 u64: where each key's msgpack string begins in .keys (the last is its size)
+
+>>> import os, tempfile
+>>> from fpipe.storage import FileWriter
+>>> from fpipe.storage.format import DatasetFiles
+>>> path = os.path.join(tempfile.mkdtemp(), "pets.msgpack")
+>>> with FileWriter(path) as writer:
+...     for key in ("cat", "dog", "ant"):
+...         writer.write({"key": key})
+>>> index = KeyIndex.open(DatasetFiles(path), 3)
+>>> index.find("dog"), index.find("cow"), index[2], index.keys(0, 2)
+(1, -1, 'ant', ['cat', 'dog'])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+from ..errors import FormatError
+from .format import DECODE_ERRORS, DatasetFiles, hash_key, read_md5
+
+__all__ = ["KeyIndex", "key_index_size"]
+
+MAGIC = b"FPKEYIDX"
+VERSION = 1
+HEADER = struct.Struct(">8sIIQ8sQ16s8x")
+_PAIR = struct.Struct(">QQ")
+_BUCKET = 128  # entries a directory slot holds on average, at most
+_MAX_BITS = 40
+_SORTED = 16 << 20  # bytes of (hash, index) pairs sorted at once when the index is written
+_PENDING = 32 << 20  # bytes of pairs held before they go to the spill file
+
+
+def directory_bits(n: int) -> int:
+    """The bits of the directory of a key index of ``n`` samples: slots of fewer than 128
+    entries on average.
+
+    >>> directory_bits(100), directory_bits(10**8)
+    (0, 20)
+    """
+    return min(_MAX_BITS, (n // _BUCKET).bit_length())
+
+
+def key_index_size(n: int) -> int:
+    """The size in bytes of the key index of ``n`` samples (24 bytes a sample and a little).
+
+    >>> key_index_size(0), key_index_size(1000)
+    (88, 24144)
+    """
+    return HEADER.size + 8 * ((1 << directory_bits(n)) + 1) + 16 * n + 8 * (n + 1)
+
+
+def _sections(n: int, bits: int) -> tuple[int, int]:
+    """Where the entries and the key offsets begin."""
+    entries = HEADER.size + 8 * ((1 << bits) + 1)
+    return entries, entries + 16 * n
+
+
+class KeyIndex:
+    """An open key index of a dataset of ``n`` samples: :meth:`find` a key's index, ``index[i]``
+    the key of sample ``i``, :meth:`keys` of a range. Reads with ``pread``, so it is thread- and
+    fork-safe; it holds two open files and the header.
+
+    :meth:`open` checks the header against the dataset: a file that is not a key index, or
+    disagrees with its own size, raises :class:`~fpipe.errors.FormatError`; one that indexes
+    other keys (the dataset was rewritten by a program that knows no key index, such as
+    datadings) is left aside with a warning, and the reader uses the in-memory tables.
+    """
+
+    __slots__ = ("_entries", "_fd", "_key_offsets", "_keys_fd", "bits", "keys_path", "n", "path",
+                 "salt", "__weakref__")
+
+    def __init__(self, files: DatasetFiles, n: int, header: tuple) -> None:
+        self.path, self.keys_path, self.n = files.key_index, files.keys, n
+        _, _, self.bits, _, self.salt, _, _ = header
+        self._entries, self._key_offsets = _sections(n, self.bits)
+        self._fd = self._keys_fd = None
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        self._keys_fd = os.open(self.keys_path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+
+    def __del__(self, _close=os.close) -> None:
+        for fd in (self._fd, self._keys_fd):
+            if fd is not None:
+                _close(fd)
+
+    @classmethod
+    def open(cls, files: DatasetFiles, n: int) -> KeyIndex | None:
+        """The key index of the dataset of ``files`` (of ``n`` samples), or None if it has
+        none, or one built for other keys (with a warning)."""
+        try:
+            with open(files.key_index, "rb") as file:
+                head, size = file.read(HEADER.size), os.fstat(file.fileno()).st_size
+        except FileNotFoundError:
+            return None
+        header = _checked_header(files.key_index, head, size, n)
+        stale = _stale(files, header)
+        if stale:
+            warnings.warn(f"{files.key_index}: {stale}; it is left aside and keys are looked up "
+                          f"in memory ('fpipe index {files.data}' writes it anew)", stacklevel=3)
+            return None
+        return cls(files, n, header)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def find(self, key: str) -> int:
+        """The index of ``key``, or -1 (also for a str that UTF-8 cannot encode)."""
+        try:
+            value = hash_key(key, self.salt)
+        except UnicodeEncodeError:
+            return -1
+        slot = value >> (64 - self.bits) if self.bits else 0
+        begin, end = _PAIR.unpack(self._read(self._fd, HEADER.size + 8 * slot, 16, self.path))
+        if not begin <= end <= self.n:
+            raise FormatError(f"directory slot {slot} spans entries {begin} to {end} of "
+                              f"{self.n}", path=self.path)
+        entries = np.frombuffer(self._read(self._fd, self._entries + 16 * begin,
+                                           16 * (end - begin), self.path), dtype=">u8")
+        hashes = entries[0::2]
+        if len(hashes) and not self._sorted_in_slot(hashes, slot):
+            raise FormatError(f"directory slot {slot} holds hashes that are not its own, in "
+                              "order; 'fpipe index' writes the key index anew", path=self.path)
+        at = int(np.searchsorted(hashes, np.uint64(value)))
+        if at == len(hashes) or int(hashes[at]) != value:
+            return -1
+        index = int(entries[2 * at + 1])
+        if index >= self.n or self[index] != key:
+            raise FormatError(f"the key index names sample {index} for key {key!r:.80}, which "
+                              "does not have it; 'fpipe index' writes it anew", path=self.path)
+        return index
+
+    def _sorted_in_slot(self, hashes: np.ndarray, slot: int) -> bool:
+        shift = np.uint64(64 - self.bits)
+        ends = (hashes[0] >> shift, hashes[-1] >> shift) if self.bits else (0, 0)
+        return ends == (slot, slot) and bool((hashes[1:] > hashes[:-1]).all())
+
+    def __getitem__(self, index: int) -> str:
+        """The key of sample ``index`` (``0 <= index < n``)."""
+        start, stop = _PAIR.unpack(self._read(self._fd, self._key_offsets + 8 * index, 16,
+                                              self.path))
+        key = self._decoded(self._read(self._keys_fd, start, stop - start, self.keys_path), 1)
+        return key[0]
+
+    def keys(self, start: int, stop: int) -> list[str]:
+        """The keys of samples ``start`` to ``stop`` (a range of the dataset), read at once."""
+        if start >= stop:
+            return []
+        bounds = np.frombuffer(self._read(self._fd, self._key_offsets + 8 * start,
+                                          8 * (stop - start + 1), self.path), dtype=">u8")
+        first, last = int(bounds[0]), int(bounds[-1])
+        return self._decoded(self._read(self._keys_fd, first, last - first, self.keys_path),
+                             stop - start)
+
+    def _read(self, fd: int, offset: int, size: int, path: Path) -> bytes:
+        if size < 0:
+            raise FormatError(f"a span of {size} bytes at byte {offset}", path=path)
+        data = os.pread(fd, size, offset)
+        if len(data) != size:
+            raise FormatError(f"the file ends before byte {offset + size}", path=path)
+        return data
+
+    def _decoded(self, data: bytes, count: int) -> list[str]:
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(1, len(data)))
+        unpacker.feed(data)
+        try:
+            keys = [unpacker.unpack() for _ in range(count)]
+        except (msgpack.OutOfData, *DECODE_ERRORS) as error:
+            raise FormatError(f"the key index points at no keys in .keys ({error})",
+                              path=self.path) from error
+        if unpacker.tell() != len(data) or not all(type(key) is str for key in keys):
+            raise FormatError("the key index points at no keys in .keys", path=self.path)
+        return keys
+
+
+def _checked_header(path: Path, head: bytes, size: int, n: int) -> tuple:
+    if len(head) < HEADER.size:
+        raise FormatError(f"a key index begins with a {HEADER.size}-byte header; the file has "
+                          f"{len(head)} bytes", path=path)
+    header = HEADER.unpack(head)
+    magic, version, bits, count = header[:4]
+    if magic != MAGIC:
+        raise FormatError(f"not a key index (it begins {magic!r})", path=path)
+    if version != VERSION:
+        raise FormatError(f"a key index of version {version}; this fpipe reads version "
+                          f"{VERSION}", path=path)
+    if count != n or bits != directory_bits(n) or size != key_index_size(n):
+        raise FormatError(f"a key index of {count} samples in {size} bytes, for a dataset of "
+                          f"{n} (which takes {key_index_size(n)} bytes)", path=path)
+    return header
+
+
+def _stale(files: DatasetFiles, header: tuple) -> str | None:
+    """Why the key index is not of the dataset's ``.keys`` file, or None."""
+    keys_size, keys_md5 = header[5], header[6].hex()
+    try:
+        size = files.keys.stat().st_size
+    except FileNotFoundError:
+        return "the dataset has no .keys file"
+    listed = read_md5(files.data).get(files.keys.name) if files.md5.exists() else None
+    if size != keys_size or (listed is not None and listed != keys_md5):
+        return "it indexes other keys than the dataset's .keys file holds"
+    return None
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+class SortedPairs:
+    """``(hash, index)`` pairs sorted by hash in bounded memory: partitioned by the top bits of
+    the hash as they come (held in memory up to 32 MiB, then appended to a spill file in
+    ``folder``), then each partition sorted on its own (about 16 MiB each).
+
+    >>> import tempfile
+    >>> pairs = SortedPairs(4, Path(tempfile.mkdtemp()))
+    >>> pairs.add(np.array([9, 3, 7, 1], dtype=np.uint64), 0)
+    >>> [part.tolist() for part in pairs.sorted()]
+    [[[1, 3], [3, 1], [7, 2], [9, 0]]]
+    """
+
+    def __init__(self, n: int, folder: Path) -> None:
+        self.bits = min(directory_bits(n), max(0, (16 * n // _SORTED).bit_length()))
+        self._pending: list[list[np.ndarray]] = [[] for _ in range(1 << self.bits)]
+        self._runs: list[list[tuple[int, int]]] = [[] for _ in range(1 << self.bits)]
+        self._held = 0
+        self._spill = tempfile.TemporaryFile(dir=folder)
+
+    def add(self, hashes: np.ndarray, first: int) -> None:
+        """The pairs of ``hashes`` (uint64) and the indices from ``first`` on."""
+        pairs = np.empty((len(hashes), 2), dtype=np.uint64)
+        pairs[:, 0], pairs[:, 1] = hashes, np.arange(first, first + len(hashes))
+        if self.bits:
+            part = (hashes >> np.uint64(64 - self.bits)).astype(np.intp)
+            order = np.argsort(part, kind="stable")
+            pairs, counts = pairs[order], np.bincount(part, minlength=1 << self.bits)
+            for which, piece in enumerate(np.split(pairs, np.cumsum(counts)[:-1])):
+                if len(piece):
+                    self._pending[which].append(piece)
+        else:
+            self._pending[0].append(pairs)
+        self._held += pairs.nbytes
+        if self._held >= _PENDING:
+            self._flush()
+
+    def _flush(self) -> None:
+        for which, pieces in enumerate(self._pending):
+            if pieces:
+                data = np.concatenate(pieces)
+                self._runs[which].append((self._spill.tell(), len(data)))
+                self._spill.write(data.tobytes())
+                pieces.clear()
+        self._held = 0
+
+    def sorted(self) -> Iterator[np.ndarray]:
+        """The pairs, sorted by hash, a partition at a time (arrays of shape ``(k, 2)``)."""
+        self._flush()
+        self._spill.flush()
+        try:
+            for runs in self._runs:
+                parts = [np.frombuffer(os.pread(self._spill.fileno(), 16 * count, offset),
+                                       dtype=np.uint64).reshape(-1, 2) for offset, count in runs]
+                if parts:
+                    pairs = np.concatenate(parts)
+                    yield pairs[np.argsort(pairs[:, 0], kind="stable")]
+        finally:
+            self._spill.close()
+
+
+class KeyIndexWriter:
+    """Writes the key index of ``n`` samples to ``path``: :meth:`add_key_offsets` in order as
+    the keys are read, then :meth:`write_sorted` the sorted pairs, which returns the pairs of
+    samples whose hashes are equal (none: the file is complete)."""
+
+    def __init__(self, path: Path, n: int, salt: bytes, keys_size: int, keys_md5: str) -> None:
+        self.path, self.n, self.bits = path, n, directory_bits(n)
+        self._entries, self._key_offsets = _sections(n, self.bits)
+        self._file = open(path, "w+b")
+        self._file.truncate(key_index_size(n))
+        self._written = self._filled = 0
+        self.header(salt, keys_size, keys_md5)
+
+    def header(self, salt: bytes, keys_size: int, keys_md5: str) -> None:
+        os.pwrite(self._file.fileno(), HEADER.pack(MAGIC, VERSION, self.bits, self.n, salt,
+                                                   keys_size, bytes.fromhex(keys_md5)), 0)
+
+    def add_key_offsets(self, offsets: np.ndarray) -> None:
+        """The next key offsets (where keys begin in ``.keys``; the last call adds its size)."""
+        _pwrite_all(self._file.fileno(), offsets.astype(">u8").tobytes(),
+                    self._key_offsets + 8 * self._written)
+        self._written += len(offsets)
+
+    def write_sorted(self, parts: Iterator[np.ndarray]) -> list[tuple[int, int]]:
+        """Write the entries and the directory from ``parts`` (the sorted pairs); return the
+        index pairs whose hashes are equal."""
+        # equal hashes share their top bits, so they meet in one part
+        fd, done, equal, shift = self._file.fileno(), 0, [], np.uint64(64 - self.bits)
+        for pairs in parts:
+            _pwrite_all(fd, pairs.astype(">u8").tobytes(), self._entries + 16 * done)
+            hashes = pairs[:, 0]
+            same = np.flatnonzero(hashes[1:] == hashes[:-1])
+            equal += [(int(pairs[i, 1]), int(pairs[i + 1, 1])) for i in same.tolist()]
+            slots = hashes >> shift if self.bits else np.zeros(len(hashes), np.uint64)
+            self._directory(slots, done)
+            done += len(pairs)
+        last = np.array([self.n], dtype=">u8").tobytes()
+        os.pwrite(fd, last, HEADER.size + 8 * (1 << self.bits))
+        return equal
+
+    def _directory(self, slots: np.ndarray, done: int) -> None:
+        """The directory entries of the slots from the first of ``slots`` (sorted) to the
+        last: where each begins."""
+        if not len(slots):
+            return
+        low, high = int(slots[0]), int(slots[-1])
+        starts = done + np.searchsorted(slots, np.arange(low, high + 1, dtype=np.uint64))
+        # slots before `low` that no earlier part reached begin where this part does
+        gap = low - self._filled
+        head = np.full(gap, done, dtype=np.uint64)
+        entries = np.concatenate((head, starts.astype(np.uint64)))
+        _pwrite_all(self._file.fileno(), entries.astype(">u8").tobytes(),
+                    HEADER.size + 8 * (low - gap))
+        self._filled = high + 1
+
+    def close(self) -> str:
+        """Finish the file (the directory's slots after the last hash); its MD5."""
+        tail = np.full((1 << self.bits) - self._filled, self.n, dtype=">u8")
+        _pwrite_all(self._file.fileno(), tail.tobytes(), HEADER.size + 8 * self._filled)
+        self._file.flush()
+        self._file.seek(0)
+        md5 = hashlib.md5()
+        while block := self._file.read(1 << 20):
+            md5.update(block)
+        self._file.close()
+        return md5.hexdigest()
+
+    def abandon(self) -> None:
+        self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
