@@ -59,7 +59,7 @@ from ..errors import FormatError, FpipeError, Secrets, check_integer, redacted_o
 from ._blocks import Budget, FileLock, RemoteHandle, dataset_folder, replacing, write_atomically
 from .format import read_md5
 
-__all__ = ["RemoteError", "default_cache_dir", "glob_urls", "is_url", "size_bound"]
+__all__ = ["RemoteError", "default_cache_dir", "glob_urls", "is_url", "read_whole", "size_bound"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _ONE = struct.Struct(">Q").unpack_from
@@ -655,6 +655,17 @@ def _mismatched(path: Path, fetched: list[str]) -> str | None:
             if digest != entries[name]:
                 return name
     return None
+
+
+def read_whole(url: str, storage_options: dict | None = None, limit: int = 64 << 20) -> bytes:
+    """The whole object at ``url`` (a small file, such as a shard index), with the readers'
+    retries; a :class:`RemoteError` if the server claims more than ``limit`` bytes."""
+    source = Retrying(url, check_options(storage_options), DEFAULT_TIMEOUT, DEFAULT_RETRIES)
+    size, _ = source.stat()
+    if size > limit:
+        raise RemoteError(source.shown, None, None, f"the server claims {size} bytes; at most "
+                          f"{limit} are expected")
+    return source.read(0, size) if size else b""
 
 
 def glob_urls(pattern: str, storage_options: dict | None = None) -> list[str]:

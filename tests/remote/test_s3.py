@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from fpipe.storage import MsgpackReader, ShardedReader, Shuffler
+from fpipe.storage import IndexShuffler, MsgpackReader, ShardedReader, ShardedWriter, Shuffler
 from fpipe.torch import Dataset, IterableDataset
 
 from .conftest import BLOCK, N, sample
@@ -40,6 +40,23 @@ def test_a_sharded_reader_globs_an_s3_pattern(s3, cache):
     assert [r._remote.url for r in shards.readers] == ["s3://data/shard-1.msgpack",
                                                        "s3://data/train.msgpack"]
     assert len(shards) == N + 500 and shards.get(500) == sample(0)
+
+
+def test_a_shard_index_at_an_s3_url_opens_only_the_shards_read(s3, cache, tmp_path):
+    import s3fs
+
+    with ShardedWriter(tmp_path / "many", shard_size=10) as writer:
+        for i in range(400):
+            writer.write(sample(i))
+    fs = s3fs.S3FileSystem(**s3.storage_options, skip_instance_cache=True)
+    fs.put([str(p) for p in tmp_path.iterdir()], "data/many/")
+    shards = ShardedReader("s3://data/many/many.shards", storage_options=s3.storage_options,
+                           cache_dir=cache, block_size=BLOCK)
+    assert len(shards) == 400 and not list(cache.glob("*/.complete"))
+    assert shards.get(123) == sample(123)
+    assert len(list(cache.glob("*/.complete"))) == 1  # one shard's index files fetched
+    order = [s["key"] for s in IndexShuffler(shards, seed=2)]
+    assert sorted(order) == [sample(i)["key"] for i in range(400)]
 
 
 def _keys(batches) -> list[str]:
