@@ -41,14 +41,8 @@ import msgpack
 import numpy as np
 
 from ..errors import FormatError
-from .format import (
-    DECODE_ERRORS,
-    BloomFilter,
-    DatasetFiles,
-    key_salt,
-    open_regular,
-    salted_hashes,
-)
+from ._hashing import BloomFilter, key_salt, salted_hashes
+from .format import DECODE_ERRORS, DatasetFiles, open_regular
 from .keyindex import KeyIndexWriter, SortedPairs
 
 __all__ = ["Built", "IndexBuilder", "array_length", "without_samples"]

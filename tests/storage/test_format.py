@@ -11,6 +11,7 @@ from datadings.tools import hash_string
 from simplebloom import BloomFilter as SimpleBloom
 
 from fpipe.errors import FormatError
+from fpipe.storage import _hashing as hashing
 from fpipe.storage import format as fmt
 from fpipe.storage.format import (
     BloomFilter,
@@ -148,12 +149,12 @@ def test_key_hashing_matches_datadings():
 
 
 def test_hash_keys_tries_the_next_salt_on_a_collision(monkeypatch):
-    real = fmt.salted_hashes
+    real = hashing.salted_hashes
 
     def collide_on_first_salt(keys, salt):
         hashes = real(keys, salt)
         return np.zeros_like(hashes) if salt == key_salt(0) else hashes
-    monkeypatch.setattr(fmt, "salted_hashes", collide_on_first_salt)
+    monkeypatch.setattr(hashing, "salted_hashes", collide_on_first_salt)
     salt, hashes = hash_keys(["a", "b"])
     assert salt == key_salt(1) and int(hashes[1]) == hash_key("b", key_salt(1))
 

@@ -11,6 +11,7 @@ import pytest
 from datadings.reader import MsgpackReader as DatadingsReader
 from datadings.writer import FileWriter as DatadingsWriter
 
+import fpipe.storage._hashing as hashing
 import fpipe.storage._indexing as indexing
 import fpipe.storage.format as fmt
 import fpipe.storage.keyindex as keyindex
@@ -192,7 +193,7 @@ def test_a_writer_holds_no_table_of_its_keys(tmp_path, monkeypatch):
     # a window of 1,000 keys, a filter set in place, partitions of 256 KiB: what is left to
     # hold does not grow with the samples (the writer held every key in a dict before)
     monkeypatch.setattr(writer_module, "WINDOW", 1000)
-    monkeypatch.setattr(fmt, "_BLOOM_UNPACKED_MAX", 0)
+    monkeypatch.setattr(hashing, "_BLOOM_UNPACKED_MAX", 0)
     monkeypatch.setattr(keyindex, "_PENDING", 1 << 18)
     monkeypatch.setattr(keyindex, "_SORTED", 1 << 18)
     n = 600_000
