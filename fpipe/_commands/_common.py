@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import shutil
 import sys
 import textwrap
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from ..errors import FormatError, FpipeError, redacted_url
-from ..storage import DatasetFiles, MsgpackReader, read_classes, read_keys, read_legacy_index
+from ..storage import (
+    DatasetFiles,
+    MsgpackReader,
+    open_regular,
+    read_classes,
+    read_keys,
+    read_legacy_index,
+)
+from ..storage._indexing import array_length
 
 __all__ = [
     "HelpFormatter",
@@ -23,7 +34,9 @@ __all__ = [
     "chosen_seed",
     "copy_classes",
     "data_file",
+    "dataset_key_batches",
     "dataset_keys",
+    "key_batches",
     "fraction",
     "human_bytes",
     "int_between",
@@ -288,6 +301,49 @@ def copy_classes(source: Path, targets: Sequence[Path]) -> None:
         return
     for target in targets:
         shutil.copyfile(str(source) + CLASSES_SUFFIX, str(target) + CLASSES_SUFFIX)
+
+
+def key_batches(keys_file: Path, size: int = 1 << 16) -> Iterator[tuple[int, list[str]]]:
+    """The keys in ``keys_file`` (a dataset's ``.keys``), in order, as ``(index of the first,
+    keys)`` batches of ``size``, read as they go so that no pass holds them all. A file that
+    is not one msgpack array of str, or ends before its last key, raises FormatError naming it.
+
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "x.msgpack.keys"
+    >>> _ = path.write_bytes(msgpack.packb(["a", "b", "c"]))
+    >>> list(key_batches(path, 2))
+    [(0, ['a', 'b']), (2, ['c'])]
+    """
+    done = count = 0
+    with open_regular(keys_file) as file:
+        unpacker = msgpack.Unpacker(file, raw=False, read_size=1 << 20)
+        try:
+            count = unpacker.read_array_header()
+            while batch := list(itertools.islice(unpacker, min(size, count - done))):
+                if not all(type(key) is str for key in batch):
+                    raise ValueError("a key is not a str")
+                yield done, batch
+                done += len(batch)
+        except (msgpack.OutOfData, ValueError, TypeError, msgpack.UnpackException) as error:
+            raise FormatError(f"corrupt keys file ({error})", path=keys_file) from error
+    if done != count:
+        raise FormatError(f"the keys file ends after {done} of its {count} keys", path=keys_file)
+
+
+def dataset_key_batches(reader: Any, size: int = 1 << 16) -> Iterator[tuple[int, list[str]]]:
+    """:func:`key_batches` of the dataset that ``reader`` (a MsgpackReader) reads (a legacy
+    dataset's come from its ``.index``, whole); a keys file that does not hold one key per
+    sample raises FormatError naming it."""
+    keys_file = DatasetFiles(reader.path).keys
+    if not keys_file.exists():
+        keys = read_legacy_index(reader.path)[0]
+        yield from ((first, keys[first:first + size]) for first in range(0, len(keys), size))
+        return
+    count = array_length(keys_file)
+    if count != len(reader):
+        raise FormatError(f"the keys file holds {count} keys for {len(reader)} samples",
+                          path=keys_file)
+    yield from key_batches(keys_file, size)
 
 
 def dataset_keys(reader: Any) -> list[str]:

@@ -10,10 +10,13 @@ of the label.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+import tempfile
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +24,11 @@ import numpy as np
 
 from ..errors import FpipeError
 from ..random import item_rng
-from ..storage import MsgpackReader, QuasiShuffler, RawWriter, Shuffler
+from ..storage import IndexShuffler, MsgpackReader, QuasiShuffler, RawWriter, Shuffler
+from ..storage._hashing import key_salt, salted_hashes
 from ..storage._staging import dataset_files, staged_datasets
+from ..storage.keyindex import SortedPairs
+from ..storage.permutation import Permutation
 from ._common import (
     CLASSES_SUFFIX,
     UsageError,
@@ -31,12 +37,13 @@ from ._common import (
     buffer_size,
     chosen_seed,
     copy_classes,
-    dataset_keys,
+    dataset_key_batches,
     fraction,
     human_bytes,
     non_negative_int,
     open_dataset,
     positive_int,
+    progress_bar,
     refuse_options,
     say,
     shows_progress,
@@ -68,9 +75,12 @@ def _add_shuffle(commands: argparse._SubParsersAction) -> None:
     parser = add_command(
         commands, "shuffle", "write a dataset's samples in a shuffled order",
         "Write the samples of IN to OUT in a shuffled order, copying their bytes. --mode true "
-        "draws a uniform permutation and reads sample by sample; --mode quasi reads chunks of "
-        "--chunk-size samples in a shuffled order through a buffer of --buf-size samples "
-        "(fewer, larger reads: for slow disks; see fpipe.QuasiShuffler).",
+        "draws a uniform permutation (datadings's order for a seed; it holds 4 bytes a sample) "
+        "and reads sample by sample; --mode index computes a uniform permutation position by "
+        "position (fpipe.IndexShuffler: no permutation in memory, for datasets of any size) "
+        "and reads sample by sample; --mode quasi reads chunks of --chunk-size samples in a "
+        "shuffled order through a buffer of --buf-size samples (fewer, larger reads: for slow "
+        "disks; see fpipe.QuasiShuffler).",
         "  fpipe shuffle train.msgpack train-shuffled.msgpack --seed 7\n"
         "  fpipe shuffle huge.msgpack huge-shuffled.msgpack --mode quasi --buf-size 0.05",
         _run_shuffle)
@@ -78,8 +88,9 @@ def _add_shuffle(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("output", metavar="OUT",
                         help="the dataset to write (not IN: write a new one, then 'fpipe mv' "
                              "it onto IN)")
-    parser.add_argument("--mode", choices=("true", "quasi"), default="true",
-                        help="true: a uniform permutation (default); quasi: chunked and buffered")
+    parser.add_argument("--mode", choices=("true", "index", "quasi"), default="true",
+                        help="true: a uniform permutation (default); index: the same, computed "
+                             "position by position; quasi: chunked and buffered")
     _seed_option(parser, "shuffle")
     parser.add_argument("--buf-size", type=buffer_size, metavar="F",
                         help="quasi: buffer size, a fraction of IN below 1 or a whole number "
@@ -194,15 +205,17 @@ def _in_blocks(reader: Any, indices: np.ndarray) -> Iterator[tuple[str, Any]]:
 
 
 def _run_shuffle(args: argparse.Namespace) -> int:
-    if args.mode == "true":
+    if args.mode != "quasi":
         refuse_options({"--buf-size": args.buf_size, "--chunk-size": args.chunk_size},
-                       "with --mode true (they set --mode quasi's reads)")
+                       f"with --mode {args.mode} (they set --mode quasi's reads)")
     buf_size = _QUASI_BUFFER if args.buf_size is None else args.buf_size
     source, target = Path(args.input), Path(args.output)
     with open_dataset(source) as reader:
-        order = (Shuffler(reader, seed=chosen_seed(args)) if args.mode == "true" else
-                 QuasiShuffler(reader, buf_size=buf_size,
-                               chunk_size=args.chunk_size or _QUASI_CHUNK, seed=chosen_seed(args)))
+        if args.mode == "quasi":
+            order = QuasiShuffler(reader, buf_size=buf_size,
+                                  chunk_size=args.chunk_size or _QUASI_CHUNK, seed=chosen_seed(args))
+        else:
+            order = (Shuffler if args.mode == "true" else IndexShuffler)(reader, seed=chosen_seed(args))
         _write_copy(args, source, target, order.iter(yield_key=True, raw=True), len(reader))
     _written(args, [target])
     return 0
@@ -260,13 +273,26 @@ def _store_merged_classes(args: argparse.Namespace, sources: list[Path], staged:
 
 
 def _check_unique_keys(sources: list[Path], readers: list) -> None:
-    owner: dict[str, tuple[int, int]] = {}
+    """Refuse inputs that share a key, naming them; in bounded memory: the keys' hashes are
+    sorted by partitions in the temporary folder (16 bytes a sample), and only the keys of
+    equal hashes are compared."""
+    starts = np.cumsum([0, *map(len, readers)]).tolist()
+    with tempfile.TemporaryDirectory(prefix="fpipe-merge-") as folder:
+        pairs = SortedPairs(starts[-1], Path(folder))
+        for start, reader in zip(starts, readers):
+            for first, keys in dataset_key_batches(reader):
+                pairs.add(salted_hashes(keys, key_salt(0)), start + first)
+        groups = pairs.equal_hashes()
     duplicates = []
-    for which, reader in enumerate(readers):
-        for index, key in enumerate(dataset_keys(reader)):
-            first = owner.setdefault(key, (which, index))
-            if first != (which, index):
-                duplicates.append((key, first, (which, index)))
+    for group in groups:  # samples whose hashes are equal: their keys tell
+        owner: dict[str, tuple[int, int]] = {}
+        for index in sorted(group):
+            which, local = _located(index, starts)
+            key = readers[which].find_key(local)
+            first = owner.setdefault(key, (which, local))
+            if first != (which, local):
+                duplicates.append((key, first, (which, local)))
+    duplicates.sort(key=lambda found: (found[2], found[1]))
     if duplicates:
         shown = "; ".join(f"{key!r} is sample {a} of {sources[i]} and sample {b} of {sources[j]}"
                           for key, (i, a), (j, b) in duplicates[:_SHOWN_DUPLICATES])
@@ -275,13 +301,26 @@ def _check_unique_keys(sources: list[Path], readers: list) -> None:
         raise FpipeError(f"{len(duplicates)} duplicate key(s), nothing was written: {shown}{more}")
 
 
+def _located(index: int, starts: list[int]) -> tuple[int, int]:
+    """Which input holds the sample at ``index`` of all the inputs, and where in it."""
+    which = bisect_right(starts, index) - 1
+    return which, index - starts[which]
+
+
 def _interleaved(streams: list[Iterator], lengths: list[int], seed: int
                  ) -> Iterator[tuple[str, Any]]:
     """Each next sample from a random input, chosen with probability proportional to the
-    samples it has left: a uniformly random interleaving that keeps every input's order."""
-    picks = np.repeat(np.arange(len(streams), dtype=np.int32), lengths)
-    item_rng(seed, 0, 0).shuffle(picks)
-    return (next(streams[pick]) for pick in picks.tolist())
+    samples it has left: a uniformly random interleaving that keeps every input's order.
+    Drawn a block at a time: how many of the block each input gives (a multivariate
+    hypergeometric draw), in a random order, so that no pass holds a pick per sample."""
+    rng, left = item_rng(seed, 0, 0), np.array(lengths, dtype=np.int64)
+    while (total := int(left.sum())):
+        counts = rng.multivariate_hypergeometric(left, min(_BLOCK, total))
+        picks = np.repeat(np.arange(len(streams), dtype=np.int32), counts)
+        rng.shuffle(picks)
+        left -= counts
+        for pick in picks.tolist():
+            yield next(streams[pick])
 
 
 # --- split ------------------------------------------------------------------------------
@@ -347,21 +386,35 @@ def _run_split(args: argparse.Namespace) -> int:
     with open_dataset(source) as reader:
         n = len(reader)
         bounds = part_bounds(n, len(targets), args.counts, args.fractions)
-        order = _split_order(n, args)
         with staged_datasets(targets, args.overwrite, sources=dataset_files(source)) as staged:
-            for target, path, low, high in zip(targets, staged, bounds, bounds[1:]):
-                part = np.sort(order[low:high]) if args.shuffle else order[low:high]
-                _copy(_in_blocks(reader, part), path, high - low, target.name, args)
+            if args.shuffle:
+                permutation = Permutation(n, chosen_seed(args), 0)
+                _copy_parts(reader, staged, lambda block: np.searchsorted(
+                    bounds, permutation.positions(block), side="right") - 1, args)
+            else:
+                for target, path, low, high in zip(targets, staged, bounds, bounds[1:]):
+                    _copy(reader.iter(low, high, yield_key=True, raw=True), path, high - low,
+                          target.name, args)
             copy_classes(source, staged)
     _written(args, targets)
     return 0
 
 
-def _split_order(n: int, args: argparse.Namespace) -> np.ndarray:
-    if not args.shuffle:
-        return np.arange(n, dtype=np.int64)
-
-    return item_rng(chosen_seed(args), 0, 0).permutation(n)
+def _copy_parts(reader: Any, paths: Sequence[Path], part_of: Callable[[np.ndarray], np.ndarray],
+                args: argparse.Namespace) -> None:
+    """One pass over ``reader`` in its order, each sample written to the dataset of ``paths``
+    that ``part_of`` (of a block of indices) gives, or to none for -1."""
+    with contextlib.ExitStack() as stack:
+        writers = [stack.enter_context(RawWriter(path)) for path in paths]
+        bar = stack.enter_context(progress_bar(args, total=len(reader), desc=paths[0].name,
+                                               unit=" samples"))
+        for low in range(0, len(reader), _BLOCK):
+            high = min(len(reader), low + _BLOCK)
+            parts = part_of(np.arange(low, high)).tolist()
+            for part, (key, data) in zip(parts, reader.iter(low, high, yield_key=True, raw=True)):
+                if part >= 0:
+                    writers[part].write(key, data)
+            bar.update(high - low)
 
 
 # --- sample -----------------------------------------------------------------------------
@@ -372,7 +425,11 @@ def _run_sample(args: argparse.Namespace) -> int:
     with open_dataset(source) as reader:
         if args.count > len(reader):
             raise UsageError(f"N is {args.count} but {source} has only {len(reader)} samples")
-        chosen = np.sort(item_rng(chosen_seed(args), 0, 0).choice(len(reader), args.count, replace=False))
-        _write_copy(args, source, target, _in_blocks(reader, chosen), args.count)
+        # the samples whose places in a random permutation come first: a uniform draw
+        permutation = Permutation(len(reader), chosen_seed(args), 0)
+        with staged_datasets([target], args.overwrite, sources=dataset_files(source)) as staged:
+            _copy_parts(reader, staged, lambda block: np.where(
+                permutation.positions(block) < args.count, 0, -1), args)
+            copy_classes(source, staged)
     _written(args, [target])
     return 0

@@ -3,30 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..errors import FormatError, FpipeError, redacted_url
 from ..storage import (
-    BloomFilter,
     DatasetFiles,
     md5_file,
-    open_regular,
-    read_key_hashes,
-    read_keys,
     read_legacy_index,
     read_md5,
-    read_offsets,
     rebuild_index,
     unpack_sample,
     write_index,
 )
 from ..storage._staging import staging_folder
-from ..storage.format import hash_key
 from ..storage.recovery import DamagedDataError
 from ._common import (
     add_command,
@@ -38,6 +31,14 @@ from ._common import (
     shows_progress,
 )
 from ._images import image_problems
+from ._index_checks import (
+    Index,
+    key_problems,
+    keys_and_offsets,
+    legacy_index,
+    offset_problems,
+    read_index,
+)
 
 __all__ = ["add_parsers", "check_dataset"]
 
@@ -139,7 +140,7 @@ def check_dataset(path: Path, args: argparse.Namespace) -> tuple[list[str], str]
     checked = f"md5 of {checked_files} files, index"
     if index is not None and not args.quick:
         problems += _check_samples(files, index, args)
-        checked += f", {len(index[0])} samples"
+        checked += f", {index.count} samples"
     if index is not None and getattr(args, "images", False):
         found, decoded = image_problems(files.data, args)
         problems += found
@@ -189,97 +190,23 @@ def _reason(error: FormatError | OSError) -> str:
     return error.strerror or str(error)
 
 
-def _check_index(files: Any) -> tuple[tuple[list, np.ndarray] | None, list[str]]:
-    """Read and check the index; return ``(keys, offsets)`` if samples can be checked."""
+def _check_index(files: Any) -> tuple[Index | None, list[str]]:
+    """Read and check the index; return it if samples can be checked by it."""
     try:
-        keys, offsets = _read_index(files)
+        index = read_index(files)
+        problems, broken = offset_problems(index, files.data.stat().st_size)
+        problems += key_problems(index)
     except (FormatError, OSError, ValueError) as error:
         return None, [f"index: {error}"]
-    size = files.data.stat().st_size
-    problems = _check_offsets(offsets, size, len(keys))
-    problems += _check_keys(files, keys)
-    return (None if problems and _offsets_broken(offsets, size) else (keys, offsets)), problems
+    return (None if broken else index), problems
 
 
-def _read_index(files: Any) -> tuple[list, np.ndarray]:
-    if not files.offsets.exists():
-        if files.legacy_index.exists():
-            keys, offsets = read_legacy_index(files.data)
-            return keys, offsets.astype(np.int64)
-        raise FileNotFoundError(f"{files.offsets.name} is missing")
-    if not files.keys.exists():
-        raise FileNotFoundError(f"{files.keys.name} is missing")
-    return read_keys(files.data), read_offsets(files.data).astype(np.int64)
-
-
-def _check_offsets(offsets: np.ndarray, size: int, count: int) -> list[str]:
+def _check_samples(files: Any, index: Index, args: argparse.Namespace) -> list[str]:
     problems = []
-    if len(offsets) != count + 1:
-        problems.append(f"index: {len(offsets) - 1} offsets for {count} keys")
-    if len(offsets) and offsets[0] != 0:
-        problems.append(f"index: the first sample starts at byte {offsets[0]}, not 0")
-    steps = np.flatnonzero(np.diff(offsets) <= 0)
-    if steps.size:
-        problems.append(f"index: sample {steps[0]} at byte {offsets[steps[0]]} is empty or "
-                        f"ends before it starts ({steps.size} such samples)")
-    end = int(offsets[-1]) if len(offsets) else 0
-    if end > size:
-        problems.append(f"data file is truncated: the index ends at byte {end}, the file has "
-                        f"{size} bytes")
-    elif end < size:
-        problems.append(f"data file has {size - end} bytes after its last sample (byte {end})")
-    return problems
-
-
-def _offsets_broken(offsets: np.ndarray, size: int) -> bool:
-    return bool(len(offsets) == 0 or offsets[0] != 0 or (np.diff(offsets) <= 0).any()
-                or offsets[-1] > size)
-
-
-def _check_keys(files: Any, keys: list) -> list[str]:
-    if len(set(keys)) != len(keys):
-        return [f"index: {len(keys) - len(set(keys))} duplicate keys"]
-    problems = []
-    for check in (_check_key_hashes, _check_filter):
-        try:
-            problems += check(files, keys)
-        except (FormatError, OSError, ValueError) as error:
-            problems.append(f"index: {error}")
-    return problems
-
-
-def _check_key_hashes(files: Any, keys: list) -> list[str]:
-    if not files.key_hashes.exists():
-        return []
-    salt, hashes = read_key_hashes(files.data)
-    if len(hashes) != len(keys):
-        return [f"{files.key_hashes.name}: {len(hashes)} hashes for {len(keys)} keys"]
-    wrong = [i for i, key in enumerate(keys) if hash_key(key, salt) != int(hashes[i])]
-    if wrong:
-        return [f"{files.key_hashes.name}: {len(wrong)} hashes do not match their keys "
-                f"(first: sample {wrong[0]})"]
-    return []
-
-
-def _check_filter(files: Any, keys: list) -> list[str]:
-    if not files.filter.exists():
-        return []
-    with open_regular(files.filter) as file:
-        data = file.read()
-    try:
-        bloom = BloomFilter.loads(data)
-    except ValueError as error:
-        raise FormatError(f"corrupt Bloom filter ({error})", path=files.filter) from error
-    absent = sum(key not in bloom for key in keys)
-    return [f"{files.filter.name}: {absent} keys are not in the filter"] if absent else []
-
-
-def _check_samples(files: Any, index: tuple[list, np.ndarray], args: argparse.Namespace) -> list[str]:
-    keys, offsets = index
-    problems = []
-    bar = progress_bar(args, total=len(keys), desc=f"checking {files.data.name}", unit=" samples")
+    bar = progress_bar(args, total=index.count, desc=f"checking {files.data.name}",
+                       unit=" samples")
     with bar, open(files.data, "rb") as data:
-        for i, problem in _sample_problems(data, keys, offsets, bar.update):
+        for i, problem in _sample_problems(data, index, bar.update):
             problems.append(problem)
             if len(problems) == _MAX_SAMPLE_PROBLEMS:
                 problems.append("... (stopped after "
@@ -288,16 +215,13 @@ def _check_samples(files: Any, index: tuple[list, np.ndarray], args: argparse.Na
     return problems
 
 
-def _sample_problems(data: Any, keys: list, offsets: np.ndarray,
-                     tick: Callable[[int], Any]) -> Iterator[tuple[int, str]]:
-    block_samples = 4096
-    for first in range(0, len(keys), block_samples):
-        last = min(len(keys), first + block_samples)
-        base = int(offsets[first])
-        data.seek(base)
-        buffer = memoryview(data.read(int(offsets[last]) - base))
-        for i in range(first, last):
-            start, stop = int(offsets[i]), int(offsets[i + 1])
+def _sample_problems(data: Any, index: Index, tick: Callable[[int], Any]
+                     ) -> Iterator[tuple[int, str]]:
+    for first, keys, offsets in keys_and_offsets(index):
+        base = int(offsets[0])
+        buffer = memoryview(os.pread(data.fileno(), int(offsets[-1]) - base, base))
+        for i, key, start, stop in zip(itertools.count(first), keys, offsets.tolist(),
+                                       offsets[1:].tolist()):
             try:
                 sample = unpack_sample(buffer[start - base:stop - base], path=data.name, index=i,
                                        offset=start)
@@ -305,9 +229,9 @@ def _sample_problems(data: Any, keys: list, offsets: np.ndarray,
                 yield i, str(error)
                 continue
             found = sample.get("key") if isinstance(sample, dict) else None
-            if found != keys[i]:
-                yield i, f"sample {i} at byte {start}: its \"key\" is {found!r}, the index says {keys[i]!r}"
-        tick(last - first)
+            if found != key:
+                yield i, f"sample {i} at byte {start}: its \"key\" is {found!r}, the index says {key!r}"
+        tick(len(keys))
 
 
 def _hint(problems: list[str]) -> str:
@@ -372,7 +296,7 @@ def _say_damage(args: argparse.Namespace, report: Any) -> None:
 
 def _convert_legacy(files: Any, dry_run: bool, progress: bool) -> int:
     keys, offsets = read_legacy_index(files.data)
-    problems = _check_offsets(offsets.astype(np.int64), files.data.stat().st_size, len(keys))
+    problems = offset_problems(legacy_index(files, keys, offsets), files.data.stat().st_size)[0]
     if problems:
         raise FormatError(f"the legacy index is damaged ({problems[0]}); pass --scan to rebuild "
                           "from the samples", path=files.legacy_index)

@@ -198,10 +198,12 @@ class KeyIndex:
         try:
             keys = [unpacker.unpack() for _ in range(count)]
         except (msgpack.OutOfData, *DECODE_ERRORS) as error:
-            raise FormatError(f"the key index points at no keys in .keys ({error})",
-                              path=self.path) from error
+            # the keys file is named: the bytes there are what do not decode
+            raise FormatError(f"the bytes that {self.path.name} points at are not keys "
+                              f"({error})", path=self.keys_path) from error
         if unpacker.tell() != len(data) or not all(type(key) is str for key in keys):
-            raise FormatError("the key index points at no keys in .keys", path=self.path)
+            raise FormatError(f"the bytes that {self.path.name} points at are not keys",
+                              path=self.keys_path)
         return keys
 
 
@@ -281,6 +283,23 @@ class SortedPairs:
                 self._spill.write(data.tobytes())
                 pieces.clear()
         self._held = 0
+
+    def equal_hashes(self) -> list[list[int]]:
+        """The indices of each run of pairs whose hashes are equal (two or more): the samples
+        whose keys may be equal, found by :meth:`sorted` (so the pairs are gone after).
+
+        >>> import tempfile
+        >>> pairs = SortedPairs(4, Path(tempfile.mkdtemp()))
+        >>> pairs.add(np.array([9, 3, 9, 3], dtype=np.uint64), 0)
+        >>> pairs.equal_hashes()
+        [[1, 3], [0, 2]]
+        """
+        groups = []
+        for part in self.sorted():
+            hashes = part[:, 0]
+            bounds = [0, *(np.flatnonzero(hashes[1:] != hashes[:-1]) + 1).tolist(), len(hashes)]
+            groups += [part[a:b, 1].tolist() for a, b in zip(bounds, bounds[1:]) if b - a > 1]
+        return groups
 
     def sorted(self) -> Iterator[np.ndarray]:
         """The pairs, sorted by hash, a partition at a time (arrays of shape ``(k, 2)``)."""

@@ -464,11 +464,23 @@ def test_the_same_key_twice_raises_format_error_at_once(two, index):
         for name in ("offsets", "keys", "key_hashes", "filter"):
             (two.parent / f"x.msgpack.{name}").unlink()
         (two.parent / "x.msgpack.index").write_bytes(b"\x82\xa1a\x00\xa1a\x07")
-    else:
-        (two.parent / "x.msgpack.key_hashes").unlink()
+    else:  # the keys looked up in memory: no key index to search on disk
+        for name in ("key_hashes", "key_index"):
+            (two.parent / f"x.msgpack.{name}").unlink()
         (two.parent / "x.msgpack.keys").write_bytes(msgpack.packb(["a", "a"]))
     with pytest.raises(FormatError, match="'a' is there twice"):
         MsgpackReader(two).find_index("a")
+
+
+def test_a_key_index_over_keys_changed_in_place_finds_no_wrong_sample(two):
+    """The key index is trusted by the size and MD5 of the keys it indexed (reading every key
+    to look for repeats would cost what the index saves): a lookup still gives a sample with
+    that key, and ``fpipe verify`` reports the change."""
+    (two.parent / "x.msgpack.keys").write_bytes(msgpack.packb(["a", "a"]))
+    reader = MsgpackReader(two)
+    assert reader.find_key(reader.find_index("a")) == "a"
+    with pytest.raises(FormatError, match="which does not have it"):
+        reader.find_index("b")
 
 
 # --- array maps whose shape claims more than their bytes hold ----------------------------------
