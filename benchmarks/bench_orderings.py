@@ -1,8 +1,10 @@
-"""Workload S6: one epoch of QuasiShuffler and of Shuffler over `large`, against datadings's."""
+"""Workload S6: one epoch of QuasiShuffler and of Shuffler over `large`, against datadings's,
+and of IndexShuffler against datadings's Shuffler (information: the new order has no
+datadings counterpart)."""
 
 from __future__ import annotations
 
-from fpipe.storage import MsgpackReader, QuasiShuffler, Shuffler
+from fpipe.storage import IndexShuffler, MsgpackReader, QuasiShuffler, Shuffler
 
 from . import data
 from .harness import Pair, workload
@@ -24,7 +26,7 @@ def _pair(ours, theirs) -> Pair:
 
 
 @workload("S6q", description="one epoch of QuasiShuffler (defaults, seed 0) over `large`",
-          reference="datadings QuasiShuffler", target=">= 1.3")
+          reference="datadings QuasiShuffler", target=">= 1.5")
 def quasi_shuffler_epoch() -> Pair:
     from datadings.reader import QuasiShuffler as DatadingsQuasiShuffler
 
@@ -33,9 +35,18 @@ def quasi_shuffler_epoch() -> Pair:
 
 
 @workload("S6s", description="one epoch of Shuffler (seed 0) over `large`",
-          reference="datadings Shuffler", target=">= 1.5")
+          reference="datadings Shuffler", target=">= 1.2")
 def shuffler_epoch() -> Pair:
     from datadings.reader import Shuffler as DatadingsShuffler
 
     return _pair(lambda reader: Shuffler(reader, seed=0),
+                 lambda reader: DatadingsShuffler(reader, seed=0))
+
+
+@workload("S6i", description="one epoch of IndexShuffler (seed 0) over `large`",
+          reference="datadings Shuffler", target="-")
+def index_shuffler_epoch() -> Pair:
+    from datadings.reader import Shuffler as DatadingsShuffler
+
+    return _pair(lambda reader: IndexShuffler(reader, seed=0),
                  lambda reader: DatadingsShuffler(reader, seed=0))

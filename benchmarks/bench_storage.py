@@ -69,13 +69,13 @@ def _random_gets(path: str) -> Pair:
 
 
 @workload("S3", description="random get over `small` (a fixed permutation, seed 0)",
-          reference="datadings get", target=">= 2.0")
+          reference="datadings get", target=">= 1.2")
 def random_get_small() -> Pair:
     return _random_gets(data.small_path())
 
 
 @workload("S4", description="random get over `large` (a fixed permutation, seed 0)",
-          reference="datadings get", target=">= 1.15")
+          reference="datadings get", target=">= 1.3")
 def random_get_large() -> Pair:
     return _random_gets(data.large_path())
 

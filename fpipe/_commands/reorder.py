@@ -80,8 +80,10 @@ def _add_shuffle(commands: argparse._SubParsersAction) -> None:
         "position (fpipe.IndexShuffler: no permutation in memory, for datasets of any size) "
         "and reads sample by sample; --mode quasi reads chunks of --chunk-size samples in a "
         "shuffled order through a buffer of --buf-size samples (fewer, larger reads: for slow "
-        "disks; see fpipe.QuasiShuffler).",
+        "disks; see fpipe.QuasiShuffler). --mode index and quasi hold the same memory at any "
+        "size.",
         "  fpipe shuffle train.msgpack train-shuffled.msgpack --seed 7\n"
+        "  fpipe shuffle web.msgpack web-shuffled.msgpack --mode index\n"
         "  fpipe shuffle huge.msgpack huge-shuffled.msgpack --mode quasi --buf-size 0.05",
         _run_shuffle)
     parser.add_argument("input", metavar="IN", help="the dataset to shuffle")
@@ -107,7 +109,9 @@ def _add_merge(commands: argparse._SubParsersAction) -> None:
         "the other; --strategy random interleaves them at random, each next sample taken from "
         "an input with probability proportional to the samples it has left (so every input is "
         "spread evenly over OUT, in its own order). Keys must be unique across the inputs: "
-        "duplicates are listed and nothing is written. Labels are matched by class name: when "
+        "duplicates are listed and nothing is written (they are found by sorting the keys' "
+        "hashes in the temporary folder, TMPDIR: 16 bytes a sample there, the same memory at "
+        "any size). Labels are matched by class name: when "
         "the inputs' class lists (X.msgpack.classes.json) differ, OUT's list is their union "
         "(the first input's names, then each name a later input adds, in its order) and the "
         "labels of the inputs whose numbers change are renumbered; inputs some of which have no "
@@ -129,7 +133,9 @@ def _add_split(commands: argparse._SubParsersAction) -> None:
         "Split IN into the datasets given with -o, copying their bytes: every sample goes to "
         "exactly one part. Give a count or a fraction per part, or one fewer and the last part "
         "takes the rest. Parts are contiguous ranges of IN, or with --shuffle random subsets "
-        "(each in IN's order).",
+        "(each in IN's order): the samples whose places in a random permutation of IN (the "
+        "one fpipe.IndexShuffler computes for the seed) fall in each part's range, found in "
+        "one pass over IN with no permutation in memory.",
         "  fpipe split all.msgpack --fractions 0.9 -o train.msgpack val.msgpack --shuffle\n"
         "  fpipe split all.msgpack --counts 1000 1000 -o a.msgpack b.msgpack rest.msgpack",
         _run_split)
@@ -151,7 +157,9 @@ def _add_sample(commands: argparse._SubParsersAction) -> None:
     parser = add_command(
         commands, "sample", "write a random subset of a dataset",
         "Write N samples of IN, drawn at random without replacement, to OUT in IN's order, "
-        "copying their bytes.",
+        "copying their bytes: the samples whose places in a random permutation of IN (the one "
+        "fpipe.IndexShuffler computes for the seed) are among the first N, found in one pass "
+        "over IN with no permutation in memory.",
         "  fpipe sample train.msgpack tiny.msgpack 100 --seed 1", _run_sample)
     parser.add_argument("input", metavar="IN", help="the dataset to sample from")
     parser.add_argument("output", metavar="OUT", help="the dataset to write")

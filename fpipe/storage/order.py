@@ -97,7 +97,7 @@ def _read_source(source: Any, epoch: int, start: int, stop: int, options: ReadOp
 
 def _read_list(source: Any, epoch: int, start: int, stop: int, options: ReadOptions) -> list:
     """Like :func:`_read_source`, as a list: one ``get_slice`` where the reader offers it
-    (a single contiguous read, decoded straight from the file's mapping)."""
+    (a single contiguous read: one ``pread``)."""
     if isinstance(source, _Ordering):
         return source._read_list(epoch, start, stop, options)
     get_slice = getattr(source, "get_slice", None)
