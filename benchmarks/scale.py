@@ -114,7 +114,8 @@ def measure_lookup(path: str, n: int) -> dict:
     reader = MsgpackReader(path)
     first = reader.find_index(f"{n // 2:09d}")
     first_seconds = time.perf_counter() - started
-    picks = [random.Random(0).randrange(n) for _ in range(2000)]
+    draw = random.Random(0)
+    picks = [draw.randrange(n) for _ in range(2000)]
     keys = [f"{i:09d}" for i in picks]
     started = time.perf_counter()
     found = [reader.find_index(key) for key in keys]
