@@ -148,10 +148,18 @@ class IndexBuilder:
         self._offsets_md5.update(data)
         self.end = int(ends[-1])
 
+    def close_files(self) -> None:
+        """Close the files the builder writes, also when a full disk keeps them from being
+        flushed (so that no descriptor outlives a failed writer)."""
+        for file in (self._offsets, self._keys, self._key_ends):
+            try:
+                file.close()
+            except OSError:
+                pass  # the file is closed all the same; what it lost is not used
+
     def abandon(self) -> None:
         """Close and remove what the builder wrote."""
-        for file in (self._offsets, self._keys, self._key_ends):
-            file.close()
+        self.close_files()
         for path in (*self.files.index_files, self.files.md5, self._spill_path):
             path.unlink(missing_ok=True)
 
@@ -173,9 +181,15 @@ class IndexBuilder:
         finally:
             self._spill_path.unlink(missing_ok=True)
 
-    def samples_within(self, size: int) -> int:
-        """How many of the samples given so far end within the first ``size`` bytes."""
-        self._offsets.flush()
+    def samples_within(self, data: Path, size: int) -> int:
+        """How many of the samples given so far end within the first ``size`` bytes of the
+        data file ``data``: those whose offsets reached the disk (which may be full, so the
+        last ones may not have), then the whole messages that follow them in the data."""
+        if not self._offsets.closed:
+            try:
+                self._offsets.flush()
+            except OSError:
+                pass  # the search reads what the file holds
         with open(self.files.offsets, "rb") as file:
             low, high = 0, os.fstat(file.fileno()).st_size // 8 - 1
             while low < high:  # the last end at or before size: a binary search of preads
@@ -184,7 +198,8 @@ class IndexBuilder:
                     low = middle
                 else:
                     high = middle - 1
-        return low
+            end = int.from_bytes(os.pread(file.fileno(), 8, 8 * low), "big") if high >= 0 else 0
+        return low + _whole_messages(data, end, size)
 
     def _fix_keys_header(self) -> None:
         header = _array_header(self.count)
@@ -272,6 +287,23 @@ class _Hashing:
         data = self.file.read(size)
         self.md5.update(data)
         return data
+
+
+def _whole_messages(data: Path, start: int, stop: int) -> int:
+    """How many whole msgpack messages follow one another in ``data`` from byte ``start``
+    up to ``stop``."""
+    count = 0
+    with open(data, "rb") as file:
+        file.seek(start)
+        unpacker = msgpack.Unpacker(file, read_size=1 << 20, max_buffer_size=0)
+        try:
+            while unpacker.tell() < stop - start:
+                unpacker.skip()
+                if start + unpacker.tell() <= stop:
+                    count += 1
+        except (msgpack.OutOfData, *DECODE_ERRORS):
+            pass  # the last message is cut short
+    return count
 
 
 def _array_header(count: int) -> bytes:

@@ -201,11 +201,11 @@ class Writer:
     def flush(self) -> None:
         """Hand the buffered samples to the data file (the index is written at close)."""
         if self._chunks and self._sink is not None:
-            self._builder.add(self._new_keys, list(map(len, self._chunks)))
             block = b"".join(self._chunks)
-            self._new_keys, self._pending = [], 0
-            self._chunks.clear()
-            try:
+            try:  # the index's staging files fill the same disk as the data
+                self._builder.add(self._new_keys, list(map(len, self._chunks)))
+                self._new_keys, self._pending = [], 0
+                self._chunks.clear()
                 self._sink.put(block)
             except OSError as error:
                 raise self._failed(error) from error
@@ -246,6 +246,8 @@ class Writer:
                 built, digest = without_samples(built, self._files, self._base.count,
                                                 self._base.end, self._base.md5)
             built.commit(self._files, digest)
+        except OSError as error:  # a full disk while the index is built: the data is whole
+            raise self._failed(error) from error
         except BaseException:
             if self._base.existing:
                 os.truncate(self.path, self._base.end)
@@ -304,11 +306,12 @@ class Writer:
                 f"holds its {self._base.count} samples as before", str(self.path))
         if self._failure is None:
             size = self.path.stat().st_size if self.path.exists() else 0
-            whole = self._builder.samples_within(size)
+            whole = self._builder.samples_within(self.path, size)
             self._failure = OSError(
                 error.errno, f"{error.strerror}; writing stopped, and the data file keeps the "
                 f"first {whole} samples whole, without an index ('fpipe index' makes one)",
                 str(self.path))
+        self._builder.close_files()
         return self._failure
 
 

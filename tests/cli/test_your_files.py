@@ -16,7 +16,7 @@ from fpipe.storage import DatasetFiles
 
 from .conftest import keys, leftovers, make_dataset, mistake
 
-FORMAT_SUFFIXES = ["", ".offsets", ".keys", ".key_hashes", ".filter", ".md5"]
+FORMAT_SUFFIXES = ["", ".offsets", ".keys", ".key_hashes", ".filter", ".key_index", ".md5"]
 
 
 def run(capsys, *argv) -> str:
