@@ -14,6 +14,7 @@ import hashlib
 import math
 import struct
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -223,6 +224,26 @@ class BloomFilter:
         header = _BLOOM_HEADER.pack(_BLOOM_MAGIC, _BLOOM_HEADER.size + len(bits),
                                     self.num_elements, self.false_positive_prob)
         return header + bytes(bits)
+
+    def dump(self, path: Path) -> str:
+        """Write the filter file (:meth:`dumps`) to ``path`` without a copy of its bits in
+        memory; its MD5.
+
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "x.filter"
+        >>> bloom = BloomFilter.build(["a"])
+        >>> bloom.dump(path) == hashlib.md5(bloom.dumps()).hexdigest(), path.read_bytes() == bloom.dumps()
+        (True, True)
+        """
+        bits = self._packed()
+        header = _BLOOM_HEADER.pack(_BLOOM_MAGIC, _BLOOM_HEADER.size + len(bits),
+                                    self.num_elements, self.false_positive_prob)
+        with open(path, "wb") as file:
+            file.write(header)
+            file.write(bits)
+        md5 = hashlib.md5(header)
+        md5.update(bits)
+        return md5.hexdigest()
 
     @classmethod
     def loads(cls, data: bytes) -> BloomFilter:

@@ -237,9 +237,8 @@ class IndexBuilder:
         built.md5[files.keys.name] = keys_md5.hexdigest()
         built.md5[files.key_hashes.name] = hashes_md5.hexdigest()
         if filter_ is not None:
-            dumped = filter_.dumps()
-            files.filter.write_bytes(dumped)
-            built.md5[files.filter.name] = hashlib.md5(dumped).hexdigest()
+            built.md5[files.filter.name] = filter_.dump(files.filter)
+            del filter_  # up to 64 MiB, not held while the key index is sorted
         return self._write_key_index(pairs, salt, built)
 
     def _write_key_index(self, pairs: SortedPairs, salt: bytes, built: Built) -> list:
