@@ -133,3 +133,22 @@ def test_a_figure_kept_as_information_has_no_verdict_and_no_tick(workloads, tmp_
     assert speed(saved[0])[1] is None
     plot(saved, tmp_path / "fig.png")
     assert (tmp_path / "fig.png").stat().st_size > 1000
+
+
+def test_the_scale_chart_merges_runs_and_draws_the_growth(tmp_path):
+    from benchmarks.scale_chart import chart, merged
+
+    first = {"sizes": [10, 100], "first-index": {"10": {"seconds": 0.001, "grew_mb": 0.5},
+                                                 "100": {"seconds": 0.001, "grew_mb": 0.5}},
+             "first-shuffler": {"10": {"seconds": 0.1, "grew_mb": 1.0},
+                                "100": {"seconds": 1.0, "grew_mb": 10.0}}}
+    later = {"first-shuffler": {"100": {"seconds": 2.0, "grew_mb": 12.0}},
+             "loader": {"100": {"seconds": 0.1, "worker_rss_mb": [{"VmRSS": 3.0}, {"VmRSS": 4.0}]}}}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, content in zip(paths, (first, later)):
+        path.write_text(json.dumps(content))
+    figures = merged(paths)
+    assert figures["first-shuffler"][100]["seconds"] == 2.0 and figures["first-index"][10]
+    assert figures["loader"][100]["worker_mb"] == 4.0
+    chart(figures, tmp_path / "scale.png")
+    assert (tmp_path / "scale.png").read_bytes()[:4] == b"\x89PNG"
