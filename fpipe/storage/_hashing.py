@@ -138,9 +138,7 @@ class BloomFilter:
         if not 0 < fpp < 1:
             raise ValueError(f"false_positive_prob must be in (0, 1); got {fpp}")
         self.num_elements, self.false_positive_prob = num_elements, fpp
-        # The same float arithmetic as simplebloom, so that sizes agree to the bit.
-        num_bits = num_elements * math.log(fpp) / -_LN2_SQUARED
-        self.num_bits = int(math.ceil(num_bits / 8) * 8)
+        self.num_bits = _bloom_bits(num_elements, fpp)
         self.num_hashes = int(round(self.num_bits / num_elements * _LN2))
         size = self.num_bits >> 3
         if bits is not None and len(bits) != size:
@@ -172,9 +170,9 @@ class BloomFilter:
         True
         """
         elements = max(2, n)
-        bloom = cls(elements)
-        if bloom.num_bits // 8 <= BLOOM_MAX_BYTES:
-            return bloom
+        # sized before any is made: the filter of 1 / n false positives at 100M keys is 480 MB
+        if _bloom_bits(elements, 1.0 / elements) // 8 <= BLOOM_MAX_BYTES:
+            return cls(elements)
         # a byte short of the bound, so that rounding up stays within it
         return cls(elements, math.exp(-8 * (BLOOM_MAX_BYTES - 1) * _LN2_SQUARED / elements))
 
@@ -254,6 +252,12 @@ class BloomFilter:
         if magic != _BLOOM_MAGIC or size != len(data):
             raise ValueError("not a simplebloom filter (bad magic or size)")
         return cls(num_elements, fpp, data[_BLOOM_HEADER.size:])
+
+
+def _bloom_bits(num_elements: int, fpp: float) -> int:
+    """The bits of a filter of ``num_elements`` at false positives ``fpp``: the same float
+    arithmetic as simplebloom, so that sizes agree to the bit."""
+    return int(math.ceil(num_elements * math.log(fpp) / -_LN2_SQUARED / 8) * 8)
 
 
 def _bloom_hashes(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

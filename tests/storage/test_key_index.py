@@ -225,3 +225,18 @@ def test_no_staging_folder_outlives_a_writer(tmp_path):
     dropped.write({"key": "a"})
     del dropped
     assert not list(tmp_path.glob(".fpipe-*")) and not (tmp_path / "y.msgpack").exists()
+
+
+def test_the_writers_filter_is_sized_before_it_is_made(monkeypatch):
+    """Regression: for_count made the filter of 1 / n false positives first (480 MB at 100M
+    keys) and only then the one within BLOOM_MAX_BYTES: the writer's peak at 100M was 602 MB."""
+    made = []
+    original = hashing.BloomFilter.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self.num_bits // 8)
+
+    monkeypatch.setattr(hashing.BloomFilter, "__init__", recording)
+    bloom = hashing.BloomFilter.for_count(20_000_000)  # past the bound: 87 MB uncapped
+    assert made == [bloom.num_bits // 8] and made[0] <= hashing.BLOOM_MAX_BYTES
