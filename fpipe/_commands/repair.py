@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import FormatError, FpipeError, redacted_url
 from ..storage import (
     DatasetFiles,
+    index_keys,
     md5_file,
     read_legacy_index,
     read_md5,
@@ -88,8 +89,13 @@ def _add_index(commands: argparse._SubParsersAction) -> None:
         "instead (--scan reads the samples anyway). The new files are written beside the "
         "dataset and renamed into place at the end.",
         "  fpipe index killed.msgpack --dry-run\n  fpipe index killed.msgpack\n"
-        "  fpipe index damaged.msgpack -y", _run_index)
+        "  fpipe index damaged.msgpack -y\n  fpipe index from-datadings.msgpack --keys",
+        _run_index)
     index.add_argument("dataset", metavar="DATASET", help="the data file (X.msgpack)")
+    index.add_argument("--keys", action="store_true",
+                       help="only add the key index (.key_index) to a dataset whose index is "
+                            "intact (one written by datadings, say): reads the index files, not "
+                            "the samples, in the same memory at any size")
     index.add_argument("--scan", action="store_true",
                        help="rebuild from the samples even when a legacy .index exists")
     index.add_argument("--dry-run", action="store_true",
@@ -248,6 +254,13 @@ def _hint(problems: list[str]) -> str:
 
 def _run_index(args: argparse.Namespace) -> int:
     files = DatasetFiles(data_file(args.dataset))
+    if args.keys:
+        refuse_options({"--scan": args.scan, "--dry-run": args.dry_run,
+                        "-y/--drop-damaged": args.drop_damaged},
+                       "with --keys, which reads only the index files")
+        index_keys(files.data)
+        say(args, f"{files.data}: wrote its key index ({files.key_index.name})")
+        return 0
     if files.legacy_index.exists() and not files.offsets.exists() and not args.scan:
         count = _convert_legacy(files, args.dry_run, shows_progress(args))
         verb = "would convert" if args.dry_run else "converted"

@@ -7,8 +7,8 @@ sample, and a sort, in every process), and finds the key of an index in a table 
 holds the same sorted hashes on disk, with a directory by the top bits of the hash, so that a
 lookup reads one directory entry and one bucket of about a hundred entries; and the place of
 every key in ``.keys``, so that the key of an index is two reads. :class:`KeyIndex` reads it;
-the writers write it with the dataset (see :mod:`fpipe.storage.writer`), and ``fpipe index``
-adds it to a dataset that lacks it.
+the writers write it with the dataset (see :mod:`fpipe.storage.writer`), and
+``fpipe index --keys`` adds it to a dataset that lacks it.
 
 Layout (integers big-endian, like the rest of the format)::
 
@@ -129,7 +129,7 @@ class KeyIndex:
         stale = _stale(files, header)
         if stale:
             warnings.warn(f"{files.key_index}: {stale}; it is left aside and keys are looked up "
-                          f"in memory ('fpipe index {files.data}' writes it anew)", stacklevel=3)
+                          f"in memory ('fpipe index --keys {files.data}' writes it anew)", stacklevel=3)
             return None
         return cls(files, n, header)
 
@@ -152,14 +152,14 @@ class KeyIndex:
         hashes = entries[0::2]
         if len(hashes) and not self._sorted_in_slot(hashes, slot):
             raise FormatError(f"directory slot {slot} holds hashes that are not its own, in "
-                              "order; 'fpipe index' writes the key index anew", path=self.path)
+                              "order; 'fpipe index --keys' writes the key index anew", path=self.path)
         at = int(np.searchsorted(hashes, np.uint64(value)))
         if at == len(hashes) or int(hashes[at]) != value:
             return -1
         index = int(entries[2 * at + 1])
         if index >= self.n or self[index] != key:
             raise FormatError(f"the key index names sample {index} for key {key!r:.80}, which "
-                              "does not have it; 'fpipe index' writes it anew", path=self.path)
+                              "does not have it; 'fpipe index --keys' writes it anew", path=self.path)
         return index
 
     def _sorted_in_slot(self, hashes: np.ndarray, slot: int) -> bool:

@@ -143,3 +143,24 @@ def test_index_errors_name_the_users_file_not_a_staging_copy(tmp_path):
         assert ".fpipe-" not in output
     assert ".fpipe-" not in fails(1, "index", path) and str(path) in fails(1, "index", path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["twice.msgpack"]
+
+
+def test_index_keys_adds_the_key_index_reading_only_the_index_files(tmp_path, capsys):
+    from datadings.writer import FileWriter as DatadingsWriter
+
+    path = tmp_path / "dd.msgpack"
+    with DatadingsWriter(str(path), overwrite=True) as writer:
+        for i in range(50):
+            writer.write({"key": f"k{i:03d}", "x": i})
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert not (tmp_path / "dd.msgpack.key_index").exists()
+    with open(path, "r+b") as data:  # a damaged sample: --keys never reads the samples
+        data.seek(3)
+        data.write(b"\xc1")
+    assert main(["index", str(path), "--keys", "-q"]) == 0
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(set(after) - set(before)) == ["dd.msgpack.key_index"]
+    assert all(after[name] == before[name] for name in before if name not in ("dd.msgpack", "dd.msgpack.md5"))
+    assert MsgpackReader(path).find_index("k042") == 42
+    assert main(["index", str(path), "--keys", "--scan"]) == 2
+    assert "--scan has no effect with --keys" in capsys.readouterr().err
