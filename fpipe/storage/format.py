@@ -3,7 +3,7 @@
 A dataset ``X.msgpack`` is a data file of msgpack messages written back to back, one per
 sample, plus index files next to it (``X.msgpack.offsets``, ``.keys``, ``.key_hashes``,
 ``.filter`` and ``.md5``), byte-compatible with datadings, and fpipe's ``.key_index`` (keys
-and indices both ways, without loading; see :mod:`fpipe.storage.keyindex`), which datadings
+and indices both ways, without loading; see ``fpipe.storage.keyindex``), which datadings
 ignores. ``docs/format.md`` specifies every
 byte; this module reads and writes them.
 
@@ -141,7 +141,7 @@ class DatasetFiles:
     @property
     def key_index(self) -> Path:
         """fpipe's key index: key hashes sorted, with their samples' indices, and where each
-        key is in ``.keys`` (see :mod:`fpipe.storage.keyindex`)."""
+        key is in ``.keys`` (see ``fpipe.storage.keyindex``)."""
         return self._sibling(SUFFIX_KEY_INDEX)
 
     @property

@@ -52,7 +52,7 @@ class Permutation:
 
     Above :data:`TABLE_MAX` it is a Feistel network of :data:`ROUNDS` rounds over the next
     power of two (at least 4) whose round function is SplitMix64's finaliser of the half plus
-    a round key from :func:`fpipe.random.order_keys`, restricted to ``range(n)`` by cycle
+    a round key from ``fpipe.random.order_keys``, restricted to ``range(n)`` by cycle
     walking (a value at or past ``n`` goes through the network again; the power of two is less
     than ``2 n``, so less than two passes on average). Up to it, a table that numpy draws.
 

@@ -81,7 +81,7 @@ class Writer:
 
     Memory stays bounded at any number of samples: the offsets and keys go to files in a hidden
     staging folder beside the dataset as they come, and :meth:`close` builds the other index
-    files from them in bounded memory (see :mod:`fpipe.storage._indexing`). A key written again
+    files from them in bounded memory (see ``fpipe.storage._indexing``). A key written again
     raises :class:`ValueError` at that write while the writer holds its keys in memory (the
     first ``WINDOW``, 1,048,576, keys of the dataset); past them, :meth:`close` finds it, writes
     the dataset without the later samples of each repeated key, and then raises the
