@@ -9,7 +9,7 @@ the keys whose hashes are equal.
 >>> write_index(files.data, ["a", "b", "c"], [0, 3, 5, 7], "0" * 32)
 >>> _ = files.keys.write_bytes(msgpack.packb(["a", "b", "a"]))
 >>> index = read_index(files)
->>> index.count, offset_problems(index, 9), key_problems(index)
+>>> index.count, offset_problems(index, 9), key_problems(index, lambda done: None)
 (3, (['data file has 2 bytes after its last sample (byte 7)'], False), ['index: 1 duplicate keys'])
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +121,10 @@ def _backward_steps(index: Index) -> tuple[int, tuple[int, int]]:
     return count, first
 
 
-def key_problems(index: Index) -> list[str]:
-    """Repeated keys; else the key hashes and the Bloom filter that do not match the keys."""
-    repeated = _repeated_keys(index)
+def key_problems(index: Index, tick: Callable[[int], object]) -> list[str]:
+    """Repeated keys; else the key hashes and the Bloom filter that do not match the keys.
+    ``tick`` is told how many keys each batch of the first pass held (a progress bar)."""
+    repeated = _repeated_keys(index, tick)
     if repeated:
         return [f"index: {repeated} duplicate keys"]
     problems = []
@@ -135,12 +136,13 @@ def key_problems(index: Index) -> list[str]:
     return problems
 
 
-def _repeated_keys(index: Index) -> int:
+def _repeated_keys(index: Index, tick: Callable[[int], object]) -> int:
     """How many samples have the key of an earlier one."""
     with tempfile.TemporaryDirectory(prefix="fpipe-verify-") as folder:
         pairs = SortedPairs(index.count, Path(folder))
         for first, keys in index.key_batches():
             pairs.add(salted_hashes(keys, key_salt(0)), first)
+            tick(len(keys))
         groups = pairs.equal_hashes()
     if not groups:
         return 0

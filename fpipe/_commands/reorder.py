@@ -238,7 +238,7 @@ def _run_merge(args: argparse.Namespace) -> int:
     sources, target = [Path(p) for p in args.inputs], Path(args.output)
     readers = [open_dataset(source) for source in sources]
     try:
-        _check_unique_keys(sources, readers)
+        _check_unique_keys(sources, readers, args)
         classes, tables = merged_classes(sources)
         lengths = [len(reader) for reader in readers]
         streams = [_merged_samples(*inputs) for inputs in zip(readers, tables, sources)]
@@ -280,16 +280,18 @@ def _store_merged_classes(args: argparse.Namespace, sources: list[Path], staged:
               file=sys.stderr)
 
 
-def _check_unique_keys(sources: list[Path], readers: list) -> None:
+def _check_unique_keys(sources: list[Path], readers: list, args: argparse.Namespace) -> None:
     """Refuse inputs that share a key, naming them; in bounded memory: the keys' hashes are
     sorted by partitions in the temporary folder (16 bytes a sample), and only the keys of
     equal hashes are compared."""
     starts = np.cumsum([0, *map(len, readers)]).tolist()
-    with tempfile.TemporaryDirectory(prefix="fpipe-merge-") as folder:
+    with tempfile.TemporaryDirectory(prefix="fpipe-merge-") as folder, progress_bar(
+            args, total=starts[-1], desc="checking the keys", unit=" keys") as bar:
         pairs = SortedPairs(starts[-1], Path(folder))
         for start, reader in zip(starts, readers):
             for first, keys in dataset_key_batches(reader):
                 pairs.add(salted_hashes(keys, key_salt(0)), start + first)
+                bar.update(len(keys))
         groups = pairs.equal_hashes()
     duplicates = []
     for group in groups:  # samples whose hashes are equal: their keys tell

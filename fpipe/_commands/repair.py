@@ -143,7 +143,7 @@ def check_dataset(path: Path, args: argparse.Namespace) -> tuple[list[str], str]
     """The problems found in dataset ``path``, and what was checked."""
     files = DatasetFiles(data_file(path))
     problems, checked_files = _check_md5(files, args)
-    index, index_problems = _check_index(files)
+    index, index_problems = _check_index(files, args)
     problems += index_problems
     checked = f"md5 of {checked_files} files, index"
     if index is not None and not args.quick:
@@ -198,12 +198,14 @@ def _reason(error: FormatError | OSError) -> str:
     return error.strerror or str(error)
 
 
-def _check_index(files: Any) -> tuple[Index | None, list[str]]:
+def _check_index(files: Any, args: argparse.Namespace) -> tuple[Index | None, list[str]]:
     """Read and check the index; return it if samples can be checked by it."""
     try:
         index = read_index(files)
         problems, broken = offset_problems(index, files.data.stat().st_size)
-        problems += key_problems(index)
+        with progress_bar(args, total=index.count, desc=f"checking the keys of {files.data.name}",
+                          unit=" keys") as bar:
+            problems += key_problems(index, bar.update)
     except (FormatError, OSError, ValueError) as error:
         return None, [f"index: {error}"]
     return (None if broken else index), problems

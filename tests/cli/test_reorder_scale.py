@@ -103,3 +103,30 @@ def test_the_tools_hold_nothing_per_sample(tmp_path, monkeypatch):
     # for the old verify); what buffers hold at the moment of the peak varies by 2 MB or so.
     # (The permutations of split and sample, 8 bytes a sample, are ruled out above.)
     assert all(grew < 30 for grew in per_sample.values()), per_sample
+
+
+def test_the_passes_over_the_keys_show_progress(tmp_path, monkeypatch):
+    import fpipe._commands.repair as repair
+
+    counted: dict[str, int] = {}
+
+    class Bar:
+        def __init__(self, args, iterable=None, *, desc="", **options):
+            self.desc = desc
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            return None
+
+        def update(self, done):
+            counted[self.desc] = counted.get(self.desc, 0) + done
+
+    for module in (reorder, repair):
+        monkeypatch.setattr(module, "progress_bar", Bar)
+    a = make_dataset(tmp_path / "a.msgpack", 30, prefix="a")
+    b = make_dataset(tmp_path / "b.msgpack", 20, prefix="b")
+    assert main(["merge", str(a), str(b), str(tmp_path / "m.msgpack")]) == 0
+    assert main(["verify", str(tmp_path / "m.msgpack")]) == 0
+    assert counted["checking the keys"] == 50 == counted["checking the keys of m.msgpack"]
