@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ._core import Stage, Stream
 
@@ -95,24 +96,31 @@ def stats(stream: Stream) -> Stats:
     source(range)         10    1.2e+05     3%       0%       97%
     ...
     """
+    chain = stream_chain(stream, "stats")
+    now = time.perf_counter()
+    return Stats(_row(s, now) for s in chain)
+
+
+def stream_chain(stream: Any, function: str) -> list[Stream]:
+    """The streams from the source to ``stream``, for ``function`` (``"stats"``,
+    ``"explain"``), which takes a stream: anything else raises TypeError saying so."""
     if not isinstance(stream, Stream):
-        raise TypeError(_not_a_stream(stream))
+        raise TypeError(_not_a_stream(stream, function))
     chain = []
     while stream is not None:
         chain.append(stream)
         stream = stream.upstream
-    now = time.perf_counter()
-    return Stats(_row(s, now) for s in reversed(chain))
+    return chain[::-1]
 
 
-def _not_a_stream(value: object) -> str:
-    if callable(getattr(value, "stats", None)):
-        return f"stats() takes a stream; for {value!r}, call its stats() method"
+def _not_a_stream(value: object, function: str) -> str:
+    if callable(getattr(value, function, None)):
+        return f"{function}() takes a stream; for {value!r:.80}, call its {function}() method"
     if isinstance(value, Stage):
-        return (f"stats() takes a stream, what applying a stage returns, not the stage {value!r}: "
-                "keep the stream (stream = stage(source), or the result of toolz.pipe) and "
-                "pass that")
-    return f"stats() takes a stream (what applying a stage returns); got {value!r:.80}"
+        return (f"{function}() takes a stream, what applying a stage returns, not the stage "
+                f"{value!r}: keep the stream (stream = stage(source), or the result of "
+                "toolz.pipe) and pass that")
+    return f"{function}() takes a stream (what applying a stage returns); got {value!r:.80}"
 
 
 def _row(stream: Stream, now: float) -> StageStats:

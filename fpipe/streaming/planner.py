@@ -42,6 +42,7 @@ from ..functional import func_name
 from ._core import Stage, Stream
 from ._fusion import BatchCall, ChainedCall
 from .batching import Batched, combine_batches, combine_dicts, combine_pad, combine_to_arrays
+from .metrics import stream_chain
 
 __all__ = ["Plan", "StagePlan", "explain"]
 
@@ -278,22 +279,7 @@ def explain(stream: Stream) -> Plan:
         workers ... (auto: ...); room for ... chunks (buffer 2)
         measured: ...
     """
-    if not isinstance(stream, Stream):
-        raise TypeError(_not_a_stream(stream))
-    chain = []
-    while stream is not None:
-        chain.append(stream)
-        stream = stream.upstream
-    return Plan(_stage_plan(stream) for stream in reversed(chain))
-
-
-def _not_a_stream(value: Any) -> str:
-    if callable(getattr(value, "explain", None)):
-        return f"explain() takes a stream; for {value!r:.80}, call its explain() method"
-    if isinstance(value, Stage):
-        return (f"explain() takes a stream, what applying a stage returns, not the stage "
-                f"{value!r}: keep the stream (the result of toolz.pipe) and pass that")
-    return f"explain() takes a stream (what applying a stage returns); got {value!r:.80}"
+    return Plan(_stage_plan(stream) for stream in stream_chain(stream, "explain"))
 
 
 def _stage_plan(stream: Stream) -> StagePlan:
