@@ -219,11 +219,17 @@ def _remote_dataset(path: Any, **options: Any) -> Any:
 
         if is_url(path):
             return RemoteDataset(path, **options)
+    refuse_remote_options(path, options)
+    return None
+
+
+def refuse_remote_options(path: Any, options: dict) -> None:
+    """Raise ValueError naming the options of ``options`` that are set, which only apply to
+    URLs, for the local ``path`` (secrets redacted)."""
     given = [f"{name}={redacted_options(value) if name == 'storage_options' else f'{value!r:.60}'}"
              for name, value in options.items() if value is not None]
     if given:
         raise ValueError(f"{', '.join(given)} only apply to URLs; got the local path {path!r}")
-    return None
 
 
 class MsgpackReader(Reader):

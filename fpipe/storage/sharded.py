@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import FormatError, check_integer, redacted_url
 from .base import Reader
 from .format import DatasetFiles, PathLike
-from .reader import MsgpackReader
+from .reader import MsgpackReader, refuse_remote_options
 from .writer import FileWriter
 
 __all__ = ["ShardedReader", "ShardedWriter", "write_shard_index"]
@@ -80,6 +80,9 @@ class ShardedReader(Reader):
                                             redacted_url(pattern))
             self._sources = [_checked_source(shard) for shard in shards]
             lengths = [_known_length(source) for source in self._sources]
+        local = [source for source in self._sources if isinstance(source, str) and "://" not in source]
+        if local:  # checked now: the shards open when they are read
+            refuse_remote_options(local[0], self._options)
         self._opened: dict[int, Reader] = {}
         for shard, length in enumerate(lengths):
             if length is None:  # at a URL without an index: its length is in its .offsets

@@ -85,8 +85,9 @@ def test_an_existing_dataset_is_kept_unless_overwrite(tmp_path):
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert "train.msgpack.index" not in names and "notes.txt" in names
     assert all((tmp_path / "out" / name).read_text() == f"the user's {name}" for name in mine)
-    # notes and the user's files, and each split's data, 5 index files, classes
-    assert len(names) == 1 + len(mine) + 2 * 7, names
+    # notes and the user's files, and each split's data, 6 index files (the key index among
+    # them), classes
+    assert len(names) == 1 + len(mine) + 2 * 8, names
 
 
 def test_a_failed_run_leaves_no_dataset_and_no_staging_folder(tmp_path):

@@ -178,10 +178,11 @@ def _mapped_slabs(pid: int, owner: int) -> list[str]:
     return [line.split()[-2] for line in lines if mark in line]
 
 
-def _wait_unmapped(processes: list[int]) -> None:
-    """Wait until none of ``processes`` maps a slab of this consumer; say which still do."""
+def _wait_unmapped(processes: list[int], slabs: set[str]) -> None:
+    """Wait until none of ``processes`` maps one of ``slabs``; say which still do."""
     def mapped() -> dict[int, list[str]]:
-        return {pid: names for pid in processes if (names := _mapped_slabs(pid, os.getpid()))}
+        return {pid: names for pid in processes
+                if (names := sorted(slabs.intersection(_mapped_slabs(pid, os.getpid()))))}
     try:
         wait_until(lambda: not mapped())
     except AssertionError:
@@ -193,14 +194,18 @@ def test_slabs_fit_their_results_and_are_let_go_of_when_the_run_ends():
     nbytes = 20 << 20
     stage = fp.processes(large, nbytes, n_workers=2, chunk_size=1,
                          shared_memory_budget=400 << 20)
+    # the slabs of this run: earlier tests' arrays that are still alive keep theirs mapped
+    before = set(_mapped_slabs(os.getpid(), os.getpid()))
     with stage(range(8)) as stream:
         out = [next(stream) for _ in range(8)]
         sizes = [slab.nbytes for slab in _shm._reader().slabs.values()]
+        ours = set(_mapped_slabs(os.getpid(), os.getpid())) - before
     assert [int(x[0]) for x in out] == list(range(8)) and all(_shm.is_shared(x) for x in out)
     # room for a slightly larger result, but not twice the size
     assert sizes and all(nbytes < size <= nbytes + (4 << 20) + (1 << 16) for size in sizes)
+    assert ours
     del out
     gc.collect()
     processes = [os.getpid()] + [child.pid for child in psutil.Process().children(recursive=True)]
-    _wait_unmapped(processes)
+    _wait_unmapped(processes, ours)
     assert _shm.names(os.getpid()) == []
