@@ -20,6 +20,7 @@ once the interpreter exits — a stage runs its tasks in its own thread, in this
 
 from __future__ import annotations
 
+import abc
 import collections
 import concurrent.futures
 import ctypes
@@ -354,7 +355,7 @@ def _idle(seconds: float) -> None:
     time.sleep(seconds)
 
 
-class _Pool:
+class _Pool(abc.ABC):
     """What both pools keep: the runs of a stage, each with its results queue under a token,
     and whether the pipe fallback was announced."""
 
@@ -389,9 +390,10 @@ class _Pool:
         if token in self._routes and not self._send(token, task):
             self._route(_run_task(*task))
 
+    @abc.abstractmethod
     def _send(self, token: int, task: tuple) -> bool:
-        """Send ``task`` to the workers; False if there are none to send it to."""
-        raise NotImplementedError
+        """Send ``task`` to the workers; False if there are none to send it to (each backend's
+        pool, ProcessPool or LokyPool, says how)."""
 
     def _route(self, result: tuple) -> None:
         """Put a task's result on its run's queue (dropped unread if the run is closed); warn
