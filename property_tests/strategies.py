@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 from hypothesis import strategies as st
 
 # --- functional core -------------------------------------------------------------------
@@ -552,3 +553,15 @@ regroup_specs = st.one_of(
     st.tuples(st.just("buckets"), st.lists(st.integers(1, 4), min_size=3, max_size=3),
               st.booleans()),
 )
+
+
+def same(a, b) -> bool:
+    """Deep equality; numpy arrays compare by dtype, shape and bytes (NaN included)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and a.tobytes() == b.tobytes())
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
+    return type(a) is type(b) and (a == b or (a != a and b != b))

@@ -25,6 +25,7 @@ from fpipe.storage import (
     write_webdataset,
 )
 from fpipe.storage._crc32c import numpy_crc32c, python_crc32c
+from property_tests.strategies import same
 
 # Laws that write files per example are costlier: fewer examples, whatever the profile.
 WRITES = settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow], deadline=None)
@@ -36,16 +37,6 @@ byte_lists = st.lists(st.binary(max_size=20), min_size=2, max_size=4)  # [] read
 features = st.dictionaries(names, st.one_of(st.binary(max_size=40), byte_lists, int64s, float32s),
                            max_size=5)
 
-
-def same(a, b) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
-                and a.shape == b.shape and a.tobytes() == b.tobytes())
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
-    return type(a) is type(b) and a == b
 
 
 @given(features)

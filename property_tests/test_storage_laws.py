@@ -31,22 +31,12 @@ from property_tests.strategies import (
     msgpack_numpy_dtypes,
     msgpack_values,
     numpy_arrays,
+    same,
 )
 
 # Laws that write a dataset per example are costlier: fewer examples, whatever the profile.
 WRITES = settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 
-
-def same(a, b) -> bool:
-    """Deep equality; numpy arrays compare by dtype, shape and bytes (NaN included)."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
-                and a.shape == b.shape and a.tobytes() == b.tobytes())
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
-    return type(a) is type(b) and (a == b or (a != a and b != b))
 
 
 @contextmanager
