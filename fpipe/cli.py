@@ -86,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fpipe {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except MemoryError as error:
+        detail = f" ({error})" if str(error) else ""
+        print(f"fpipe {args.command}: out of memory{detail}", file=sys.stderr)
+        return EXIT_DATA_ERROR
     except Exception as error:
         status = _status(error)
         if status is None:

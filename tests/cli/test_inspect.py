@@ -96,3 +96,14 @@ def test_info_counts_sizes_keys_fields_and_labels(tmp_path, capsys):
     assert "samples      30" in text and "(from 7 of 30 samples)" in text
     assert "  label  int 7 (0 .. 2)" in text and "  0 cat" in text
     assert "not found" in mistake(capsys, 2, "info", tmp_path / "nothing.msgpack")
+
+
+def test_a_command_out_of_memory_says_so_without_a_traceback(dataset, capsys, monkeypatch):
+    import fpipe._commands.inspect as inspect_command
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 7.45 GiB for an array")
+
+    monkeypatch.setattr(inspect_command, "_info_lines", no_memory)
+    error = mistake(capsys, 1, "info", dataset)
+    assert error.strip() == "fpipe info: out of memory (Unable to allocate 7.45 GiB for an array)"
