@@ -152,3 +152,40 @@ def test_the_scale_chart_merges_runs_and_draws_the_growth(tmp_path):
     assert figures["loader"][100]["worker_mb"] == 4.0
     chart(figures, tmp_path / "scale.png")
     assert (tmp_path / "scale.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _drawn(item: int) -> tuple:
+    import fpipe
+
+    return item, fpipe.current_rng().random()
+
+
+def _batch_of(item, pairs: list) -> tuple:
+    import fpipe
+
+    return fpipe.combine_to_arrays([item(pair) for pair in pairs])
+
+
+def test_o1s_hand_fused_reference_draws_as_the_fused_form():
+    # O1's reference must do the fused form's work: the same draws, so the same batches
+    import functools
+
+    from toolz import pipe
+
+    import fpipe as fp
+    from benchmarks.bench_plan import DrawnItem, _same_batches
+
+    def natural(ids):
+        stage = fp.processes(_drawn, n_workers=2, seed=0, backend="threading")
+        return pipe(ids, stage, fp.batch(32), fp.map(fp.combine_to_arrays))
+
+    def hand(function, seed):
+        return lambda items: pipe(items, fp.batch(32), fp.processes(
+            function, n_workers=2, seed=seed, backend="threading"))
+
+    order = list(range(100, 170))
+    _same_batches(natural, hand(functools.partial(_batch_of, DrawnItem(_drawn)), None), order)
+    # one generator per batch, as "fpipe batch" draws: other numbers, which the check sees
+    per_batch = functools.partial(_batch_of, lambda pair: _drawn(pair[1]))
+    with pytest.raises(AssertionError, match="natural form's batches"):
+        _same_batches(natural, hand(per_batch, 0), order)
