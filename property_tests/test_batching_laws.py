@@ -99,3 +99,26 @@ def test_fused_batches_are_the_batches_and_errors_of_the_stages_one_after_anothe
     reference = pipe(items, fp.map(_item, bad), *after)
     assert _outcome(fused) == _outcome(reference)
     assert "fused" in str(fp.explain(fused))
+
+
+def _batch_checked(batch, bad):
+    """``batch``, except a KeyError naming the batch when its first label is in ``bad``."""
+    first = int(batch[1][0])
+    if first in bad:
+        raise KeyError(f"bad batch from {first}")
+    return batch
+
+
+@given(stream_items, batch_sizes, st.sets(st.integers(-1000, 1000), max_size=2),
+       st.sets(st.integers(-1000, 1000), max_size=2))
+def test_maps_folded_after_a_fused_combiner_give_the_batches_and_errors_of_the_stages(
+        items, size, bad_items, bad_batches):
+    from toolz import pipe
+
+    def stages(folded):
+        return [fp.processes(_item, bad_items, n_workers=2, backend="threading", chunk_size=5),
+                fp.batch(size), fp.map(fp.combine_pad),
+                fp.map(_batch_checked, bad_batches, in_workers=folded)]
+    fused = pipe(items, *stages(True))
+    assert _outcome(fused) == _outcome(pipe(items, *stages(False)))
+    assert "runs in the workers, on each batch" in str(fp.explain(fused))

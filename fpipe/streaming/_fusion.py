@@ -66,18 +66,28 @@ class BatchCall:
     before an error, then raises it); the error then ends the chunk. An error of the combiner
     ends it after the batches before it, also when it combines what an error cut short (the
     combiner's error comes first there, as in the consumer).
+
+    ``after`` holds the calls of the maps that follow the combiner in the workers (those that
+    say ``in_workers=True``), each with the number of its first batch: each batch goes through
+    them in turn, and an error of one of them ends the chunk as the combiner's does.
     """
 
-    __slots__ = ("items", "item_start", "size", "drop_last", "combine", "combine_start")
+    __slots__ = ("items", "item_start", "size", "drop_last", "combine", "combine_start", "after")
 
     def __init__(self, items: Any, item_start: int, size: int, drop_last: bool, combine: Any,
-                 combine_start: int) -> None:
+                 combine_start: int, after: tuple = ()) -> None:
         self.items, self.item_start, self.size = items, item_start, size
         self.drop_last, self.combine, self.combine_start = drop_last, combine, combine_start
+        self.after = after
 
     def __reduce__(self):
         return BatchCall, (self.items, self.item_start, self.size, self.drop_last, self.combine,
-                           self.combine_start)
+                           self.combine_start, self.after)
+
+    def then(self, call: Any, start: int) -> BatchCall:
+        """This call with the map call ``call`` (numbering batches from ``start``) after it."""
+        return BatchCall(self.items, self.item_start, self.size, self.drop_last, self.combine,
+                         self.combine_start, (*self.after, (call, start)))
 
     def run(self, groups: list, start: int) -> tuple[list, CapturedError | None, float]:
         began, batches, error = time.perf_counter(), [], None
@@ -85,9 +95,18 @@ class BatchCall:
             outputs, error, _ = self.items.run(group, self.item_start + number * self.size)
             if outputs and not (self.drop_last and len(outputs) < self.size):
                 try:
-                    self.combine.into(batches, [outputs], self.combine_start + number)
+                    batches.append(self._finished(outputs, number))
                 except BaseException as raised:
                     error = capture(raised)
             if error is not None:
                 break
         return batches, error, time.perf_counter() - began
+
+    def _finished(self, outputs: list, number: int) -> Any:
+        """Group ``number``'s outputs combined, then through the maps after the combiner."""
+        batch: list = []
+        self.combine.into(batch, [outputs], self.combine_start + number)
+        for call, start in self.after:
+            value, batch = batch, []
+            call.into(batch, value, start + number)
+        return batch[0]

@@ -10,7 +10,8 @@ Two fusions, decided when the stages are applied (before anything runs):
   batch's worth at a time before the workers, and each worker makes whole batches, which cross
   in shared memory as one piece;
 - a ``map(..., in_workers=True)`` just before a process stage: it runs in the workers, before
-  the stage's function.
+  the stage's function; and one just after a fused combiner (or after another such map): it
+  runs in the workers on each batch, which crosses in shared memory as what it returns.
 
 A function of yours runs in the workers only when its map says ``in_workers=True``: a map
 after the batch may hold a GPU or a model, which the workers must not touch. Fused or not, a
@@ -80,6 +81,8 @@ def plan_map(stage: Stage, call: Any, upstream: Stream, start: int,
     ``upstream``: fused into the process stage before the batch that ``upstream`` makes when
     it may, else ``build(upstream)``, with the reason it was not fused."""
     fused, reason = _fused(stage, call, upstream, start)
+    if fused is None and reason is None:
+        fused, reason = _folded_after(stage, call, upstream, start)
     if fused is not None:
         return fused
     stream = build(upstream)
@@ -108,6 +111,26 @@ def _fused(stage: Stage, call: Any, batched: Stream, start: int) -> tuple[Stream
     _applied[stream] = _Applied(producer.stage, grouped, fused_call, 0, [
         *producer.notes, f"fused: the workers make whole batches of {size} and combine them "
                          f"with {combiner}"], unit="batch")
+    return stream, None
+
+
+def _folded_after(stage: Stage, call: Any, upstream: Stream,
+                  start: int) -> tuple[Stream | None, str | None]:
+    """A map after a fused stream (whose workers make whole batches): folded in after the
+    combiner when it says ``in_workers=True``, else None and why not."""
+    record = _applied.get(upstream)
+    if record is None or not isinstance(record.call, BatchCall):
+        return None, None
+    reason = _why_not_folded(stage)
+    if reason is None and not _untouched(upstream):
+        reason = "the stream before it had been read already"
+    if reason is not None:
+        return None, f"not folded in: {stage!r} {reason}"
+    fused_call = record.call.then(call, start)
+    stream = record.stage.stream(record.upstream, fused_call, 0, f"{upstream.name} + {stage!r}",
+                                 group=fused_call.size)
+    _applied[stream] = _Applied(record.stage, record.upstream, fused_call, 0, [
+        *record.notes, f"folded in: {stage!r} runs in the workers, on each batch"], unit="batch")
     return stream, None
 
 

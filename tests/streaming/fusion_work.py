@@ -54,3 +54,18 @@ def stacked_here(items):
 
 def pad_value(array):
     return -1
+
+
+def noisy_batch(batch):
+    """A user's step after the combiner: the batch's images plus a draw of the batch's
+    generator (seeded maps make it reproducible), and the pid that ran it."""
+    images, labels = batch
+    rng = active_rng()
+    return images + np.float32(0 if rng is None else rng.random()), labels, os.getpid()
+
+
+def bad_batch_at(batch, bad):
+    """``batch``, except a KeyError naming the batch whose first label is ``bad``."""
+    if batch[1][0] == bad:
+        raise KeyError(f"bad batch from {bad}")
+    return batch

@@ -13,9 +13,11 @@ from fpipe.streaming._shm import is_shared
 
 from .fusion_work import (
     bad_at,
+    bad_batch_at,
     drawn,
     image,
     labelled,
+    noisy_batch,
     pad_value,
     ragged,
     stacked_here,
@@ -195,6 +197,33 @@ def test_folded_maps_keep_their_draws_and_their_errors():
                                               fp.combine_to_arrays, 4))
     assert_same_batches(got, expected)
     assert error == expected_error
+
+
+def test_maps_after_a_fused_combiner_run_in_the_workers_only_when_they_say_so():
+    def stages(folded):
+        return [loky(image), fp.batch(4), fp.map(fp.combine_to_arrays),
+                fp.map(bad_batch_at, 100, in_workers=folded),
+                fp.map(noisy_batch, seed=2, in_workers=folded)]
+    there, here = pipe(range(22), *stages(True)), pipe(range(22), *stages(False))
+    got, expected = list(there), list(here)
+    assert_same_batches([batch[:2] for batch in got], [batch[:2] for batch in expected])
+    assert os.getpid() not in {pid for *_, pid in got}
+    assert {pid for *_, pid in expected} == {os.getpid()}
+    text = plan_text(there)
+    assert text.count("runs in the workers, on each batch") == 2 and "fused" in text
+    assert "not folded in: map(bad_batch_at, 100) runs in this process" in plan_text(here)
+
+
+@pytest.mark.parametrize("bad", [0, 8, 20])
+def test_a_map_after_a_fused_combiner_that_fails_ends_the_same_batches_with_its_error(bad):
+    def stages(folded):
+        return [loky(image), fp.batch(4), fp.map(fp.combine_to_arrays),
+                fp.map(bad_batch_at, bad, in_workers=folded)]
+    got, error = outcome(pipe(range(22), *stages(True)))
+    expected, expected_error = outcome(pipe(range(22), *stages(False)))
+    assert_same_batches(got, expected)
+    assert len(got) == bad // 4
+    assert error == expected_error == (KeyError, f"'bad batch from {bad}'")
 
 
 def test_a_stream_read_already_is_not_fused():
