@@ -122,16 +122,13 @@ def write_from_format(kind: str, args: argparse.Namespace) -> int:
     return 0
 
 
-def _samples(reader: Any, args: argparse.Namespace) -> Iterator[dict]:
+def _pairs(reader: Any, args: argparse.Namespace) -> Iterator[tuple[str, dict]]:
+    """``(key, sample)`` of every sample, in order or shuffled by ``--seed``."""
     if args.shuffle:
         from ..storage import Shuffler
 
-        pairs = Shuffler(reader, seed=chosen_seed(args)).iter(yield_key=True)
-    else:
-        pairs = reader.iter(yield_key=True, chunk_size=256)
-    for key, sample in pairs:
-        sample["key"] = key
-        yield sample
+        return Shuffler(reader, seed=chosen_seed(args)).iter(yield_key=True)
+    return reader.iter(yield_key=True, chunk_size=256)
 
 
 def _write_packed(path: Path, reader: Any, args: argparse.Namespace, append: bool = False) -> None:
@@ -141,28 +138,38 @@ def _write_packed(path: Path, reader: Any, args: argparse.Namespace, append: boo
     with FileWriter(path, append=append, progress=shown, disable=not shown, total=len(reader),
                     desc=Path(args.out).name, unit=" samples") as writer:
         try:
-            for sample in _samples(reader, args):
-                _write_one(writer, sample)
+            _write_all(writer, _pairs(reader, args))
         except BaseException:
             if append:
                 writer.abandon()
             raise
 
 
-def _write_one(writer: Any, sample: dict) -> None:
-    try:
-        writer.write(sample)
-    except TypeError as error:
-        from ..storage import pack_sample
+def _write_all(writer: Any, pairs: Iterator[tuple[str, dict]]) -> None:
+    """Write each sample with its key. One loop and no call per sample but the writer's: at a
+    million rows, a Python call per row is a tenth of a second."""
+    write = writer.write
+    for key, sample in pairs:
+        sample["key"] = key
+        try:
+            write(sample)
+        except TypeError as error:
+            _name_the_field(sample, error)
+            raise
 
-        for field, value in sample.items():
-            try:
-                pack_sample(value)
-            except TypeError:
-                raise FpipeError(f"sample {sample['key']!r}: field {field!r} holds "
-                                 f"{type(value).__name__}, which a packed dataset cannot hold "
-                                 f"({error})") from None
-        raise
+
+def _name_the_field(sample: dict, error: TypeError) -> None:
+    """Raise FpipeError naming the field of ``sample`` that a packed dataset cannot hold (the
+    writer's ``error`` said only that something could not be packed)."""
+    from ..storage import pack_sample
+
+    for field, value in sample.items():
+        try:
+            pack_sample(value)
+        except TypeError:
+            raise FpipeError(f"sample {sample['key']!r}: field {field!r} holds "
+                             f"{type(value).__name__}, which a packed dataset cannot hold "
+                             f"({error})") from None
 
 
 def note(text: str) -> None:

@@ -211,9 +211,7 @@ class _ArrowReader(Reader):
                 at = index + first - row
                 if raw:
                     rows = [pack_sample(sample) for sample in rows]
-                if yield_key:
-                    rows = list(zip(self._key_list(at, at + len(rows)), rows))
-                yield from rows
+                yield from zip(self._key_list(at, at + len(rows)), rows) if yield_key else rows
             index += count
 
     # --- keys ------------------------------------------------------------------------------

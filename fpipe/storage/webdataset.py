@@ -10,7 +10,9 @@ field. ``train/0001.jpg`` and ``train/0001.cls`` make the sample
 WebDataset keeps them (``decode=True`` turns the well-known extensions into values).
 
 Random access comes from an index of member offsets, built by reading the tar headers once
-and kept in the cache folder; ``get`` is then one read of the sample's bytes.
+and kept in the cache folder; ``get`` is then one read of each member's bytes. Tiny members
+(labels, short captions: at most 64 bytes) are kept in the index itself, so a sample of an
+image and its label costs one read.
 
 >>> import io, os, tarfile, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "shard-000.tar")
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Union
 
 import msgpack
@@ -63,6 +65,12 @@ _INT_EXTENSIONS = ("cls", "cls2", "index", "inx", "id")
 _TEXT_EXTENSIONS = ("txt", "text", "transcript")
 _JSON_EXTENSIONS = ("json", "jsn")
 _MSGPACK_EXTENSIONS = ("msgpack", "mp", "mpk")
+# Members of at most _INLINE_SIZE bytes are kept in the index (up to _INLINE_LIMIT bytes of
+# them per shard), so that reading them costs no read of the file.
+_INLINE_SIZE = 64
+_INLINE_LIMIT = 16 << 20
+# The index's name in the cache: a new one when its arrays change, so old ones are rebuilt.
+_INDEX_KIND = "tar-2"
 
 
 def decode_field(extension: str, data: bytes) -> Any:
@@ -128,10 +136,13 @@ def encode_field(extension: str, value: Any) -> bytes:
 # --- the index of a shard ----------------------------------------------------------------------
 
 class _Member:
-    __slots__ = ("name", "offset", "size")
+    """A regular file in a tar: its name, where its data starts, its size, and its data when
+    the scan kept it (a tiny member, see ``_INLINE_SIZE``)."""
 
-    def __init__(self, name: str, offset: int, size: int) -> None:
-        self.name, self.offset, self.size = name, offset, size
+    __slots__ = ("data", "name", "offset", "size")
+
+    def __init__(self, name: str, offset: int, size: int, data: bytes | None = None) -> None:
+        self.name, self.offset, self.size, self.data = name, offset, size, data
 
 
 def _octal(field: bytes) -> int:
@@ -184,6 +195,7 @@ class _Scan:
     def __init__(self, source: ByteSource) -> None:
         self.source, self.scanner = source, Scanner(source)
         self.members: list[_Member] = []
+        self.inline_left = _INLINE_LIMIT
         self.stopped_at: int | None = None
         self.reason, self.cut = "", None
         self.long_name: str | None = None
@@ -233,9 +245,17 @@ class _Scan:
                 return position
         elif typeflag not in _META_TYPES:
             if typeflag in _FILE_TYPES:
-                self.members.append(_Member(name, start, length))
+                self.members.append(_Member(name, start, length, self._inline(start, length)))
             self.long_name, self.pax = None, {}
         return start + -(-length // _BLOCK) * _BLOCK
+
+    def _inline(self, start: int, length: int) -> bytes | None:
+        """The data of a member small enough to keep in the index (it is in the scanner's
+        window already), else None."""
+        if length > _INLINE_SIZE or length > self.inline_left:
+            return None
+        self.inline_left -= length
+        return self.scanner.take(start, start + length)
 
     def _tail(self, position: int) -> _Scan:
         """The end of a file that ran out before the end-of-archive blocks."""
@@ -266,8 +286,12 @@ def _split_name(name: str) -> tuple[str, str] | None:
 
 
 def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
+    """The index of a shard: its samples' keys, and for each member (sample after sample)
+    its extension, offset and size, and where its data is in ``inline_blob`` (-1: not
+    there, read it from the file)."""
     scan = _Scan(source).run()
-    keys, first, extensions, offsets, sizes = [], [], [], [], []
+    keys, first, extensions, offsets, sizes, inline_at, inline = [], [], [], [], [], [], []
+    kept = 0
     for member in scan.members:
         parts = _split_name(member.name)
         if parts is None:
@@ -278,6 +302,10 @@ def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
         extensions.append(parts[1])
         offsets.append(member.offset)
         sizes.append(member.size)
+        inline_at.append(-1 if member.data is None else kept)
+        if member.data is not None:
+            inline.append(member.data)
+            kept += len(member.data)
     first.append(len(offsets))
     ends = np.array(offsets, np.int64) + np.array(sizes, np.int64)
     starts = np.array(offsets, np.int64)[first[:-1]] if keys else np.zeros(0, np.int64)
@@ -288,6 +316,8 @@ def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
     return {**_arrays("key", keys), **_arrays("ext", extensions), **_arrays("reason", [scan.reason]),
             "first": np.array(first, np.int64), "offsets": np.array(offsets, np.int64),
             "sizes": np.array(sizes, np.int64), "starts": starts, "stops": stops,
+            "inline_at": np.array(inline_at, np.int64),
+            "inline_blob": np.frombuffer(b"".join(inline), np.uint8),
             "damaged": np.array([damaged], np.int64)}
 
 
@@ -348,7 +378,7 @@ class TarReader(SpanReader):
         self.decode = check_bool("decode", decode)
         self.fields = _check_fields(fields)
         self.source = ByteSource(path, **options)
-        index = cached_index(self.source, "tar", lambda: _build_tar_index(self.source),
+        index = cached_index(self.source, _INDEX_KIND, lambda: _build_tar_index(self.source),
                              options.get("cache_dir"), self._fits)
         self._load(index)
 
@@ -358,17 +388,20 @@ class TarReader(SpanReader):
         starts, stops, ends = index["starts"], index["stops"], index["key_ends"]
         n, size = len(starts), self.source.size
         return bool(len(stops) == len(ends) == n == len(first) - 1 and len(offsets) == len(sizes)
-                    and (offsets >= 0).all() and (offsets + sizes <= size).all()
+                    and (offsets >= 0).all() and (sizes >= 0).all()
+                    and (offsets + sizes <= size).all()
                     and (np.diff(first) >= 0).all() and (first[-1] == len(offsets))
                     and (starts <= stops).all() and (stops <= size).all()
-                    and -1 <= int(index["damaged"][0]) < n)
+                    and -1 <= int(index["damaged"][0]) < n
+                    and _inline_fits(index["inline_at"], sizes, len(index["inline_blob"])))
 
     def _load(self, index: dict[str, np.ndarray]) -> None:
         offsets, sizes, first = index["offsets"], index["sizes"], index["first"]
         starts, stops = index["starts"], index["stops"]
         self._keys = KeyIndex(index["key_blob"], index["key_ends"])
         self._first, self._offsets, self._sizes = first, offsets, sizes
-        self._views = _views(first, offsets, sizes)
+        self._inline_at, self._inline = index["inline_at"], index["inline_blob"].tobytes()
+        self._views = _views(first, offsets, sizes, self._inline_at)
         self._starts, self._stops = starts, stops
         self._extensions = strings_from_arrays(index["ext_blob"], index["ext_ends"])
         damaged = int(index["damaged"][0])
@@ -383,63 +416,81 @@ class TarReader(SpanReader):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._views = _views(self._first, self._offsets, self._sizes)
+        self._views = _views(self._first, self._offsets, self._sizes, self._inline_at)
 
     def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
-        """Sample ``index``, each member read on its own: one copy of its bytes, not two."""
+        """Sample ``index``, each member read on its own (one copy of its bytes, not two), the
+        tiny ones taken from the index."""
         if type(index) is not int or not 0 <= index < len(self._starts):
             index = self._index(index)
         if self._damage and index in self._damage:
             raise self._damaged(index)
-        read, offset = self.source.read, int(self._starts[index])
-
-        def member(begin: int, size: int) -> bytes:
-            data = read(begin, begin + size)
-            if len(data) != size:
-                raise self._truncated(index, offset, begin + size)
-            return data
-        sample = self._sample(index, offset, member)
-        sample = pack_sample(sample) if raw else sample
+        sample = self._sample(index, None, 0)
+        if raw:
+            sample = pack_sample(sample)
         return (self._keys[index], sample) if yield_key else sample
 
     def _decode(self, data: Any, index: int, offset: int) -> dict:
-        return self._sample(index, offset, lambda begin, size: bytes(
-            data[begin - offset:begin - offset + size]))
+        return self._sample(index, data, offset)
 
-    def _sample(self, index: int, offset: int, member: Callable[[int, int], bytes]) -> dict:
-        """Sample ``index`` (its bytes begin at ``offset``) from ``member(begin, size)``, which
-        gives the bytes of a member."""
+    def _sample(self, index: int, data: Any, base: int) -> dict:
+        """Sample ``index``, its members cut from ``data`` (the file's bytes from byte ``base``
+        on), or read from the file when ``data`` is None; tiny members come from the index.
+        One loop, without a call per member: ``get`` is this loop and a read."""
+        first, offsets, sizes, inline_at = self._views  # memoryviews: their items are ints
+        fields, extensions, inline, read = self.fields, self._extensions, self._inline, \
+            self.source.read
         sample: dict = {"key": self._keys[index]}
-        first, offsets, sizes = self._views  # memoryviews: their items are Python ints
-        fields, extensions = self.fields, self._extensions
         for number in range(first[index], first[index + 1]):
             extension = extensions[number]
             if fields is not None and extension not in fields:
                 continue
             if extension in sample:
-                what = "the key field" if extension == "key" else "twice"
-                raise FormatError(f"member {sample['key']}.{extension} is {what} in the sample",
-                                  path=self.source.path, index=index, offset=offset)
-            value = member(offsets[number], sizes[number])
-            sample[extension] = self._decoded(extension, value, index, offset) if self.decode \
-                else value
+                raise self._twice(sample["key"], extension, index)
+            size, at, begin = sizes[number], inline_at[number], offsets[number]
+            if at >= 0:
+                sample[extension] = inline[at:at + size]
+            elif data is not None:
+                sample[extension] = bytes(data[begin - base:begin - base + size])
+            else:
+                sample[extension] = value = read(begin, begin + size)
+                if len(value) != size:
+                    raise self._truncated(index, int(self._starts[index]), begin + size)
         if fields is not None:
-            self._check_fields(sample, index, offset)
-        return sample
+            self._check_fields(sample, index)
+        return self._decoded(sample, index) if self.decode else sample
 
-    def _decoded(self, extension: str, value: bytes, index: int, offset: int) -> Any:
-        try:
-            return decode_field(extension, value)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise FormatError(f"field {extension!r} does not decode ({error})",
-                              path=self.source.path, index=index, offset=offset) from None
+    def _twice(self, key: str, extension: str, index: int) -> FormatError:
+        what = "the key field" if extension == "key" else "twice"
+        return FormatError(f"member {key}.{extension} is {what} in the sample",
+                           path=self.source.path, index=index, offset=int(self._starts[index]))
 
-    def _check_fields(self, sample: dict, index: int, offset: int) -> None:
+    def _decoded(self, sample: dict, index: int) -> dict:
+        decoded = {"key": sample["key"]}
+        for extension, value in sample.items():
+            if extension == "key":
+                continue
+            try:
+                decoded[extension] = decode_field(extension, value)
+            except (ValueError, UnicodeDecodeError) as error:
+                raise FormatError(f"field {extension!r} does not decode ({error})",
+                                  path=self.source.path, index=index,
+                                  offset=int(self._starts[index])) from None
+        return decoded
+
+    def _check_fields(self, sample: dict, index: int) -> None:
         missing = [field for field in self.fields if field not in sample]
         if missing:
             raise FormatError(f"sample {sample['key']!r} has no field {missing[0]!r} (fields="
                               f"{list(self.fields)!r}; it has {sorted(set(sample) - {'key'})})",
-                              path=self.source.path, index=index, offset=offset)
+                              path=self.source.path, index=index, offset=int(self._starts[index]))
+
+
+def _inline_fits(inline_at: np.ndarray, sizes: np.ndarray, blob_size: int) -> bool:
+    """Whether the tiny members that an index keeps lie within its blob."""
+    kept = inline_at >= 0
+    return bool(len(inline_at) == len(sizes) and (sizes[kept] <= _INLINE_SIZE).all()
+                and (inline_at[kept] + sizes[kept] <= blob_size).all())
 
 
 def _views(*arrays: np.ndarray) -> tuple[memoryview, ...]:

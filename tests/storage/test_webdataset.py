@@ -270,3 +270,74 @@ def test_a_damaged_index_in_the_cache_is_built_again(shards, cache):
     assert list(again) == list(reader)
     stored.write_bytes(b"FPIPEIDX" + bytes(20))
     assert TarReader(shards / "train-002.tar", cache_dir=cache)[-1] == reader[-1]
+
+
+# --- tiny members kept in the index ----------------------------------------------------------
+
+class _CountedReads:
+    """A ByteSource's ``read``, counting its calls."""
+
+    def __init__(self, read):
+        self.read, self.calls = read, 0
+
+    def __call__(self, start, stop):
+        self.calls += 1
+        return self.read(start, stop)
+
+
+def _count_reads(reader):
+    counted = reader.source.read = _CountedReads(reader.source.read)
+    return counted
+
+
+def test_a_sample_of_an_image_and_tiny_members_costs_one_read(shards, cache):
+    reader = TarReader(shards / "train-000.tar", cache_dir=cache)
+    theirs = [_ours(s) for s in webdataset.WebDataset(str(shards / "train-000.tar"), shardshuffle=False)]
+    counted = _count_reads(reader)
+    ours = [reader[i] for i in range(PER_SHARD)]
+    assert ours == theirs
+    # cls and meta.json (at most 64 bytes) come from the index; a jpg is read unless it is tiny too
+    assert counted.calls == sum(1 for sample in theirs if len(sample["jpg"]) > 64) > PER_SHARD // 2
+    assert all(type(sample[field]) is bytes for sample in ours for field in ("jpg", "cls", "meta.json"))
+
+
+def test_the_bytes_kept_in_the_index_are_bounded(tmp_path, cache, monkeypatch):
+    import fpipe.storage.webdataset as module
+
+    path = tmp_path / "small.tar"
+    members = [(f"{i:03d}.{ext}", data) for i in range(10)
+               for ext, data in (("cls", b"%d" % i), ("txt", bytes(64)), ("big", bytes(65)))]
+    _tar(path, members)
+    monkeypatch.setattr(module, "_INLINE_LIMIT", 3 * 65)  # room for three samples' tiny members
+    reader = TarReader(path, cache_dir=cache)
+    counted = _count_reads(reader)
+    samples = [reader[i] for i in range(10)]
+    assert samples == [{"key": f"{i:03d}", "cls": b"%d" % i, "txt": bytes(64), "big": bytes(65)}
+                       for i in range(10)]
+    assert counted.calls == 3 * 1 + 7 * 3  # 65-byte members always read; tiny ones past the limit too
+
+
+def _stored_index(cache):
+    from fpipe.storage._foreign import _index_bytes, _load_index
+
+    (stored,) = (cache / "indexes").iterdir()
+    return stored, {name: array.copy() for name, array in _load_index(stored.read_bytes()).items()}, \
+        _index_bytes
+
+
+@pytest.mark.parametrize("damage", ["older", "past the blob", "too big"])
+def test_an_index_whose_kept_members_do_not_fit_is_built_again(shards, cache, damage):
+    reader = TarReader(shards / "train-002.tar", cache_dir=cache)
+    stored, index, index_bytes = _stored_index(cache)
+    kept = np.flatnonzero(index["inline_at"] >= 0)
+    if damage == "older":  # an index of an fpipe that kept no member in it
+        del index["inline_at"], index["inline_blob"]
+    elif damage == "past the blob":
+        index["inline_at"][kept[-1]] = len(index["inline_blob"])
+    else:
+        index["sizes"][kept[0]] = 65
+    stored.write_bytes(index_bytes(index))
+    again = TarReader(shards / "train-002.tar", cache_dir=cache)
+    assert list(again) == list(reader) and [again[i] for i in range(PER_SHARD)] == list(reader)
+    assert (again._inline_at >= 0).sum() == len(kept)
+
