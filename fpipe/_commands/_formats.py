@@ -14,7 +14,7 @@ import argparse
 import os
 import struct
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,10 @@ def write_from_format(kind: str, args: argparse.Namespace) -> int:
     return 0
 
 
+#: Samples a worker reads and decodes at a time with ``--workers``.
+WORKER_CHUNK = 1024
+
+
 def _pairs(reader: Any, args: argparse.Namespace) -> Iterator[tuple[str, dict]]:
     """``(key, sample)`` of every sample, in order or shuffled by ``--seed``."""
     if args.shuffle:
@@ -131,18 +135,60 @@ def _pairs(reader: Any, args: argparse.Namespace) -> Iterator[tuple[str, dict]]:
     return reader.iter(yield_key=True, chunk_size=256)
 
 
+def _packed_in_workers(reader: Any, args: argparse.Namespace) -> Iterator[tuple[str, bytes]]:
+    """``(key, packed sample)`` of every sample, in the order of :func:`_pairs`: read, decoded
+    and packed by ``--workers`` processes, ``WORKER_CHUNK`` positions a task. Closing the
+    iterator stops the workers."""
+    from ..storage import Shuffler
+    from ..streaming import processes
+
+    source = Shuffler(reader, seed=chosen_seed(args)) if args.shuffle else reader
+    spans = ((start, min(start + WORKER_CHUNK, len(source)))
+             for start in range(0, len(source), WORKER_CHUNK))
+    chunks = processes(_packed_span, source, n_workers=args.workers, chunk_size=1)(spans)
+    try:
+        for chunk in chunks:
+            yield from chunk
+    finally:
+        chunks.close()
+
+
+def _packed_span(span: tuple[int, int], source: Any) -> list[tuple[str, bytes]]:
+    """The samples at positions ``span = (start, stop)`` of ``source`` (a reader or an
+    ordering), each packed with its key."""
+    from ..storage.format import new_packer
+
+    start, stop = span
+    get_slice = getattr(source, "get_slice", None)
+    pairs = (get_slice(start, stop, yield_key=True) if get_slice is not None
+             else (source.get(position, yield_key=True) for position in range(start, stop)))
+    pack, packed = new_packer().pack, []
+    for key, sample in pairs:
+        sample["key"] = key
+        packed.append((key, _packed(pack, sample)))
+    return packed
+
+
 def _write_packed(path: Path, reader: Any, args: argparse.Namespace, append: bool = False) -> None:
     from ..storage import FileWriter
 
     shown = shows_progress(args)
     with FileWriter(path, append=append, progress=shown, disable=not shown, total=len(reader),
                     desc=Path(args.out).name, unit=" samples") as writer:
+        packed = _packed_in_workers(reader, args) if args.workers > 1 else None
         try:
-            _write_all(writer, _pairs(reader, args))
+            if packed is None:
+                _write_all(writer, _pairs(reader, args))
+            else:
+                for key, data in packed:
+                    writer.write_packed(key, data)
         except BaseException:
             if append:
                 writer.abandon()
             raise
+        finally:
+            if packed is not None:
+                packed.close()
 
 
 def _write_all(writer: Any, pairs: Iterator[tuple[str, dict]]) -> None:
@@ -156,6 +202,15 @@ def _write_all(writer: Any, pairs: Iterator[tuple[str, dict]]) -> None:
         except TypeError as error:
             _name_the_field(sample, error)
             raise
+
+
+def _packed(pack: Callable[[dict], bytes], sample: dict) -> bytes:
+    """``sample`` packed, or FpipeError naming the field that a packed dataset cannot hold."""
+    try:
+        return pack(sample)
+    except TypeError as error:
+        _name_the_field(sample, error)
+        raise
 
 
 def _name_the_field(sample: dict, error: TypeError) -> None:

@@ -109,7 +109,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                         help="add the samples to the dataset OUT (keys must be new to it; labels "
                              "must be among its classes)")
     parser.add_argument("--workers", type=workers, default=1,
-                        help="threads that read and encode files (the output order does not change)")
+                        help="threads that read and encode files, or processes that read, decode "
+                             "and pack samples of other formats (the output does not change)")
     parser.add_argument("--shuffle", action="store_true", help="shuffle the samples by --seed")
     parser.add_argument("--seed", type=non_negative_int, help="seed of --shuffle (0)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")

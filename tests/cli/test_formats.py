@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from fpipe.cli import main
 from fpipe.storage import (
     FileWriter,
     MsgpackReader,
@@ -18,7 +19,7 @@ from fpipe.storage import (
     WebDatasetReader,
 )
 
-from .conftest import fpipe, ok
+from .conftest import fpipe, mistake, ok
 
 
 @pytest.fixture(autouse=True)
@@ -182,3 +183,50 @@ def test_export_reads_other_formats_and_checks_its_arguments(tmp_path):
         result = fpipe("export", "a.tfrecord", *argv, cwd=tmp_path)
         assert result.returncode == 2 and message in result.stderr, (argv, result.stderr)
     assert TFRecordFileReader(tmp_path / "a.tfrecord")[0]["x"].tolist() == [1, 2]
+
+
+def _sources_of_30(folder):
+    """The same 30 samples' worth of each format: shards, a Parquet file, a TFRecord file."""
+    _shards(folder)
+    pq.write_table(pa.table({"text": [f"t{i}" for i in range(30)], "n": list(range(30))}),
+                   folder / "rows.parquet", row_group_size=7)
+    with TFRecordWriter(folder / "records.tfrecord") as writer:
+        for i in range(30):
+            writer.write({"image": bytes([i]) * (i + 1), "label": i})
+    return ["shards-{000..002}.tar", "rows.parquet", "records.tfrecord"]
+
+
+@pytest.mark.parametrize("order", [[], ["--shuffle", "--seed", "3"]])
+def test_write_with_workers_writes_the_same_dataset_byte_for_byte(tmp_path, monkeypatch, order):
+    import fpipe._commands._formats as formats_command
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(formats_command, "WORKER_CHUNK", 4)  # several tasks for each worker
+    # paths from the root: the worker processes may have started in another test's folder
+    for n, source in enumerate(str(tmp_path / name) for name in _sources_of_30(tmp_path)):
+        assert main(["write", source, f"one{n}.msgpack", "-q", *order]) == 0
+        assert main(["write", source, f"two{n}.msgpack", "-q", "--workers", "2", *order]) == 0
+        for suffix in ("", ".offsets", ".keys"):
+            one, two = (tmp_path / f"{name}{n}.msgpack{suffix}" for name in ("one", "two"))
+            assert one.read_bytes() == two.read_bytes(), (source, suffix)
+        assert len(_all(tmp_path / f"two{n}.msgpack")) == 30
+
+
+def test_write_with_workers_names_a_field_that_cannot_be_packed_and_writes_nothing(
+        tmp_path, monkeypatch, capsys):
+    import decimal
+
+    import fpipe._commands._formats as formats_command
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(formats_command, "WORKER_CHUNK", 4)
+    prices = [decimal.Decimal(i) for i in range(10)]
+    pq.write_table(pa.table({"n": list(range(10)), "price": pa.array(prices, pa.decimal128(5, 0))}),
+                   tmp_path / "prices.parquet")
+    for workers in ("1", "2"):
+        # a path from the root: the worker processes may have started in another test's folder
+        error = mistake(capsys, 1, "write", tmp_path / "prices.parquet", "p.msgpack",
+                        "--workers", workers)
+        assert "sample 'prices.parquet:0': field 'price' holds Decimal" in error, error
+        assert "Traceback" not in error
+        assert not (tmp_path / "p.msgpack").exists()
