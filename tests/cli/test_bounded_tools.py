@@ -1,12 +1,14 @@
 """``fpipe index`` (rebuilding from the samples) and ``fpipe info`` in bounded memory: no
 table of keys or offsets, however many samples."""
 
+import json
 import os
 import tracemalloc
 
 import msgpack
 import pytest
 
+import fpipe._commands.inspect as inspect
 import fpipe.storage._hashing as hashing
 import fpipe.storage._indexing as indexing
 import fpipe.storage.keyindex as keyindex
@@ -24,9 +26,9 @@ _BYTES_A_SAMPLE = 30
 
 @pytest.fixture
 def small_bounds(monkeypatch):
-    """The storage layer's fixed bounds (keys checked at write, pairs held before they spill,
-    the Bloom filter, offsets held by a reader, batches), made small so that growth past them
-    shows with tens of thousands of samples."""
+    """The fixed bounds of the storage layer and the commands (keys checked at write, pairs
+    held before they spill, the Bloom filter, offsets held by a reader, batches and windows),
+    made small so that growth past them shows with tens of thousands of samples."""
     monkeypatch.setattr(reader_module, "_RESIDENT_OFFSETS", 1 << 12)
     monkeypatch.setattr(writer_module, "WINDOW", 1024)
     monkeypatch.setattr(keyindex, "_PENDING", 1 << 18)
@@ -35,6 +37,8 @@ def small_bounds(monkeypatch):
     monkeypatch.setattr(indexing, "_BATCH", 4096)
     monkeypatch.setattr(recovery, "_HANDED", 4096)
     monkeypatch.setattr(recovery, "_OLD_BLOCK", 1024)
+    monkeypatch.setattr(inspect, "_OFFSETS_WINDOW", 4096)
+    monkeypatch.setattr(inspect, "_KEY_BATCH", 4096)
 
 
 def _tiny_dataset(path, n: int):
@@ -85,3 +89,17 @@ def test_index_rebuilds_in_the_same_memory_at_any_size(tmp_path, small_bounds):
     # held the keys and spans, and the old offsets whole
     assert _growth(peaks) < _BYTES_A_SAMPLE, peaks
 
+
+
+def test_info_reads_the_index_in_the_same_memory_at_any_size(tmp_path, small_bounds, capsys):
+    peaks = {}
+    for n in (10_000, 80_000):
+        path = _tiny_dataset(tmp_path / f"{n}.msgpack", n)
+        capsys.readouterr()
+        peaks[n] = _peak("info", path, "--json")
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["keys"] == {"first": f"{0:09d}", "last": f"{n - 1:09d}",
+                                   "min": f"{0:09d}", "max": f"{n - 1:09d}"}
+        assert summary["samples"] == n and summary["sample_bytes"]["max"] == 18
+    # measured: no growth; 84 bytes a sample when it read every key and offset at once
+    assert _growth(peaks) < _BYTES_A_SAMPLE, peaks
