@@ -1,12 +1,14 @@
-"""``fpipe index`` (rebuilding from the samples) and ``fpipe info`` in bounded memory: no
-table of keys or offsets, however many samples."""
+"""``fpipe index`` (rebuilding from the samples), ``fpipe info`` and ``fpipe write`` from a
+folder in bounded memory: no table of keys, offsets or files, however many samples."""
 
+import io
 import json
 import os
 import tracemalloc
 
 import msgpack
 import pytest
+from PIL import Image
 
 import fpipe._commands.inspect as inspect
 import fpipe.storage._hashing as hashing
@@ -31,9 +33,9 @@ def small_bounds(monkeypatch):
     made small so that growth past them shows with tens of thousands of samples."""
     monkeypatch.setattr(reader_module, "_RESIDENT_OFFSETS", 1 << 12)
     monkeypatch.setattr(writer_module, "WINDOW", 1024)
-    monkeypatch.setattr(keyindex, "_PENDING", 1 << 18)
-    monkeypatch.setattr(keyindex, "_SORTED", 1 << 18)
-    monkeypatch.setattr(hashing, "BLOOM_MAX_BYTES", 1 << 16)
+    monkeypatch.setattr(keyindex, "_PENDING", 1 << 15)
+    monkeypatch.setattr(keyindex, "_SORTED", 1 << 15)
+    monkeypatch.setattr(hashing, "BLOOM_MAX_BYTES", 1 << 12)
     monkeypatch.setattr(indexing, "_BATCH", 4096)
     monkeypatch.setattr(recovery, "_HANDED", 4096)
     monkeypatch.setattr(recovery, "_OLD_BLOCK", 1024)
@@ -49,7 +51,8 @@ def _tiny_dataset(path, n: int):
 
 
 def _peak(*argv) -> int:
-    """The peak of traced memory while ``fpipe *argv -q`` runs (it must succeed)."""
+    """The peak of traced memory while ``fpipe *argv -q`` runs (it must succeed); the first
+    run of a command pays for the modules it imports, so callers run it once before."""
     tracemalloc.start()
     try:
         assert main([*map(str, argv), "-q"]) == 0, argv
@@ -102,4 +105,39 @@ def test_info_reads_the_index_in_the_same_memory_at_any_size(tmp_path, small_bou
                                    "min": f"{0:09d}", "max": f"{n - 1:09d}"}
         assert summary["samples"] == n and summary["sample_bytes"]["max"] == 18
     # measured: no growth; 84 bytes a sample when it read every key and offset at once
+    assert _growth(peaks) < _BYTES_A_SAMPLE, peaks
+
+
+def _image_tree(root, n: int) -> None:
+    """``n`` PNG files of about 1 KiB in 4 class folders, 100 to a folder below them."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buffer, "PNG")
+    png = buffer.getvalue() + bytes(1000)  # data after the IEND chunk: still a whole PNG
+    for i in range(n):
+        folder = root / f"c{i % 4}" / f"p{i // 400}"  # short keys: the index builder's read
+        # buffer grows with the keys up to 1 MiB (its bound), ~13 bytes a file here
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i}.png").write_bytes(png)
+
+
+@pytest.mark.slow  # about 10 s: 18,000 files written and packed
+def test_write_walks_a_folder_in_the_same_memory_at_any_size(tmp_path, small_bounds,
+                                                             monkeypatch):
+    # blocks written in the caller's thread: the writer thread's queue holds up to 4 blocks of
+    # 1 MiB, as many as the disk lets pile up (noise, not growth)
+    monkeypatch.setattr(writer_module, "_THREAD_MIN", 1 << 62)
+    peaks = {}
+    for n in (2_000, 16_000):
+        _image_tree(tmp_path / f"tree{n}", n)
+    assert main(["write", str(tmp_path / "tree2000"), str(tmp_path / "first.msgpack"), "-q"]) == 0
+    for n in (2_000, 16_000):
+        out = tmp_path / f"{n}.msgpack"
+        peaks[n] = _peak("write", tmp_path / f"tree{n}", out)
+        with MsgpackReader(out) as reader:
+            assert len(reader) == n and reader[1]["label"] == 0
+            # c0/p0 first, its files in natural order (0, 4, 8, ...), then c0/p1's
+            assert [reader.find_key(i) for i in (0, 1, 100)] == [
+                "c0/p0/0.png", "c0/p0/4.png", "c0/p1/400.png"]
+    # measured: 11 bytes a file (the index builder's buffers growing to their bounds); 497
+    # when the whole listing was held (and the look for Parquet files listed the tree again)
     assert _growth(peaks) < _BYTES_A_SAMPLE, peaks
