@@ -81,7 +81,8 @@ def _add_info(commands: argparse._SubParsersAction) -> None:
                        "Fields come from --samples samples spread over the dataset, or from "
                        "every sample with --all. The histogram counts every sample when the "
                        "data file is local and at most 1 GiB (it reads only the label, about a "
-                       "second), else the same samples as the fields; it says which.",
+                       "second), else the same samples as the fields; it says which. It reads "
+                       "the index files a window at a time, in the same memory at any size.",
                        "  fpipe info train.msgpack\n  fpipe info train.msgpack --all --json",
                        _run_info)
     info.add_argument("dataset", metavar="DATASET", help="the dataset file (X.msgpack), or its URL")
