@@ -14,7 +14,8 @@ table with the fitted growth, and writes the figures as JSON. Operations:
 ``epoch``   at the smallest size: an epoch of IndexShuffler against one of Shuffler, 5 times
             alternately (L1's throughput ratio)
 ``lookup``  open, first ``find_index``, then 2,000 more (mean), RSS growth (L2)
-``tools``   ``fpipe verify``, ``shuffle --mode index``, ``merge``, ``split``: time, peak RSS (L4)
+``tools``   ``fpipe verify``, ``shuffle --mode index``, ``merge``, ``split``: time, peak RSS (L4);
+            and ``fpipe info`` and ``fpipe index`` (the index rebuilt from the samples)
 ``loader``  2 DataLoader workers over IndexShuffler: time to the first batch, each worker's
             RSS then (L6)
 ``shards``  ShardedReader over 10,000 shards of the smallest dataset's samples: open and
@@ -39,6 +40,7 @@ __all__ = ["fit", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1_000_000, 10_000_000, 100_000_000)
+TOOLS = ("verify", "info", "index", "shuffle", "split", "merge")
 TARGETS = {
     "L1 first sample (s)": 0.05, "L1 order state (MB)": 16, "L2 first lookup (s)": 0.010,
     "L2 later lookup (us)": 50, "L2 memory (MB)": 64, "L3 write memory (MB)": 256,
@@ -222,7 +224,7 @@ def _at_size(folder: Path, n: int, skip: set[str], figures: dict) -> None:
         figures["loader"][n] = _child("loader", path)
         say(f"loader {figures['loader'][n]}")
     if "tools" not in skip:
-        _tools(folder, path, n, figures, say)
+        _tools(folder, path, n, figures, say, skip)
     if "epoch" not in skip and n == min(figures["sizes"]):
         figures["epoch"][n] = _child("epoch", path)
         say(f"epoch {figures['epoch'][n]}")
@@ -230,14 +232,19 @@ def _at_size(folder: Path, n: int, skip: set[str], figures: dict) -> None:
         file.unlink()
 
 
-def _tools(folder: Path, path: str, n: int, figures: dict, say) -> None:
+def _tools(folder: Path, path: str, n: int, figures: dict, say, skip: set[str]) -> None:
     out = str(folder / "out.msgpack")
     runs = {"verify": ["verify", path, "-q"],
+            "info": ["info", path, "-q"],
+            # rebuilt in place from the samples: the same files again
+            "index": ["index", path, "-q"],
             "shuffle": ["shuffle", path, out, "--mode", "index", "--seed", "1", "-y", "-q"],
             "split": ["split", path, "--fractions", "0.5", "-o", out, str(folder / "b.msgpack"),
                       "-y", "-q"],
             "merge": ["merge", path, out, str(folder / "merged.msgpack"), "-y", "-q"]}
     for name, arguments in runs.items():
+        if name in skip:
+            continue
         if name == "merge":  # the second half, from split, merged back onto the whole
             arguments = ["merge", str(folder / "b.msgpack"), out, str(folder / "merged.msgpack"),
                          "-y", "-q"]
@@ -305,7 +312,7 @@ def _table(figures: dict) -> list[str]:
             ("DataLoader worker RSS (MB)", "loader",
              lambda f: max(w.get("VmRSS", 0) for w in f["worker_rss_mb"]))]
     rows += [(f"fpipe {tool} {what}", f"tool-{tool}", pick)
-             for tool in ("verify", "shuffle", "split", "merge")
+             for tool in TOOLS
              for what, pick in (("(s)", lambda f: f["seconds"]),
                                 ("peak RSS (MB)", lambda f: f["peak_mb"]))]
     lines = [f"{'operation':<34}" + "".join(f"{n:>14,}" for n in sizes)
@@ -329,12 +336,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--folder", default=None, help="where the datasets go (a temp folder)")
     parser.add_argument("--json", default="benchmarks/results/scale.json")
     parser.add_argument("--skip", nargs="*", default=[],
-                        help="operations to leave out: loader, tools, epoch, shards")
+                        help="operations to leave out: loader, tools, epoch, shards; or "
+                             f"single tools: {', '.join(TOOLS)}")
     args = parser.parse_args(argv)
     folder = Path(args.folder or os.environ.get("FPIPE_BENCH_DATA", "/tmp")) / "fpipe-scale"
     folder.mkdir(parents=True, exist_ok=True)
     names = ["write", "first-index", "first-shuffler", "first-quasi", "lookup", "loader",
-             "epoch", "shards"] + [f"tool-{t}" for t in ("verify", "shuffle", "split", "merge")]
+             "epoch", "shards"] + [f"tool-{t}" for t in TOOLS]
     figures: dict = {"sizes": sorted(args.sizes), **{name: {} for name in names},
                      "load_average_at_start": os.getloadavg()}
     try:

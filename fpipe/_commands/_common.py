@@ -20,7 +20,6 @@ from ..storage import (
     MsgpackReader,
     open_regular,
     read_classes,
-    read_keys,
     read_legacy_index,
 )
 from ..storage._indexing import array_length
@@ -35,7 +34,6 @@ __all__ = [
     "copy_classes",
     "data_file",
     "dataset_key_batches",
-    "dataset_keys",
     "key_batches",
     "fraction",
     "human_bytes",
@@ -345,15 +343,3 @@ def dataset_key_batches(reader: Any, size: int = 1 << 16) -> Iterator[tuple[int,
                           path=keys_file)
     yield from key_batches(keys_file, size)
 
-
-def dataset_keys(reader: Any) -> list[str]:
-    """Every key of the dataset that ``reader`` (a MsgpackReader) reads, in file order; a keys
-    file that does not hold one str per sample raises FormatError naming it."""
-    keys_file = DatasetFiles(reader.path).keys
-    if not keys_file.exists():
-        return read_legacy_index(reader.path)[0]
-    keys = read_keys(reader.path)
-    if len(keys) != len(reader):
-        raise FormatError(f"the keys file holds {len(keys)} keys for {len(reader)} samples",
-                          path=keys_file)
-    return keys

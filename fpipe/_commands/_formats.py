@@ -69,13 +69,24 @@ def _format_of(source: str) -> str | None:
         folder = Path(source)
         if (folder / "state.json").is_file() and any(folder.glob("*.arrow")):
             return "parquet"
-        files = [p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")]
-        kinds = {_format_of_name(p.name) for p in files}
-        return "parquet" if files and kinds == {"parquet"} else None
+        return "parquet" if _only_parquet(folder) else None
     named = _format_of_name(source)
     if named is not None or not os.path.isfile(source):
         return named
     return _sniffed(source)
+
+
+def _only_parquet(folder: Path) -> bool:
+    """Whether ``folder`` holds files, all of them (hidden ones aside) Parquet or Arrow files
+    by their names; the look stops at the first that is not (a folder of a million images
+    is not listed)."""
+    found = False
+    for path in folder.rglob("*"):
+        if not path.name.startswith(".") and path.is_file():
+            if _format_of_name(path.name) != "parquet":
+                return False
+            found = True
+    return found
 
 
 def source_format(sources: Sequence[str]) -> str | None:

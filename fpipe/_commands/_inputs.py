@@ -20,9 +20,10 @@ import glob
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,8 @@ from ..errors import FpipeError
 from ..storage.unpacked import natural_key
 from ._common import UsageError
 
-__all__ = ["IMAGE_SUFFIXES", "JSON_LINES", "LIST_FILE", "Entry", "Listing", "either_case_suffix",
-           "list_source", "natural_order"]
+__all__ = ["IMAGE_SUFFIXES", "JSON_LINES", "LIST_FILE", "Entry", "FolderFiles", "Listing",
+           "either_case_suffix", "file_suffix", "list_source", "natural_order"]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -41,6 +42,8 @@ LIST_FILE, JSON_LINES = "list file", "JSON lines"  # the kinds of listing whose 
 IMAGE_SUFFIXES = frozenset((".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff",
                             ".ppm", ".pgm", ".pbm", ".jp2", ".avif", ".heic"))
 _NAMED = 3  # files named in a one-line notice
+_SEPARATOR_CHARS = "/" + (os.altsep or "") + (os.sep if os.sep != "/" else "")
+_SEPARATORS = "[" + re.escape(_SEPARATOR_CHARS) + "]"
 # A list file's first line is a header if its path column is a column name, not a file's path.
 _COLUMN_NAME = re.compile(r"[^\W\d][\w -]*")
 
@@ -56,15 +59,97 @@ class Entry:
     sample: dict | None = None
 
 
+@dataclass(frozen=True)
+class _Survey:
+    """What a pass over entries found: how many, their label names, the key of the first
+    without a label, and how many are not images by their suffix, with the first few keys."""
+
+    count: int
+    labels: frozenset
+    unlabelled: str | None
+    not_images: int
+    named: tuple[str, ...]
+
+
+def _survey(entries: Iterable[Entry]) -> _Survey:
+    if isinstance(entries, FolderFiles):
+        return entries.survey
+    count, labels, unlabelled, not_images, named = 0, set(), None, 0, []
+    for entry in entries:
+        count += 1
+        if entry.label is not None:
+            labels.add(entry.label)
+        elif unlabelled is None:
+            unlabelled = entry.key
+        if not _is_image(entry.key):
+            not_images += 1
+            if len(named) < _NAMED:
+                named.append(entry.key)
+    return _Survey(count, frozenset(labels), unlabelled, not_images, tuple(named))
+
+
+def _is_image(key: str) -> bool:
+    return file_suffix(key).lower() in IMAGE_SUFFIXES
+
+
+def file_suffix(path: str) -> str:
+    """The suffix of the file ``path`` names, as :attr:`pathlib.PurePath.suffix` has it,
+    without a Path: pathlib interns the parts of every path it makes, a cost for each file of
+    a tree of millions.
+
+    >>> file_suffix("photos/cat.1.JPG"), file_suffix("photos/.hidden"), file_suffix("a.b/c")
+    ('.JPG', '', '')
+    """
+    name = re.split(_SEPARATORS, path.rstrip(_SEPARATOR_CHARS))[-1]
+    dot = name.rfind(".")
+    return name[dot:] if 0 < dot < len(name) - 1 else ""
+
+
+@dataclass(frozen=True)
+class FolderFiles:
+    """The files under ``root`` as entries, keyed by their path relative to it: in the class
+    folders ``classes`` (labelled by them), or anywhere under it (unlabelled) when None;
+    those whose key every one of ``keep`` takes. Each iteration walks the folders again, in
+    natural order, holding the names of one folder at a time, so that a tree of any number
+    of files is listed in bounded memory (a pass costs a walk of the tree)."""
+
+    root: Path
+    classes: tuple[str, ...] | None = None
+    keep: tuple[Callable[[str], bool], ...] = ()
+
+    def __iter__(self) -> Iterator[Entry]:
+        root, keep = self.root, self.keep
+        folders = [(root, None)] if self.classes is None else \
+            [(root / name, name) for name in self.classes]
+        for folder, label in folders:
+            for key, path in _visible_files(folder, root):
+                if all(wanted(key) for wanted in keep):
+                    yield Entry(key, path, label)
+
+    def __len__(self) -> int:
+        return self.survey.count
+
+    def kept(self, wanted: Callable[[str], bool]) -> FolderFiles:
+        """These files, those whose key ``wanted`` takes."""
+        return replace(self, keep=(*self.keep, wanted))
+
+    @cached_property
+    def survey(self) -> _Survey:
+        """A pass over the files (made once)."""
+        return _survey(iter(self))
+
+
 @dataclass
 class Listing:
     """The entries of a source, what kind of source it was, the label names in label order
     (empty when unlabelled), a note about files that were left out, whether its labels are
     class folders (an ImageFolder tree or a ``{LABEL}`` pattern), and the labels that lost
-    every sample to ``--include``/``--exclude`` or to the image filter (``emptied``)."""
+    every sample to ``--include``/``--exclude`` or to the image filter (``emptied``). A
+    folder's entries are :class:`FolderFiles`, which walk it at each pass; the others' are
+    a list."""
 
     kind: str
-    entries: list[Entry]
+    entries: list[Entry] | FolderFiles
     labels: list = field(default_factory=list)
     note: str = ""
     class_folders: bool = False
@@ -97,7 +182,8 @@ def list_source(source: str, separator: str | None = None, include: Sequence[str
     if not listing.entries:
         raise UsageError(f"{source}: no samples found"
                          + (" (after --include/--exclude)" if include or exclude else ""))
-    _check_unique(listing.entries)
+    if not isinstance(listing.entries, FolderFiles):  # a folder's paths are unique
+        _check_unique(listing.entries)
     return listing
 
 
@@ -118,10 +204,20 @@ def _select(listing: Listing, include: Sequence[str], exclude: Sequence[str]) ->
     if not include and not exclude:
         return listing
     include, exclude = [*map(either_case_suffix, include)], [*map(either_case_suffix, exclude)]
-    kept = [entry for entry in listing.entries
-            if (not include or any(fnmatchcase(entry.key, glob) for glob in include))
-            and not any(fnmatchcase(entry.key, glob) for glob in exclude)]
-    return _with_entries(listing, kept)
+
+    def chosen(key: str) -> bool:
+        return (not include or any(fnmatchcase(key, glob) for glob in include)) \
+            and not any(fnmatchcase(key, glob) for glob in exclude)
+
+    return _with_entries(listing, _kept(listing.entries, chosen))
+
+
+def _kept(entries: list[Entry] | FolderFiles, wanted: Callable[[str], bool]
+          ) -> list[Entry] | FolderFiles:
+    """The entries whose key ``wanted`` takes."""
+    if isinstance(entries, FolderFiles):
+        return entries.kept(wanted)
+    return [entry for entry in entries if wanted(entry.key)]
 
 
 def either_case_suffix(pattern: str) -> str:
@@ -139,9 +235,9 @@ def _either_case(char: str) -> str:
     return f"[{lower}{upper}]" if lower != upper and len(lower) == len(upper) == 1 else char
 
 
-def _with_entries(listing: Listing, entries: list[Entry]) -> Listing:
+def _with_entries(listing: Listing, entries: list[Entry] | FolderFiles) -> Listing:
     """``listing`` with fewer entries, and the labels that are left."""
-    present = {entry.label for entry in entries}
+    present = _survey(entries).labels
     return replace(listing, entries=entries,
                    labels=[label for label in listing.labels if label in present],
                    emptied=[*listing.emptied, *(label for label in listing.labels
@@ -149,49 +245,48 @@ def _with_entries(listing: Listing, entries: list[Entry]) -> Listing:
 
 
 def _images_only(source: str, listing: Listing, strict: bool) -> Listing:
-    others = [entry.key for entry in listing.entries
-              if Path(entry.key).suffix.lower() not in IMAGE_SUFFIXES]
-    if not others:
+    survey = _survey(listing.entries)
+    if not survey.not_images:
         return listing
-    named = ", ".join(others[:_NAMED]) + (f" and {len(others) - _NAMED} more"
-                                           if len(others) > _NAMED else "")
-    what = f"{len(others)} file(s) in the class folders that are not images (by suffix): {named}"
+    named = ", ".join(survey.named) + (f" and {survey.not_images - _NAMED} more"
+                                       if survey.not_images > _NAMED else "")
+    what = (f"{survey.not_images} file(s) in the class folders that are not images (by "
+            f"suffix): {named}")
     if strict:
         raise FpipeError(f"{source}: {what}; --exclude them, or leave out --strict to skip them")
-    leave_out = set(others)
-    left = _with_entries(listing, [entry for entry in listing.entries if entry.key not in leave_out])
+    left = _with_entries(listing, _kept(listing.entries, _is_image))
     return replace(left, note="; ".join(filter(None, (listing.note, f"left out {what}"))))
 
 
-def _labelled(kind: str, entries: list[Entry], note: str = "", class_folders: bool = False
-              ) -> Listing:
-    names = {entry.label for entry in entries if entry.label is not None}
-    unlabelled = next((entry.key for entry in entries if entry.label is None), None)
-    if names and unlabelled is not None:
-        raise UsageError(f"{unlabelled} has no label but other samples have one")
-    return Listing(kind, entries, natural_order(names), note, class_folders)
+def _labelled(kind: str, entries: list[Entry] | FolderFiles, note: str = "",
+              class_folders: bool = False) -> Listing:
+    survey = _survey(entries)
+    if survey.labels and survey.unlabelled is not None:
+        raise UsageError(f"{survey.unlabelled} has no label but other samples have one")
+    return Listing(kind, entries, natural_order(survey.labels), note, class_folders)
 
 
-def _visible_files(folder: Path) -> list[Path]:
-    """Files under ``folder``, recursively, without hidden files and folders, in natural order."""
-    found = []
-    for root, folders, files in os.walk(folder):
+def _visible_files(folder: Path, root: Path) -> Iterator[tuple[str, str]]:
+    """Files under ``folder``, recursively, without hidden files and folders, in natural order
+    (a folder's files, then its folders'), holding the names of one folder at a time: each as
+    its path relative to ``root`` (with ``/``) and its path."""
+    for where, folders, files in os.walk(folder):
         folders[:] = natural_order(name for name in folders if not name.startswith("."))
-        found.extend(Path(root, name) for name in natural_order(files) if not name.startswith("."))
-    return found
+        # one Path a folder, not a file: pathlib interns the parts of every path it parses
+        relative = Path(where).relative_to(root).as_posix()
+        prefix = "" if relative == "." else relative + "/"
+        yield from ((prefix + name, os.path.join(where, name)) for name in natural_order(files)
+                    if not name.startswith("."))
 
 
 def _folder_listing(root: Path) -> Listing:
     classes = natural_order(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
-        entries = [Entry(p.relative_to(root).as_posix(), str(p)) for p in _visible_files(root)]
-        return Listing("folder (unlabelled)", entries)
+        return Listing("folder (unlabelled)", FolderFiles(root))
     loose = [p.name for p in root.iterdir() if p.is_file() and not p.name.startswith(".")]
     note = (f"left out {len(loose)} file(s) at the top of {root} that are in no class folder "
             f"(e.g. {sorted(loose)[0]})" if loose else "")
-    entries = [Entry(p.relative_to(root).as_posix(), str(p), name)
-               for name in classes for p in _visible_files(root / name)]
-    return _labelled(_FOLDER_LAYOUT, entries, note, class_folders=True)
+    return _labelled(_FOLDER_LAYOUT, FolderFiles(root, tuple(classes)), note, class_folders=True)
 
 
 def _glob_listing(pattern: str) -> Listing:

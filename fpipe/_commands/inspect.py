@@ -7,17 +7,17 @@ import json
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import FpipeError
-from ..storage import DatasetFiles, read_legacy_index, read_offsets
+from ..storage import DatasetFiles
 from ._common import (
     UsageError,
     add_command,
-    dataset_keys,
+    dataset_key_batches,
     human_bytes,
     non_negative_int,
     open_dataset,
@@ -25,6 +25,7 @@ from ._common import (
     progress_bar,
     refuse_options,
 )
+from ._index_checks import read_index
 from ._labels import class_lists, field_value
 
 __all__ = ["FieldSummary", "add_parsers", "key_line", "short_repr"]
@@ -41,6 +42,8 @@ _MAX_STRING = 40  # fpipe cat shortens longer bytes and strings
 # only the label costs reading the file: 0.34 s for 668 MB from the page cache, seconds from disk
 _LABEL_SCAN_BYTES = 1 << 30
 _ABSENT = object()  # a sample without the label field
+_OFFSETS_WINDOW = 1 << 16  # offsets fpipe info reads at a time
+_KEY_BATCH = 1 << 16  # keys fpipe info reads at a time
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -78,7 +81,8 @@ def _add_info(commands: argparse._SubParsersAction) -> None:
                        "Fields come from --samples samples spread over the dataset, or from "
                        "every sample with --all. The histogram counts every sample when the "
                        "data file is local and at most 1 GiB (it reads only the label, about a "
-                       "second), else the same samples as the fields; it says which.",
+                       "second), else the same samples as the fields; it says which. It reads "
+                       "the index files a window at a time, in the same memory at any size.",
                        "  fpipe info train.msgpack\n  fpipe info train.msgpack --all --json",
                        _run_info)
     info.add_argument("dataset", metavar="DATASET", help="the dataset file (X.msgpack), or its URL")
@@ -223,38 +227,61 @@ def _run_info(args: argparse.Namespace) -> int:
 def _file_summary(reader: Any) -> dict:
     files = DatasetFiles(reader.path)
     n = len(reader)
-    sizes = np.diff(_offsets(reader)) if n else np.zeros(0, np.int64)
+    sizes, end = _sample_sizes(files)
     present = {path.name: path.stat().st_size for path in (*files.all_files, files.legacy_index)
                if path.exists()}
     if reader.url is not None:  # the index files are in the cache; the data stays remote
-        present[files.data.name] = int(_offsets(reader)[-1])
-    keys = dataset_keys(reader) if n else []
+        present[files.data.name] = end
     return {
         "path": reader.url or str(reader.path),
         "samples": n,
         "files": present,
         "data_bytes": present.get(files.data.name, 0),
         "index_bytes": sum(size for name, size in present.items() if name != files.data.name),
-        "sample_bytes": ({"min": int(sizes.min()), "mean": float(sizes.mean()),
-                          "max": int(sizes.max())} if n else None),
-        "keys": {"first": keys[0], "last": keys[-1], "min": min(keys), "max": max(keys)} if n else None,
+        "sample_bytes": sizes if n else None,
+        "keys": _key_range(reader) if n else None,
     }
 
 
-def _offsets(reader: Any) -> np.ndarray:
-    if DatasetFiles(reader.path).offsets.exists():
-        return read_offsets(reader.path).astype(np.int64)
-    return read_legacy_index(reader.path)[1].astype(np.int64)
+def _sample_sizes(files: DatasetFiles) -> tuple[dict | None, int]:
+    """The smallest, mean and largest sample size (None without samples), and where the last
+    sample ends: the offsets read a window at a time."""
+    index = read_index(files)
+    count = index.offset_count
+    low, high, first, last = None, None, 0, 0
+    for start in range(0, count, _OFFSETS_WINDOW):
+        window = index.offsets(start, min(count, start + _OFFSETS_WINDOW + 1))
+        if start == 0:
+            first = int(window[0])
+        last = int(window[-1])
+        sizes = np.diff(window)
+        if sizes.size:
+            low = int(sizes.min()) if low is None else min(low, int(sizes.min()))
+            high = int(sizes.max()) if high is None else max(high, int(sizes.max()))
+    if low is None:
+        return None, last
+    return {"min": low, "mean": (last - first) / (count - 1), "max": high}, last
 
 
-def _examined(n: int, limit: int | None) -> list[int]:
+def _key_range(reader: Any) -> dict:
+    """The first and last key in file order and in sorted order: the keys read a batch at a
+    time."""
+    first = last = low = high = None
+    for _, batch in dataset_key_batches(reader, _KEY_BATCH):
+        if first is None:
+            first = low = high = batch[0]
+        last, low, high = batch[-1], min(low, min(batch)), max(high, max(batch))
+    return {"first": first, "last": last, "min": low, "max": high}
+
+
+def _examined(n: int, limit: int | None) -> Sequence[int]:
     """All indices, or ``limit`` of them spread evenly from the first to the last."""
     if limit is None or limit >= n:
-        return list(range(n))
+        return range(n)
     return np.unique(np.linspace(0, n - 1, limit).round().astype(np.int64)).tolist()
 
 
-def _content_summary(reader: Any, indices: list[int], args: argparse.Namespace) -> tuple:
+def _content_summary(reader: Any, indices: Sequence[int], args: argparse.Namespace) -> tuple:
     fields: dict[str, FieldSummary] = {}
     labels: Counter = Counter()
     everything = len(indices) == len(reader)

@@ -30,7 +30,16 @@ from ._common import (
 )
 from ._formats import source_format, write_from_format
 from ._images import checked_suffixes, damage, decode_failure
-from ._inputs import IMAGE_SUFFIXES, JSON_LINES, LIST_FILE, Entry, Listing, list_source
+from ._inputs import (
+    IMAGE_SUFFIXES,
+    JSON_LINES,
+    LIST_FILE,
+    Entry,
+    FolderFiles,
+    Listing,
+    file_suffix,
+    list_source,
+)
 from ._labels import check_matchable, class_file, class_lists
 
 if TYPE_CHECKING:
@@ -61,6 +70,8 @@ Write a packed dataset. SOURCE is one of:
 
 For files, OUT is the dataset's file (e.g. train.msgpack); each sample is
 {{"key": the file's relative path, "image" (--field): the file's bytes, "label": number}}.
+A folder tree is listed one folder at a time, so that a tree of any number of files is written
+in the same memory (--shuffle holds the list of its files).
 Images are stored as their original bytes unless --resize or --encode is given.
 Labels are numbered in natural order of their names (digit runs compare as numbers, so
 'class2' < 'class10'), or as in the class list of --classes FILE; the names are stored
@@ -86,6 +97,7 @@ _EXAMPLE = """\
   fpipe write data/*.parquet train.msgpack"""
 
 _FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
+Entries = list[Entry] | FolderFiles  # the samples to write: a folder's walked at each pass
 _NAMED_LABELS = 5  # label names shown in one message
 _MAX_SIDE = 16384  # --resize: the largest side a JPEG or WebP image may have
 
@@ -361,7 +373,7 @@ def _given_labels(source: str, listing: Listing) -> list:
     return names
 
 
-def _read_files(source: str, entries: list[Entry]) -> Iterator[str]:
+def _read_files(source: str, entries: Entries) -> Iterator[str]:
     """The files that writing reads (which the output must not replace): a list or JSON
     lines file, and the files it lists."""
     if Path(source).is_file():
@@ -386,16 +398,19 @@ def _appended_labels(out: Path, listing: Listing) -> list:
     return names
 
 
-def _ordered(entries: list[Entry], args: argparse.Namespace) -> list[Entry]:
+def _ordered(entries: Entries, args: argparse.Namespace) -> Entries:
+    """The entries in the order to write them: as listed (a folder's are walked again, not
+    held), or shuffled by the seed (which holds them all)."""
     if not args.shuffle:
         return entries
     from ..random import item_rng
 
-    order = item_rng(chosen_seed(args), 0, 0).permutation(len(entries))
-    return [entries[i] for i in order.tolist()]
+    listed = list(entries)
+    order = item_rng(chosen_seed(args), 0, 0).permutation(len(listed))
+    return [listed[i] for i in order.tolist()]
 
 
-def _write_samples(path: Path, entries: list[Entry], make: SampleMaker,
+def _write_samples(path: Path, entries: Entries, make: SampleMaker,
                    args: argparse.Namespace, append: bool = False) -> int:
     """Write the samples of ``entries`` to ``path``; how many were written (--skip-bad leaves
     out images that do not decode)."""
@@ -454,7 +469,7 @@ class ImageScreen:
 
     def passes(self, data: bytes, path: str) -> bool:
         """Whether to pack the file ``path`` (files that are not images always pass)."""
-        suffix = Path(path).suffix.lower()
+        suffix = file_suffix(path).lower()
         if suffix not in checked_suffixes():
             if suffix in IMAGE_SUFFIXES:
                 self.unchecked.append(suffix)
@@ -474,7 +489,7 @@ class ImageScreen:
         return self.mode == "look"
 
 
-def _report_images(screen: ImageScreen, entries: list[Entry], args: argparse.Namespace) -> None:
+def _report_images(screen: ImageScreen, entries: Entries, args: argparse.Namespace) -> None:
     """Name on stderr each damaged image that was packed or left out, in the order of the
     samples, then their count (even with --quiet); and the image files that were not checked."""
     if screen.unchecked and not args.quiet:
@@ -483,7 +498,8 @@ def _report_images(screen: ImageScreen, entries: list[Entry], args: argparse.Nam
               "checked: Pillow cannot read them here", file=sys.stderr)
     if not screen.found:
         return
-    position = {entry.path: i for i, entry in enumerate(entries)}
+    damaged = {path for path, _ in screen.found}
+    position = {entry.path: i for i, entry in enumerate(entries) if entry.path in damaged}
     found = sorted(screen.found, key=lambda item: position.get(item[0], 0))
     left_out = screen.mode == "skip"
     for path, reason in found:
@@ -521,7 +537,8 @@ class SampleMaker:
 
     def _packed_bytes(self, path: str) -> bytes | None:
         try:
-            data = Path(path).read_bytes()
+            with open(path, "rb") as file:  # no Path for each file (see file_suffix)
+                data = file.read()
         except OSError as error:
             raise FpipeError(f"cannot read {path}: {error.strerror or error}") from None
         if self.recode is None:

@@ -32,9 +32,10 @@ import errno
 import hashlib
 import os
 import shutil
-from array import array
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -43,15 +44,16 @@ import msgpack
 import numpy as np
 
 from ..errors import FormatError
+from . import writer
+from ._indexing import Built, IndexBuilder
 from ._staging import staging_folder
 from .format import (
     DECODE_ERRORS,
+    DatasetFiles,
     PathLike,
     corrupt_reason,
     decode_numpy,
     open_regular,
-    read_offsets,
-    write_index,
 )
 
 __all__ = ["DamagedDataError", "DamagedRegion", "RebuildReport", "rebuild_index"]
@@ -69,6 +71,8 @@ _KEY = b"\xa3key"  # the str "key", as msgpack packs it
 # seen before, and of any fields when there are none to go by.
 _RUNS_AGAIN, _RUNS_OF_ANY = 2, 8
 _OLD_INDEX_TRIES = 256  # old offsets tried before the old index is taken not to fit
+_OLD_BLOCK = 1 << 14  # old offsets read at a time
+_HANDED = 1 << 16  # samples held before they are handed to the index builder
 # Samples found again after damage must have the fields of samples seen before (maps with a
 # "key" nested in a sample are not samples), unless the dataset has more kinds than this.
 _SHAPES = 64
@@ -168,6 +172,11 @@ def rebuild_index(path: PathLike, *, truncate: bool = True,
     place at the end. ``progress``, if given, is called now and then with the number of bytes
     scanned so far (for a progress bar), and once more at the end.
 
+    Memory stays bounded at any number of samples: the scan hands the keys and lengths of the
+    samples to the writers' index builder as it goes (about 40 bytes a sample on disk in the
+    staging folder meanwhile; a dry run's in the temporary folder), which finds a key repeated
+    past the first 1,048,576 that the scan holds; the old index is read a block at a time.
+
     >>> import os, tempfile
     >>> from fpipe.storage import pack_sample, MsgpackReader
     >>> path = os.path.join(tempfile.mkdtemp(), "killed.msgpack")
@@ -180,18 +189,32 @@ def rebuild_index(path: PathLike, *, truncate: bool = True,
     (1, {'key': 'a'})
     """
     data = Path(path)
-    scan = _scan(data, progress or _ignore)
     kept = Path(backup) if backup is not None else data.with_name(data.name + ".damaged")
-    report = scan.report(kept if scan.damaged else None)
-    if dry_run:
-        return report
-    if scan.damaged and not drop_damaged:
-        raise DamagedDataError(report, data)
-    if scan.damaged:
-        _rewrite(data, scan, kept)
-    else:
-        _reindex(data, scan, truncate)
+    with _work_folder(data, dry_run) as folder:
+        scan = _scan(data, progress or _ignore, folder)
+        built = scan.finish()
+        report = scan.report(kept if scan.damaged else None)
+        if dry_run:
+            return report
+        if scan.damaged and not drop_damaged:
+            raise DamagedDataError(report, data)
+        if scan.damaged:
+            _rewrite(data, scan, built, kept)
+        else:
+            _reindex(data, scan, built, truncate)
     return report
+
+
+@contextmanager
+def _work_folder(data: Path, dry_run: bool) -> Iterator[Path]:
+    """Where the index is built as the scan goes: a staging folder beside the data file, or
+    a temporary folder for a dry run, which changes nothing beside it."""
+    if dry_run:
+        with tempfile.TemporaryDirectory(prefix="fpipe-index-") as folder:
+            yield Path(folder)
+    else:
+        with staging_folder(data) as folder:
+            yield folder
 
 
 def _ignore(_: int) -> None:
@@ -202,22 +225,32 @@ def _ignore(_: int) -> None:
 
 
 class _Scan:
-    """What a scan found: the samples to index (keys and byte spans), the damaged regions
-    and where an incomplete tail begins; and where the old index, if any, says samples begin."""
+    """What a scan found: the samples to index, handed to an index builder as they come (the
+    last held back, for the damage found after it may cut it off); where they lie, as runs
+    of samples back to back; the damaged regions and where an incomplete tail begins; and
+    where the old index, if any, says samples begin. It holds no table of keys or offsets:
+    only the first ``WINDOW`` keys (checked at each sample), as a writer does; the builder
+    finds a key repeated past them."""
 
-    def __init__(self, path: Path, size: int) -> None:
-        self.path, self.size = path, size
-        self.keys: dict[str, None] = {}
-        self.starts, self.stops = array("Q"), array("Q")
+    def __init__(self, path: Path, size: int, builder: IndexBuilder) -> None:
+        self.path, self.size, self.builder = path, size, builder
+        self.count = 0
+        self._window: dict[str, None] = {}
+        self._keys: list[str] = []  # not yet handed to the builder
+        self._lengths: list[int] = []
+        self.runs: list[list[int]] = []  # [start, stop) of samples back to back
+        self.last_start = 0
         self.damaged: list[DamagedRegion] = []
         self.tail = size
         self.largest = 0
-        self.old = _old_offsets(path)
-        self._old_largest = int(np.diff(self.old).max()) if len(self.old) > 1 else 0
-        self._old_items = memoryview(self.old)  # items as Python ints, fast one by one
-        self._after = 0  # the first old offset past the last sample looked at
+        self.old = _OldOffsets(path)
         self.shapes: Counter | None = Counter()  # the fields of the samples, how often
         self.last_shape: frozenset = frozenset()
+
+    @property
+    def end(self) -> int:
+        """Where the last sample kept so far ends (0 before the first)."""
+        return self.runs[-1][1] if self.runs else 0
 
     def expected(self, suspect: int | None) -> _Expected:
         """What samples found again must look like: the fields of samples seen twice or
@@ -232,63 +265,184 @@ class _Scan:
     def window(self) -> int:
         """How large a sample found again after damage may be: twice the largest seen or in
         the old index, at least 1 MiB."""
-        return max(_CANDIDATE_WINDOW, 2 * self.largest, 2 * self._old_largest)
-
-    def overruns(self, start: int, stop: int) -> bool:
-        """Whether the old index has a sample begin at ``start`` and the next before
-        ``stop``: the sample that parsed there (a damaged one) swallowed the next. Samples
-        are looked at in the order of the file."""
-        old, after = self._old_items, self._after
-        while after < len(old) and old[after] <= start:
-            after += 1
-        self._after = after
-        return 0 < after < len(old) and old[after - 1] == start and old[after] < stop
-
-    def was_boundary(self, offset: int) -> bool:
-        """Whether the old index has a sample begin (or the data end) at ``offset``."""
-        at = int(np.searchsorted(self.old, offset))
-        return at < len(self.old) and int(self.old[at]) == offset
+        return max(_CANDIDATE_WINDOW, 2 * self.largest, 2 * self.old.largest)
 
     def add(self, sample: dict, start: int, stop: int) -> None:
         key = sample["key"]
-        if key in self.keys:
-            raise FormatError(f"duplicate key {key!r}", path=self.path, index=len(self.keys),
+        if key in self._window:
+            raise FormatError(f"duplicate key {key!r}", path=self.path, index=self.count,
                               offset=start)
-        self.keys[key] = None
+        if len(self._window) < writer.WINDOW:
+            self._window[key] = None
         self.last_shape = frozenset(sample)
         if self.shapes is not None:
             self.shapes[self.last_shape] += 1
             if len(self.shapes) > _SHAPES:
                 self.shapes = None
-        self.starts.append(start)
-        self.stops.append(stop)
+        if len(self._keys) >= _HANDED:
+            self.builder.add(self._keys[:-1], self._lengths[:-1])
+            del self._keys[:-1], self._lengths[:-1]
+        self._keys.append(key)
+        self._lengths.append(stop - start)
+        if self.runs and self.runs[-1][1] == start:
+            self.runs[-1][1] = stop
+        else:
+            self.runs.append([start, stop])
+        self.count += 1
+        self.last_start = start
         self.largest = max(self.largest, stop - start)
 
     def drop_last(self) -> None:
+        """Take back the last sample (only that one: the others are with the builder)."""
         if self.shapes is not None:
             self.shapes[self.last_shape] -= 1
-        self.keys.popitem()
-        self.starts.pop()
-        self.stops.pop()
+        self._window.pop(self._keys.pop(), None)
+        run = self.runs[-1]
+        run[1] -= self._lengths.pop()
+        if run[1] == run[0]:
+            self.runs.pop()
+        self.count -= 1
 
-    def spans(self) -> tuple[np.ndarray, np.ndarray]:
-        """Where each sample starts and stops, as uint64 arrays (views, no copy)."""
-        return np.frombuffer(self.starts, np.uint64), np.frombuffer(self.stops, np.uint64)
+    def finish(self) -> Built:
+        """The index files of the samples kept, built; a key repeated past the window raises
+        :class:`FormatError` naming the first sample that repeats one, as the scan does."""
+        self.builder.add(self._keys, self._lengths)
+        self._keys, self._lengths = [], []
+        built = self.builder.finish()
+        if built.duplicates:
+            first, later, key = min(built.duplicates, key=lambda repeated: repeated[1])
+            raise FormatError(f"duplicate key {key!r}", path=self.path, index=later,
+                              offset=self._start_of(built, later))
+        return built
+
+    def _start_of(self, built: Built, index: int) -> int:
+        """Where sample ``index`` of the built index begins in the data file."""
+        with open(built.files.offsets, "rb") as file:
+            kept = int.from_bytes(os.pread(file.fileno(), 8, 8 * index), "big")
+        for start, stop in self.runs:
+            if kept < stop - start:
+                return start + kept
+            kept -= stop - start
+        return self.end
 
     def report(self, backup: Path | None) -> RebuildReport:
-        starts, stops = self.spans()
-        return RebuildReport(len(self.keys), int((stops - starts).sum()), self.size - self.tail,
-                             tuple(self.damaged), backup)
+        return RebuildReport(self.count, sum(stop - start for start, stop in self.runs),
+                             self.size - self.tail, tuple(self.damaged), backup)
 
 
-def _old_offsets(data: Path) -> np.ndarray:
+class _OldOffsets:
     """The offsets of the index being replaced, sorted; none when it is missing or unreadable.
     Damage in the data file leaves them right where it is not: they confirm where intact
-    samples begin and end."""
-    try:
-        return np.unique(read_offsets(data))
-    except (FormatError, OSError):
-        return np.zeros(0, np.uint64)
+    samples begin and end. Read from their file a block at a time, holding only the first of
+    each block, when they never decrease (as an index's do); held whole, sorted, when they
+    do (a damaged index)."""
+
+    def __init__(self, data: Path) -> None:
+        self.count, self.largest = 0, 0
+        self._file: BinaryIO | None = None
+        self._held: np.ndarray | None = None
+        self._firsts = np.zeros(0, np.uint64)  # the first offset of each block
+        self._block, self._items = -1, [0]
+        self._after = 0  # the first offset past the last sample looked at
+        try:
+            file = open_regular(DatasetFiles(data).offsets)
+            size = os.fstat(file.fileno()).st_size
+        except (FormatError, OSError):
+            return
+        if size % 8 or not size:
+            file.close()
+            return
+        self._file, self.count = file, size // 8
+        try:
+            if not self._look_over():
+                self._hold_sorted()
+        except OSError:
+            self.close()
+            self.count = 0
+
+    def _look_over(self) -> bool:
+        """One pass over the offsets: the first of each block, the largest step; whether they
+        never decrease."""
+        firsts, previous = [], None
+        for block in range(0, self.count, _OLD_BLOCK):
+            values = self._read(block, block + _OLD_BLOCK)
+            if previous is not None:
+                values = np.concatenate([[previous], values])
+            steps = np.diff(values.astype(np.int64))
+            if steps.size and steps.min() < 0:
+                return False
+            self.largest = max(self.largest, int(steps.max()) if steps.size else 0)
+            firsts.append(values[0 if previous is None else 1])
+            previous = values[-1]
+        self._firsts = np.array(firsts, np.uint64)
+        return True
+
+    def _hold_sorted(self) -> None:
+        held = np.unique(self._read(0, self.count))
+        self.close()
+        self._held, self.count = held, len(held)
+        self.largest = int(np.diff(held).max()) if len(held) > 1 else 0
+        self._firsts = held[::_OLD_BLOCK].copy()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _read(self, low: int, high: int) -> np.ndarray:
+        high = min(high, self.count)
+        if self._held is not None:
+            return self._held[low:high]
+        data = os.pread(self._file.fileno(), 8 * (high - low), 8 * low)
+        if len(data) != 8 * (high - low):
+            raise OSError(errno.EIO, "the offsets file shrank while it was read")
+        return np.frombuffer(data, dtype=">u8").astype(np.uint64)
+
+    def _item(self, at: int) -> int:
+        block = at // _OLD_BLOCK
+        if block != self._block:
+            self._block = block
+            self._items = self._read(block * _OLD_BLOCK, (block + 1) * _OLD_BLOCK).tolist()
+        return self._items[at - block * _OLD_BLOCK]
+
+    def search(self, offset: int, side: str = "left") -> int:
+        """Where ``offset`` goes among the offsets (as :func:`numpy.searchsorted`)."""
+        block = int(np.searchsorted(self._firsts, offset, side)) - 1
+        if block < 0:
+            return 0
+        self._item(block * _OLD_BLOCK)
+        return block * _OLD_BLOCK + int(np.searchsorted(self._items, offset, side))
+
+    def overruns(self, start: int, stop: int) -> bool:
+        """Whether the old index has a sample begin at ``start`` and the next before
+        ``stop``: the sample that parsed there (a damaged one) swallowed the next. Samples
+        are looked at in the order of the file."""
+        after, count = self._after, self.count
+        while after < count and self._item(after) <= start:
+            after += 1
+        self._after = after
+        return 0 < after < count and self._item(after - 1) == start and self._item(after) < stop
+
+    def was_boundary(self, offset: int) -> bool:
+        """Whether the old index has a sample begin (or the data end) at ``offset``."""
+        at = self.search(offset)
+        return at < self.count and self._item(at) == offset
+
+    def any_between(self, start: int, stop: int) -> bool:
+        """Whether the old index has a sample begin after ``start`` and before ``stop``."""
+        at = self.search(start, "right")
+        return at < self.count and self._item(at) < stop
+
+    def following(self, start: int, count: int) -> list[int]:
+        """The first ``count`` distinct offsets from ``start`` on."""
+        found: list[int] = []
+        at = self.search(start)
+        while len(found) < count and at < self.count:
+            offset = self._item(at)
+            if not found or offset != found[-1]:
+                found.append(offset)
+            at += 1
+        return found
 
 
 @dataclass(frozen=True)
@@ -313,16 +467,24 @@ class _Failure:
     first: int
 
 
-def _scan(data: Path, progress: Callable[[int], object]) -> _Scan:
+def _scan(data: Path, progress: Callable[[int], object], folder: Path) -> _Scan:
     with open_regular(data) as file:
-        scan = _Scan(data, os.fstat(file.fileno()).st_size)
-        position = 0
-        while position < scan.size:
-            failure = _read_run(file, position, scan, progress)
-            if failure is None:
-                break
-            position = _resynchronise(file, failure, scan)
-    progress(scan.stops[-1] if scan.stops else 0)
+        builder = IndexBuilder(folder, data.name)
+        try:
+            scan = _Scan(data, os.fstat(file.fileno()).st_size, builder)
+            try:
+                position = 0
+                while position < scan.size:
+                    failure = _read_run(file, position, scan, progress)
+                    if failure is None:
+                        break
+                    position = _resynchronise(file, failure, scan)
+            finally:
+                scan.old.close()
+        except BaseException:
+            builder.close_files()
+            raise
+    progress(scan.end)
     return scan
 
 
@@ -335,7 +497,7 @@ def _read_run(file: BinaryIO, position: int, scan: _Scan,
     limit = max(1, min(scan.size - position, _MAX_MESSAGE))
     unpacker = msgpack.Unpacker(file, read_size=min(1 << 20, limit), strict_map_key=False,
                                 max_buffer_size=limit, object_hook=decode_numpy)
-    first = len(scan.keys)
+    first = scan.count
     while (start := position + unpacker.tell()) < scan.size:
         try:
             sample = unpacker.unpack()
@@ -346,11 +508,11 @@ def _read_run(file: BinaryIO, position: int, scan: _Scan,
                             first)
         if not _is_sample(sample):
             return _Failure(start, 'a message that is not a map with a str "key"', first)
-        if scan.overruns(start, position + unpacker.tell()):
+        if scan.old.overruns(start, position + unpacker.tell()):
             return _Failure(start, _OVERRUN, first)
         scan.add(sample, start, position + unpacker.tell())
-        if len(scan.keys) % _PROGRESS_EVERY == _PROGRESS_EVERY - 1:
-            progress(scan.stops[-1])
+        if scan.count % _PROGRESS_EVERY == _PROGRESS_EVERY - 1:
+            progress(scan.end)
     return None
 
 
@@ -371,7 +533,7 @@ def _resynchronise(file: BinaryIO, failure: _Failure, scan: _Scan) -> int:
     The search starts just after the start of the last sample before the failure: if the
     samples begin again inside it, that sample swallowed some of their bytes (a damaged
     length) and is itself damaged. So is one that the old index says ended later."""
-    previous = scan.starts[-1] if len(scan.keys) > failure.first else None
+    previous = scan.last_start if scan.count > failure.first else None
     floor = failure.offset + 1 if previous is None else previous + 1
     expected = scan.expected(previous)
     again = _next_on_old_index(file, floor, scan)
@@ -395,7 +557,7 @@ def _resynchronise(file: BinaryIO, failure: _Failure, scan: _Scan) -> int:
 
 def _cut_short(scan: _Scan, start: int, stop: int) -> bool:
     """Whether the old index has a sample begin at ``start`` but not end at ``stop``."""
-    return scan.was_boundary(start) and not scan.was_boundary(stop)
+    return scan.old.was_boundary(start) and not scan.old.was_boundary(stop)
 
 
 def _next_on_old_index(file: BinaryIO, start: int, scan: _Scan) -> int | None:
@@ -403,21 +565,17 @@ def _next_on_old_index(file: BinaryIO, start: int, scan: _Scan) -> int | None:
     parses that ends where the old index has the next begin (or at the end of the file).
     None when there is no old index, or it does not describe the bytes after the damage
     (bytes were inserted or removed): then the bytes themselves are searched."""
-    fd, first = file.fileno(), int(np.searchsorted(scan.old, start))
-    for offset in scan.old[first:first + _OLD_INDEX_TRIES].tolist():
+    fd = file.fileno()
+    for offset in scan.old.following(start, _OLD_INDEX_TRIES):
         if offset >= scan.size:
             break
         data = _Bytes(fd, memoryview(b""), offset)
         for message, end in _messages(data, offset, min(scan.size - offset, scan.window())):
-            if _is_sample(message) and (end == scan.size or scan.was_boundary(end)) and \
-                    _boundaries_between(scan.old, offset, end) == 0:
+            if _is_sample(message) and (end == scan.size or scan.old.was_boundary(end)) and \
+                    not scan.old.any_between(offset, end):
                 return offset
             break
     return None
-
-
-def _boundaries_between(old: np.ndarray, start: int, stop: int) -> int:
-    return int(np.searchsorted(old, stop) - np.searchsorted(old, start, "right"))
 
 
 def _next_run(file: BinaryIO, start: int, past: int, scan: _Scan,
@@ -515,49 +673,34 @@ def _messages(data: _Bytes, offset: int, window: int) -> Iterator[tuple[Any, int
 # --- writing the result ------------------------------------------------------------------
 
 
-def _reindex(data: Path, scan: _Scan, truncate: bool) -> None:
+def _reindex(data: Path, scan: _Scan, built: Built, truncate: bool) -> None:
     """Index the samples, which lie back to back from byte 0; cut an incomplete tail."""
-    end = scan.stops[-1] if scan.stops else 0
-    kept = end if truncate else scan.size
+    kept = scan.end if truncate else scan.size
     digest = _md5_of(data, kept)
-    offsets = np.concatenate([[0], scan.spans()[1]]).astype(np.uint64)
-    with staging_folder(data) as folder:
-        write_index(folder / data.name, list(scan.keys), offsets, digest)
-        if kept < scan.size:
-            os.truncate(data, kept)
-        _move_all(folder, data.parent)
+    if kept < scan.size:
+        os.truncate(data, kept)
+    built.commit(DatasetFiles(data), digest)
 
 
-def _rewrite(data: Path, scan: _Scan, backup: Path) -> None:
+def _rewrite(data: Path, scan: _Scan, built: Built, backup: Path) -> None:
     """Write the samples to a new data file that replaces ``data``; keep the original."""
     if os.path.lexists(backup):
         raise FileExistsError(errno.EEXIST, "the original of a damaged data file would be kept "
                               "there, but the name is taken; move it away", str(backup))
-    with staging_folder(data) as folder:
-        staged = folder / data.name
-        offsets, digest = _copy_samples(data, staged, scan)
-        write_index(staged, list(scan.keys), offsets, digest)
-        _keep(data, backup)
-        _move_all(folder, data.parent)
+    staged = built.files.data  # beside the index files, in the staging folder
+    digest = _copy_samples(data, staged, scan.runs)
+    _keep(data, backup)
+    os.replace(staged, data)
+    built.commit(DatasetFiles(data), digest)
 
 
-def _copy_samples(data: Path, target: Path, scan: _Scan) -> tuple[np.ndarray, str]:
-    """Copy the samples' bytes to ``target``, back to back; their new offsets and the MD5."""
-    starts, stops = scan.spans()
+def _copy_samples(data: Path, target: Path, runs: list[list[int]]) -> str:
+    """Copy the byte ranges ``runs`` of ``data`` to ``target``, back to back; their MD5."""
     md5 = hashlib.md5()
     with open_regular(data) as source, open(target, "xb") as copy:
-        for start, stop in _runs(starts, stops):
+        for start, stop in runs:
             _copy_range(source, copy, start, stop, md5)
-    offsets = np.concatenate([[0], np.cumsum(stops - starts)]).astype(np.uint64)
-    return offsets, md5.hexdigest()
-
-
-def _runs(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
-    """The byte ranges of samples that lie back to back, merged."""
-    breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1
-    firsts = np.concatenate([[0], breaks]).astype(np.int64)
-    lasts = np.concatenate([breaks - 1, [len(starts) - 1]]).astype(np.int64)
-    return list(zip(starts[firsts].tolist(), stops[lasts].tolist())) if len(starts) else []
+    return md5.hexdigest()
 
 
 def _copy_range(source: BinaryIO, copy: BinaryIO, start: int, stop: int, md5: Any) -> None:
@@ -588,8 +731,3 @@ def _md5_of(path: Path, length: int) -> str:
             md5.update(block)
             length -= len(block)
     return md5.hexdigest()
-
-
-def _move_all(folder: Path, target: Path) -> None:
-    for staged in sorted(folder.iterdir()):
-        os.replace(staged, target / staged.name)

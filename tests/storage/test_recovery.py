@@ -23,6 +23,7 @@ from fpipe.storage import (
     unpack_sample,
 )
 from fpipe.storage import recovery as recovery_module
+from fpipe.storage import writer as writer_module
 
 from .conftest import make_samples, write
 
@@ -86,10 +87,18 @@ def test_rebuild_index_goes_on_after_corruption_and_changes_nothing_unless_asked
     assert (tmp_path / "set.msgpack.damaged").read_bytes() == good + b"\xc1" + pack_sample({"key": "late"})
 
 
+_PAST_THE_WINDOW = [pack_sample({"key": f"{i:04d}"}) for i in range(40)]
+_PAST_THE_WINDOW.insert(30, _PAST_THE_WINDOW[20])
+
+
 @pytest.mark.parametrize("content, match", [
     (pack_sample({"key": 1}), "str"), (pack_sample([1, 2]), "str"),
-    (pack_sample({"key": "a"}) * 2, "duplicate key 'a'")])
-def test_rebuild_index_needs_unique_str_keys(tmp_path, content, match):
+    (pack_sample({"key": "a"}) * 2, "duplicate key 'a'"),
+    # past the keys that the scan holds (the index builder finds it): the same error
+    (b"".join(_PAST_THE_WINDOW), f"sample 30 at byte {sum(map(len, _PAST_THE_WINDOW[:30]))}: "
+                                 "duplicate key '0020'")])
+def test_rebuild_index_needs_unique_str_keys(tmp_path, monkeypatch, content, match):
+    monkeypatch.setattr(writer_module, "WINDOW", 8)
     (tmp_path / "set.msgpack").write_bytes(content)
     with pytest.raises(FormatError, match=match):
         rebuild_index(tmp_path / "set.msgpack")
@@ -216,9 +225,16 @@ def _check_recovered(path, spans: list[bytes], hit: int) -> None:
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 @pytest.mark.parametrize("dataset", sorted(DATASETS))
-@pytest.mark.parametrize("index", ["old index", "no index"])
-def test_damage_never_costs_an_intact_sample(tmp_path, dataset, damage, where, index):
+@pytest.mark.parametrize("index", ["old index", "old index out of order", "no index"])
+def test_damage_never_costs_an_intact_sample(tmp_path, monkeypatch, dataset, damage, where,
+                                             index):
+    # the old offsets are read 4 at a time (a search crosses blocks); out of order (damaged
+    # too), they are held sorted
+    monkeypatch.setattr(recovery_module, "_OLD_BLOCK", 4)
     path, spans, hit = _damaged_dataset(tmp_path, dataset, damage, where)
+    if index == "old index out of order":
+        offsets = DatasetFiles(path).offsets
+        offsets.write_bytes(np.frombuffer(offsets.read_bytes(), ">u8")[::-1].tobytes())
     if index == "no index":
         for file in (*DatasetFiles(path).index_files, DatasetFiles(path).md5):
             file.unlink()

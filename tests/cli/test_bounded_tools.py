@@ -1,0 +1,145 @@
+"""``fpipe index`` (rebuilding from the samples), ``fpipe info`` and ``fpipe write`` from a
+folder in bounded memory: no table of keys, offsets or files, however many samples."""
+
+import io
+import json
+import os
+import tracemalloc
+
+import msgpack
+import pytest
+from PIL import Image
+
+import fpipe._commands.inspect as inspect
+import fpipe.storage._hashing as hashing
+import fpipe.storage._indexing as indexing
+import fpipe.storage.keyindex as keyindex
+import fpipe.storage.reader as reader_module
+import fpipe.storage.recovery as recovery
+import fpipe.storage.writer as writer_module
+from fpipe.cli import main
+from fpipe.storage import DatasetFiles, MsgpackReader, RawWriter
+
+# Traced memory that a command may gain for each sample more (a table of keys costs 100
+# bytes a sample and more; the buffers held at the moment of the peak vary by a few hundred
+# kilobytes, which is a few bytes a sample here).
+_BYTES_A_SAMPLE = 30
+
+
+@pytest.fixture
+def small_bounds(monkeypatch):
+    """The fixed bounds of the storage layer and the commands (keys checked at write, pairs
+    held before they spill, the Bloom filter, offsets held by a reader, batches and windows),
+    made small so that growth past them shows with tens of thousands of samples."""
+    monkeypatch.setattr(reader_module, "_RESIDENT_OFFSETS", 1 << 12)
+    monkeypatch.setattr(writer_module, "WINDOW", 1024)
+    monkeypatch.setattr(keyindex, "_PENDING", 1 << 15)
+    monkeypatch.setattr(keyindex, "_SORTED", 1 << 15)
+    monkeypatch.setattr(hashing, "BLOOM_MAX_BYTES", 1 << 12)
+    monkeypatch.setattr(indexing, "_BATCH", 4096)
+    monkeypatch.setattr(recovery, "_HANDED", 4096)
+    monkeypatch.setattr(recovery, "_OLD_BLOCK", 1024)
+    monkeypatch.setattr(inspect, "_OFFSETS_WINDOW", 4096)
+    monkeypatch.setattr(inspect, "_KEY_BATCH", 4096)
+
+
+def _tiny_dataset(path, n: int):
+    with RawWriter(path) as writer:
+        for key in (f"{i:09d}" for i in range(n)):
+            writer.write(key, msgpack.packb({"key": key, "d": len(key)}))
+    return path
+
+
+def _peak(*argv) -> int:
+    """The peak of traced memory while ``fpipe *argv -q`` runs (it must succeed); the first
+    run of a command pays for the modules it imports, so callers run it once before."""
+    tracemalloc.start()
+    try:
+        assert main([*map(str, argv), "-q"]) == 0, argv
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _growth(peaks: dict[int, int]) -> float:
+    """Bytes of peak memory a sample more, from the smallest run to the largest."""
+    (small, before), (large, after) = min(peaks.items()), max(peaks.items())
+    return (after - before) / (large - small)
+
+
+def _killed_append(path, n: int):
+    """A dataset of ``n`` samples whose writer was killed as it appended: the old index
+    describes the first ``n - 10`` samples, and the last is cut short."""
+    _tiny_dataset(path, n)
+    files = DatasetFiles(path)
+    with open(files.offsets, "r+b") as offsets:
+        offsets.truncate(8 * (n - 9))
+    os.truncate(path, os.path.getsize(path) - 3)
+    for stale in (files.keys, files.key_hashes, files.filter, files.key_index, files.md5):
+        stale.unlink()
+    return path
+
+
+def test_index_rebuilds_in_the_same_memory_at_any_size(tmp_path, small_bounds):
+    assert main(["index", str(_killed_append(tmp_path / "first.msgpack", 2000)), "-q"]) == 0
+    peaks = {}
+    for n in (10_000, 80_000):
+        path = _killed_append(tmp_path / f"{n}.msgpack", n)
+        peaks[n] = _peak("index", path)
+        with MsgpackReader(path) as reader:
+            assert len(reader) == n - 1 and reader.find_key(n - 2) == f"{n - 2:09d}"
+            assert reader.find_index(f"{n // 2:09d}") == n // 2 and reader.verify_data()
+    # measured: 16 bytes a sample, the index builder's read buffer filling up to its 1 MiB;
+    # 157 when the scan held the keys and spans, and the old offsets whole
+    assert _growth(peaks) < _BYTES_A_SAMPLE, peaks
+
+
+
+def test_info_reads_the_index_in_the_same_memory_at_any_size(tmp_path, small_bounds, capsys):
+    assert main(["info", str(_tiny_dataset(tmp_path / "first.msgpack", 2000)), "-q"]) == 0
+    peaks = {}
+    for n in (10_000, 80_000):
+        path = _tiny_dataset(tmp_path / f"{n}.msgpack", n)
+        capsys.readouterr()
+        peaks[n] = _peak("info", path, "--json")
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["keys"] == {"first": f"{0:09d}", "last": f"{n - 1:09d}",
+                                   "min": f"{0:09d}", "max": f"{n - 1:09d}"}
+        assert summary["samples"] == n and summary["sample_bytes"]["max"] == 18
+    # measured: no growth; 84 bytes a sample when it read every key and offset at once
+    assert _growth(peaks) < _BYTES_A_SAMPLE, peaks
+
+
+def _image_tree(root, n: int) -> None:
+    """``n`` PNG files of about 1 KiB in 4 class folders, 100 to a folder below them."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buffer, "PNG")
+    png = buffer.getvalue() + bytes(1000)  # data after the IEND chunk: still a whole PNG
+    for i in range(n):
+        folder = root / f"c{i % 4}" / f"p{i // 400}"  # short keys: the index builder's read
+        # buffer grows with the keys up to 1 MiB (its bound), ~13 bytes a file here
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i}.png").write_bytes(png)
+
+
+@pytest.mark.slow  # about 10 s: 18,000 files written and packed
+def test_write_walks_a_folder_in_the_same_memory_at_any_size(tmp_path, small_bounds,
+                                                             monkeypatch):
+    # blocks written in the caller's thread: the writer thread's queue holds up to 4 blocks of
+    # 1 MiB, as many as the disk lets pile up (noise, not growth)
+    monkeypatch.setattr(writer_module, "_THREAD_MIN", 1 << 62)
+    peaks = {}
+    for n in (2_000, 16_000):
+        _image_tree(tmp_path / f"tree{n}", n)
+    assert main(["write", str(tmp_path / "tree2000"), str(tmp_path / "first.msgpack"), "-q"]) == 0
+    for n in (2_000, 16_000):
+        out = tmp_path / f"{n}.msgpack"
+        peaks[n] = _peak("write", tmp_path / f"tree{n}", out)
+        with MsgpackReader(out) as reader:
+            assert len(reader) == n and reader[1]["label"] == 0
+            # c0/p0 first, its files in natural order (0, 4, 8, ...), then c0/p1's
+            assert [reader.find_key(i) for i in (0, 1, 100)] == [
+                "c0/p0/0.png", "c0/p0/4.png", "c0/p1/400.png"]
+    # measured: 11 bytes a file (the index builder's buffers growing to their bounds); 497
+    # when the whole listing was held (and the look for Parquet files listed the tree again)
+    assert _growth(peaks) < _BYTES_A_SAMPLE, peaks
