@@ -223,7 +223,7 @@ def _epoch(path: Path) -> int:
     return sum(len(batch) for batch in loader)
 
 
-def _write_then_epoch(kind: str, sources: list[str]) -> Pair:
+def _write_then_epoch(kind: str, sources: list[str], options: tuple[str, ...] = ()) -> Pair:
     from fpipe._commands._formats import open_source
     from fpipe.cli import main
 
@@ -239,7 +239,7 @@ def _write_then_epoch(kind: str, sources: list[str]) -> Pair:
 
     def ours() -> int:
         out = _fresh(folder / "from-format") / "out.msgpack"
-        assert main(["write", *sources, str(out), "-q"]) == 0
+        assert main(["write", *sources, str(out), "-q", *options]) == 0
         return _epoch(out)
 
     def theirs() -> int:
@@ -284,6 +284,12 @@ def write_from_parquet() -> Pair:
           "epoch", reference="the same samples written from memory", target=">= 0.8")
 def write_from_tfrecord() -> Pair:
     return _write_then_epoch("tfrecord", [tfrecord_path()])
+
+
+@workload("X6t2", description="X6t with --workers 2: two processes read, parse and pack the "
+          "Examples", reference="the same samples written from memory", target=">= 0.8")
+def write_from_tfrecord_in_workers() -> Pair:
+    return _write_then_epoch("tfrecord", [tfrecord_path()], ("--workers", "2"))
 
 
 @workload("X6m", description="fpipe write from the 1M-row Parquet file: peak memory above that of "
