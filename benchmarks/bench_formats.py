@@ -287,7 +287,8 @@ def write_from_tfrecord() -> Pair:
 
 
 @workload("X6t2", description="X6t with --workers 2: two processes read, parse and pack the "
-          "Examples", reference="the same samples written from memory", target=">= 0.8")
+          "Examples (information: how far workers go on two cores)",
+          reference="the same samples written from memory", target="-")
 def write_from_tfrecord_in_workers() -> Pair:
     return _write_then_epoch("tfrecord", [tfrecord_path()], ("--workers", "2"))
 

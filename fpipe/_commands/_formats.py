@@ -169,12 +169,8 @@ def _packed_span(span: tuple[int, int], source: Any) -> list[tuple[str, bytes]]:
     ordering), each packed with its key."""
     from ..storage.format import new_packer
 
-    start, stop = span
-    get_slice = getattr(source, "get_slice", None)
-    pairs = (get_slice(start, stop, yield_key=True) if get_slice is not None
-             else (source.get(position, yield_key=True) for position in range(start, stop)))
     pack, packed = new_packer().pack, []
-    for key, sample in pairs:
+    for key, sample in source.iter(*span, yield_key=True, chunk_size=256):
         sample["key"] = key
         packed.append((key, _packed(pack, sample)))
     return packed
