@@ -11,6 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import fpipe.storage._hashing as hashing
+import fpipe.storage._indexing as indexing
+import fpipe.storage.keyindex as keyindex
+import fpipe.storage.reader as reader_module
+import fpipe.storage.writer as writer_module
 from fpipe.cli import main
 from fpipe.storage import FileWriter, MsgpackReader
 
@@ -108,3 +113,15 @@ def image_folder(tmp_path) -> Path:
 @pytest.fixture
 def dataset(tmp_path) -> Path:
     return make_dataset(tmp_path / "set.msgpack", 50)
+
+
+def shrink_storage_bounds(monkeypatch, offsets: int, pending: int, bloom_bytes: int) -> None:
+    """The storage layer's fixed bounds (keys checked at write, pairs held before they spill,
+    the Bloom filter, offsets held by a reader, batches of keys), made small so that growth
+    past them shows with tens of thousands of samples: the memory tests' setting."""
+    monkeypatch.setattr(reader_module, "_RESIDENT_OFFSETS", offsets)
+    monkeypatch.setattr(writer_module, "WINDOW", 1024)
+    monkeypatch.setattr(keyindex, "_PENDING", pending)
+    monkeypatch.setattr(keyindex, "_SORTED", pending)
+    monkeypatch.setattr(hashing, "BLOOM_MAX_BYTES", bloom_bytes)
+    monkeypatch.setattr(indexing, "_BATCH", 4096)

@@ -11,14 +11,12 @@ import pytest
 from PIL import Image
 
 import fpipe._commands.inspect as inspect
-import fpipe.storage._hashing as hashing
-import fpipe.storage._indexing as indexing
-import fpipe.storage.keyindex as keyindex
-import fpipe.storage.reader as reader_module
 import fpipe.storage.recovery as recovery
 import fpipe.storage.writer as writer_module
 from fpipe.cli import main
 from fpipe.storage import DatasetFiles, MsgpackReader, RawWriter
+
+from .conftest import shrink_storage_bounds
 
 # Traced memory that a command may gain for each sample more (a table of keys costs 100
 # bytes a sample and more; the buffers held at the moment of the peak vary by a few hundred
@@ -28,15 +26,9 @@ _BYTES_A_SAMPLE = 30
 
 @pytest.fixture
 def small_bounds(monkeypatch):
-    """The fixed bounds of the storage layer and the commands (keys checked at write, pairs
-    held before they spill, the Bloom filter, offsets held by a reader, batches and windows),
-    made small so that growth past them shows with tens of thousands of samples."""
-    monkeypatch.setattr(reader_module, "_RESIDENT_OFFSETS", 1 << 12)
-    monkeypatch.setattr(writer_module, "WINDOW", 1024)
-    monkeypatch.setattr(keyindex, "_PENDING", 1 << 15)
-    monkeypatch.setattr(keyindex, "_SORTED", 1 << 15)
-    monkeypatch.setattr(hashing, "BLOOM_MAX_BYTES", 1 << 12)
-    monkeypatch.setattr(indexing, "_BATCH", 4096)
+    """The fixed bounds of the storage layer and the commands (see shrink_storage_bounds; and
+    the recovery's and info's batches and windows), made small."""
+    shrink_storage_bounds(monkeypatch, offsets=1 << 12, pending=1 << 15, bloom_bytes=1 << 12)
     monkeypatch.setattr(recovery, "_HANDED", 4096)
     monkeypatch.setattr(recovery, "_OLD_BLOCK", 1024)
     monkeypatch.setattr(inspect, "_OFFSETS_WINDOW", 4096)

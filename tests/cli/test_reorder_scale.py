@@ -8,16 +8,11 @@ import numpy as np
 import pytest
 
 import fpipe._commands.reorder as reorder
-import fpipe.storage._hashing as hashing
-import fpipe.storage._indexing as indexing
-import fpipe.storage.keyindex as keyindex
-import fpipe.storage.reader as reader_module
-import fpipe.storage.writer as writer_module
 from fpipe.cli import main
 from fpipe.storage import IndexShuffler, MsgpackReader, RawWriter
 from fpipe.storage.permutation import Permutation
 
-from .conftest import keys, leftovers, make_dataset, mistake, ok
+from .conftest import keys, leftovers, make_dataset, mistake, ok, shrink_storage_bounds
 
 
 def test_shuffle_mode_index_writes_the_index_shufflers_order(dataset, tmp_path, capsys):
@@ -86,15 +81,7 @@ def _tool_peaks(folder, n: int) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_the_tools_hold_nothing_per_sample(tmp_path, monkeypatch):
-    # The storage layer's own fixed bounds (keys checked at write, pairs held before they
-    # spill, the Bloom filter, offsets held by a reader, batches), made small so that growth
-    # past them shows.
-    monkeypatch.setattr(reader_module, "_RESIDENT_OFFSETS", 1 << 16)
-    monkeypatch.setattr(writer_module, "WINDOW", 1024)
-    monkeypatch.setattr(keyindex, "_PENDING", 1 << 18)
-    monkeypatch.setattr(keyindex, "_SORTED", 1 << 18)
-    monkeypatch.setattr(hashing, "BLOOM_MAX_BYTES", 1 << 16)
-    monkeypatch.setattr(indexing, "_BATCH", 4096)
+    shrink_storage_bounds(monkeypatch, offsets=1 << 16, pending=1 << 18, bloom_bytes=1 << 16)
     monkeypatch.setattr(reorder, "_BLOCK", 1024)
     small, large = 70_000, 210_000  # past the batches of 65,536 keys
     before, after = _tool_peaks(tmp_path / "small", small), _tool_peaks(tmp_path / "large", large)
