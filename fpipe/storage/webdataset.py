@@ -401,9 +401,9 @@ class TarReader(SpanReader):
         self._keys = KeyIndex(index["key_blob"], index["key_ends"])
         self._first, self._offsets, self._sizes = first, offsets, sizes
         self._inline_at, self._inline = index["inline_at"], index["inline_blob"].tobytes()
-        self._views = _views(first, offsets, sizes, self._inline_at)
+        self._names, self._codes = _coded(strings_from_arrays(index["ext_blob"], index["ext_ends"]))
+        self._views = _views(first, offsets, sizes, self._inline_at, self._codes)
         self._starts, self._stops = starts, stops
-        self._extensions = strings_from_arrays(index["ext_blob"], index["ext_ends"])
         damaged = int(index["damaged"][0])
         reason = strings_from_arrays(index["reason_blob"], index["reason_ends"])[0]
         self._damage = {damaged: reason} if damaged >= 0 else {}
@@ -416,7 +416,7 @@ class TarReader(SpanReader):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._views = _views(self._first, self._offsets, self._sizes, self._inline_at)
+        self._views = _views(self._first, self._offsets, self._sizes, self._inline_at, self._codes)
 
     def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
         """Sample ``index``, each member read on its own (one copy of its bytes, not two), the
@@ -437,12 +437,11 @@ class TarReader(SpanReader):
         """Sample ``index``, its members cut from ``data`` (the file's bytes from byte ``base``
         on), or read from the file when ``data`` is None; tiny members come from the index.
         One loop, without a call per member: ``get`` is this loop and a read."""
-        first, offsets, sizes, inline_at = self._views  # memoryviews: their items are ints
-        fields, extensions, inline, read = self.fields, self._extensions, self._inline, \
-            self.source.read
+        first, offsets, sizes, inline_at, codes = self._views  # memoryviews: items are ints
+        fields, names, inline, read = self.fields, self._names, self._inline, self.source.read
         sample: dict = {"key": self._keys[index]}
         for number in range(first[index], first[index + 1]):
-            extension = extensions[number]
+            extension = names[codes[number]]
             if fields is not None and extension not in fields:
                 continue
             if extension in sample:
@@ -491,6 +490,15 @@ def _inline_fits(inline_at: np.ndarray, sizes: np.ndarray, blob_size: int) -> bo
     kept = inline_at >= 0
     return bool(len(inline_at) == len(sizes) and (sizes[kept] <= _INLINE_SIZE).all()
                 and (inline_at[kept] + sizes[kept] <= blob_size).all())
+
+
+def _coded(extensions: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
+    """The distinct ``extensions`` (in the order they first come) and each one's number
+    among them: no Python object per member, so forked workers reading a shard do not copy
+    its index (a list of one string per member would be touched at each read)."""
+    numbers: dict[str, int] = {}
+    codes = np.array([numbers.setdefault(name, len(numbers)) for name in extensions], np.int64)
+    return tuple(numbers), codes
 
 
 def _views(*arrays: np.ndarray) -> tuple[memoryview, ...]:

@@ -98,6 +98,18 @@ def test_decode_and_fields(shards, cache):
         encode_field("label", 3)
 
 
+def test_a_tar_reader_holds_no_python_object_per_member(shards, cache):
+    # design rule 6: a forked worker that reads a shard touches what its reader holds, so a
+    # container of one object per member would be copied into every worker
+    reader = TarReader(str(shards / "train-000.tar"), cache_dir=cache)
+    for state in (vars(reader), vars(pickle.loads(pickle.dumps(reader)))):
+        containers = {name: len(value) for name, value in state.items()
+                      if isinstance(value, (list, tuple, dict, set))}
+        # a few items each (the index's views, the distinct extensions); the shard has 120 members
+        assert max(containers.values()) <= 8, containers
+    assert reader[7] == _ours(_sample(0, 7))
+
+
 def test_index_is_built_once_and_reused(shards, cache, monkeypatch):
     TarReader(shards / "train-001.tar", cache_dir=cache)
     import fpipe.storage.webdataset as module
