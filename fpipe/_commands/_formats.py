@@ -137,12 +137,19 @@ def write_from_format(kind: str, args: argparse.Namespace) -> int:
 WORKER_CHUNK = 1024
 
 
-def _pairs(reader: Any, args: argparse.Namespace) -> Iterator[tuple[str, dict]]:
-    """``(key, sample)`` of every sample, in order or shuffled by ``--seed``."""
+def _ordered(reader: Any, args: argparse.Namespace) -> Any:
+    """``reader``, or its samples shuffled by ``--seed`` (a Shuffler) with ``--shuffle``."""
     if args.shuffle:
         from ..storage import Shuffler
 
-        return Shuffler(reader, seed=chosen_seed(args)).iter(yield_key=True)
+        return Shuffler(reader, seed=chosen_seed(args))
+    return reader
+
+
+def _pairs(reader: Any, args: argparse.Namespace) -> Iterator[tuple[str, dict]]:
+    """``(key, sample)`` of every sample, in order or shuffled by ``--seed``."""
+    if args.shuffle:
+        return _ordered(reader, args).iter(yield_key=True)
     return reader.iter(yield_key=True, chunk_size=256)
 
 
@@ -150,10 +157,9 @@ def _packed_in_workers(reader: Any, args: argparse.Namespace) -> Iterator[tuple[
     """``(key, packed sample)`` of every sample, in the order of :func:`_pairs`: read, decoded
     and packed by ``--workers`` processes, ``WORKER_CHUNK`` positions a task. Closing the
     iterator stops the workers."""
-    from ..storage import Shuffler
     from ..streaming import processes
 
-    source = Shuffler(reader, seed=chosen_seed(args)) if args.shuffle else reader
+    source = _ordered(reader, args)
     spans = ((start, min(start + WORKER_CHUNK, len(source)))
              for start in range(0, len(source), WORKER_CHUNK))
     chunks = processes(_packed_span, source, n_workers=args.workers, chunk_size=1)(spans)
