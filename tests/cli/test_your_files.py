@@ -180,3 +180,19 @@ def test_write_keeps_notes_beside_its_output(tmp_path, capsys):
     run(capsys, "write", tmp_path / "x.jsonl", tmp_path / "notes", "-y", "-q")
     assert (tmp_path / "notes.txt").read_text() == "my notes"
     assert (tmp_path / "notes.pdf").read_bytes() == b"%PDF" and keys(tmp_path / "notes") == ["k"]
+
+
+@pytest.mark.parametrize("options", [[], ["--dry-run"], ["-y"]])
+def test_index_rebuilding_touches_nothing_beside_the_dataset(tmp_path, capsys, options):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    path = make_dataset(folder / "killed.msgpack", 30)
+    for index_file in DatasetFiles(path).index_files:
+        index_file.unlink()  # the writer was killed before it wrote the index
+    with open(path, "r+b") as file:
+        file.truncate(path.stat().st_size - 7)  # and in the middle of its last sample
+    kept = bystanders(folder, "killed.msgpack")
+    run(capsys, "index", path, *options)
+    after = snapshot(folder)
+    assert {name: after.get(name) for name in kept} == kept
+    assert leftovers(folder) == []
