@@ -1,8 +1,13 @@
 """Workload S6: one epoch of QuasiShuffler and of Shuffler over `large`, against datadings's,
 and of IndexShuffler against datadings's Shuffler (information: the new order has no
-datadings counterpart)."""
+datadings counterpart); S6qc, what any reader that never maps its file can reach at most."""
 
 from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
 
 from fpipe.storage import IndexShuffler, MsgpackReader, QuasiShuffler, Shuffler
 
@@ -50,3 +55,31 @@ def index_shuffler_epoch() -> Pair:
 
     return _pair(lambda reader: IndexShuffler(reader, seed=0),
                  lambda reader: DatadingsShuffler(reader, seed=0))
+
+
+@workload("S6qc", description="the ceiling of S6q for a reader that never maps its file: each "
+          "sample's bytes copied once, by one bare os.pread into its own bytes, chunk by chunk in "
+          "a shuffled order, through a buffer of QuasiShuffler's size; nothing decoded",
+          reference="datadings QuasiShuffler", target="-")
+def quasi_shuffler_ceiling() -> Pair:
+    from datadings.reader import MsgpackReader as DatadingsReader
+    from datadings.reader import QuasiShuffler as DatadingsQuasiShuffler
+
+    path = data.large_path()
+    offsets = np.fromfile(path + ".offsets", dtype=">u8").tolist()
+    n, chunk = len(offsets) - 1, 16
+    firsts = np.random.default_rng(0).permutation(range(0, n, chunk)).tolist()
+    slots = QuasiShuffler(DatadingsReader(path), seed=0).buffer_size
+
+    def bare_epoch() -> None:
+        buffer: list = [None] * slots
+        pick = random.Random(0).randrange
+        with open(path, "rb", buffering=0) as file:
+            fd = file.fileno()
+            for first in firsts:
+                for index in range(first, min(n, first + chunk)):
+                    buffer[pick(slots)] = os.pread(fd, offsets[index + 1] - offsets[index],
+                                                   offsets[index])
+    reference = DatadingsReader(path)
+    return Pair(fpipe=bare_epoch, reference=lambda: _epoch(DatadingsQuasiShuffler(reference, seed=0)),
+                items=n)

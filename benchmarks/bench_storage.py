@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -78,6 +79,27 @@ def random_get_small() -> Pair:
           reference="datadings get", target=">= 1.3")
 def random_get_large() -> Pair:
     return _random_gets(data.large_path())
+
+
+@workload("S4c", description="the ceiling of S4 for a reader that never maps its file: one bare "
+          "os.pread of each sample's bytes, in the order of S4, nothing decoded",
+          reference="datadings get", target="-")
+def random_pread_large() -> Pair:
+    path = data.large_path()
+    _, theirs = _readers(path)
+    offsets = np.fromfile(path + ".offsets", dtype=">u8").tolist()
+    order = np.random.default_rng(0).permutation(len(offsets) - 1).tolist()
+
+    def bare_reads() -> None:
+        with open(path, "rb", buffering=0) as file:
+            fd = file.fileno()
+            for index in order:
+                os.pread(fd, offsets[index + 1] - offsets[index], offsets[index])
+
+    def run(get) -> None:
+        for index in order:
+            get(index)
+    return Pair(fpipe=bare_reads, reference=lambda: run(theirs.get), items=len(order))
 
 
 @workload("S5", description="open + len + first get on `small`, then a first key lookup",
