@@ -124,7 +124,9 @@ class ByteSource:
         unknown = set(options) - set(_REMOTE_KEYS)
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
-        self._location = os.fspath(path)
+        location = os.fspath(path)
+        # absolute, as for MsgpackReader: a worker's current folder may be another one
+        self._location = location if _is_url(location) else os.path.abspath(location)
         self.path = redacted_url(self._location)
         self.options = options
         self._remote: _RemoteFile | None = None

@@ -286,7 +286,9 @@ class MsgpackReader(Reader):
         self._remote = _remote_dataset(path, storage_options=storage_options, cache_dir=cache_dir,
                                        cache_limit=cache_limit, block_size=block_size,
                                        read_ahead=read_ahead, retries=retries, timeout=timeout)
-        self.path = Path(path) if self._remote is None else self._remote.path
+        # absolute: the reader (and a copy of it in a worker) reads the same files wherever
+        # the current folder is when it opens them
+        self.path = Path(path).absolute() if self._remote is None else self._remote.path
         self._files = DatasetFiles(self.path)
         if self._remote is None and self.path.is_dir():
             raise IsADirectoryError(errno.EISDIR, _folder_message(self.path), str(self.path))

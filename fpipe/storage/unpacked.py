@@ -212,7 +212,7 @@ class ZipFileReader(ListReader):
                  labels: Any = None, numeric_labels: bool = True,
                  initfun: Callable[[dict], Any] = _noop, convertfun: Callable[[dict], Any] = _noop,
                  include: Sequence[str] = (), exclude: Sequence[str] = (), separator: str = "\t") -> None:
-        self.path = os.fspath(path)
+        self.path = os.path.abspath(path)  # as for MsgpackReader
         self._zip: zipfile.ZipFile | None = None
         self._zip_pid = -1
         patterns = [patterns] if isinstance(patterns, str) else list(patterns)
