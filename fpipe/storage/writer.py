@@ -117,7 +117,9 @@ class Writer:
                              f"{redacted_url(outfile)!r}")
         # where the files go: here, or to a staging folder that close() uploads
         self._upload = _upload(outfile, storage_options, overwrite)
-        self.path = Path(outfile) if self._upload is None else self._upload.path
+        # absolute, as a reader's: the files land where they were asked for, whatever the
+        # current folder is when the writer closes
+        self.path = Path(outfile).absolute() if self._upload is None else self._upload.path
         self._files = DatasetFiles(self.path)
         self._buffering = buffering
         self._base = _Base.read(self._files) if append and self.path.exists() else _Base.empty()

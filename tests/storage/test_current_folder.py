@@ -1,6 +1,7 @@
 """A reader made from a relative path reads the same files after the current folder changes:
 in its own process (it opens its files lazily), in a pickled copy, and in worker processes
-that were started in another folder (a warm pool keeps the folder it started in)."""
+that were started in another folder (a warm pool keeps the folder it started in). A writer's
+files land where they were asked for."""
 
 import os
 import pickle
@@ -70,3 +71,14 @@ def test_workers_started_in_another_folder_read_a_reader_made_from_a_relative_pa
     got = list(processes(lambda index: _folder_and_value(reader, index), n_workers=2)(range(4)))
     assert [value for _, value in got] == [0, 1, 2, 3]
     assert {folder for folder, _ in got} == {str(folders / "elsewhere")}
+
+
+def test_a_writer_made_from_a_relative_path_closes_into_the_folder_it_was_made_in(folders):
+    with FileWriter("train.msgpack") as writer:
+        writer.write({"key": "0", "v": 0})
+        os.chdir(folders / "elsewhere")
+        writer.write({"key": "1", "v": 1})
+    assert os.listdir(folders / "elsewhere") == []
+    reader = MsgpackReader(folders / "data" / "train.msgpack")
+    assert [reader.get(i)["v"] for i in range(2)] == [0, 1]
+    assert reader.verify_data()
