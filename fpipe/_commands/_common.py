@@ -23,6 +23,7 @@ from ..storage import (
     read_legacy_index,
 )
 from ..storage._indexing import array_length
+from ..storage.format import SUFFIX_CLASSES
 
 __all__ = [
     "HelpFormatter",
@@ -50,7 +51,7 @@ __all__ = [
     "workers",
 ]
 
-CLASSES_SUFFIX = ".classes.json"
+CLASSES_SUFFIX = SUFFIX_CLASSES  # the class list beside a dataset, as messages name it
 _NAMED = 5  # datasets named in the message about a folder
 
 

@@ -28,12 +28,12 @@ from ..errors import check_integer
 from ..random import Seed, item_rng
 from ..storage._staging import staged_datasets
 from ..storage.class_lists import read_classes
+from ..storage.format import DatasetFiles
 from ._fetch import Archive, check_base_url, fetch, shows_progress
 
 __all__ = ["KnownDataset", "Records", "WriteOptions", "classes_path", "encode_png", "load_classes",
            "ordered_map"]
 
-CLASSES_SUFFIX = ".classes.json"
 _CHUNK = 64
 
 
@@ -51,7 +51,7 @@ def classes_path(dataset: str | os.PathLike) -> Path:
     >>> classes_path("out/train.msgpack").as_posix()
     'out/train.msgpack.classes.json'
     """
-    return Path(str(dataset) + CLASSES_SUFFIX)
+    return DatasetFiles(dataset).classes
 
 
 def load_classes(dataset: str | os.PathLike) -> dict[str, tuple[str, ...]]:

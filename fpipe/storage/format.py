@@ -44,11 +44,13 @@ __all__ = [
     "BloomFilter",
     "DatasetFiles",
     "MAX_EMPTY_ITEMS",
+    "SUFFIX_CLASSES",
     "SUFFIX_FILTER",
     "SUFFIX_KEYS",
     "SUFFIX_KEY_HASHES",
     "SUFFIX_KEY_INDEX",
     "SUFFIX_LEGACY_INDEX",
+    "SUFFIX_MD5",
     "SUFFIX_OFFSETS",
     "corrupt_reason",
     "decode_numpy",
@@ -97,6 +99,8 @@ SUFFIX_FILTER = ".filter"
 SUFFIX_LEGACY_INDEX = ".index"
 #: fpipe's own index file (datadings has no name for it, and ignores it).
 SUFFIX_KEY_INDEX = ".key_index"
+SUFFIX_MD5 = ".md5"
+SUFFIX_CLASSES = ".classes.json"
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,7 @@ class DatasetFiles:
     @property
     def md5(self) -> Path:
         """``md5sum -c`` compatible checksums of the data and index files."""
-        return self._sibling(".md5")
+        return self._sibling(SUFFIX_MD5)
 
     @property
     def legacy_index(self) -> Path:
@@ -164,7 +168,7 @@ class DatasetFiles:
     def classes(self) -> Path:
         """The class names of label fields, as JSON (written by ``fpipe write`` and the
         well-known dataset writers; see :func:`read_classes`)."""
-        return self._sibling(".classes.json")
+        return self._sibling(SUFFIX_CLASSES)
 
     @property
     def all_files(self) -> tuple[Path, ...]:

@@ -18,6 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Secrets, redacted_url
+from .format import (
+    SUFFIX_CLASSES,
+    SUFFIX_FILTER,
+    SUFFIX_KEY_HASHES,
+    SUFFIX_KEY_INDEX,
+    SUFFIX_KEYS,
+    SUFFIX_MD5,
+    SUFFIX_OFFSETS,
+)
 from .remote import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
@@ -35,7 +44,8 @@ __all__ = ["SIBLINGS", "Upload", "download_dataset"]
 
 # Every file a dataset may have besides its data file, in upload order: ``.offsets`` goes
 # last, because a reader needs it to open the dataset, so the dataset appears only when whole.
-SIBLINGS = (".keys", ".key_hashes", ".filter", ".key_index", ".classes.json", ".md5", ".offsets")
+SIBLINGS = (SUFFIX_KEYS, SUFFIX_KEY_HASHES, SUFFIX_FILTER, SUFFIX_KEY_INDEX, SUFFIX_CLASSES,
+            SUFFIX_MD5, SUFFIX_OFFSETS)
 _UPLOAD_TRIES, _UPLOAD_BACKOFF = 3, 0.05
 
 
