@@ -24,6 +24,7 @@ from fpipe.storage import (
     rebuild_index,
     unpack_sample,
 )
+from fpipe.storage.keyindex import _first_not_below
 from property_tests.strategies import (
     any_text,
     as_decoded,
@@ -200,3 +201,13 @@ def _arrays(value):
     elif isinstance(value, list):
         for item in value:
             yield from _arrays(item)
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), unique=True, max_size=300).map(sorted),
+       st.integers(0, 2**64 - 1))
+def test_a_key_index_bucket_is_searched_as_numpy_searches_its_hashes(hashes, wanted):
+    bucket = b"".join(value.to_bytes(8, "big") + index.to_bytes(8, "big")
+                      for index, value in enumerate(hashes))
+    for target in (wanted, *hashes[:3], *hashes[-2:]):
+        at = _first_not_below(bucket, target.to_bytes(8, "big"))
+        assert at == 16 * int(np.searchsorted(np.array(hashes, dtype=np.uint64), np.uint64(target)))

@@ -147,32 +147,38 @@ class KeyIndex:
         if not begin <= end <= self.n:
             raise FormatError(f"directory slot {slot} spans entries {begin} to {end} of "
                               f"{self.n}", path=self.path)
-        entries = np.frombuffer(self._read(self._fd, self._entries + 16 * begin,
-                                           16 * (end - begin), self.path), dtype=">u8")
-        hashes = entries[0::2]
-        if len(hashes) and not self._sorted_in_slot(hashes, slot):
+        bucket = self._read(self._fd, self._entries + 16 * begin, 16 * (end - begin), self.path)
+        if bucket and not self._in_slot(bucket, slot):
             raise FormatError(f"directory slot {slot} holds hashes that are not its own, in "
                               "order; 'fpipe index --keys' writes the key index anew", path=self.path)
-        at = int(np.searchsorted(hashes, np.uint64(value)))
-        if at == len(hashes) or int(hashes[at]) != value:
+        wanted = value.to_bytes(8, "big")
+        at = _first_not_below(bucket, wanted)
+        if bucket[at:at + 8] != wanted:
             return -1
-        index = int(entries[2 * at + 1])
+        index = int.from_bytes(bucket[at + 8:at + 16], "big")
         if index >= self.n or self[index] != key:
             raise FormatError(f"the key index names sample {index} for key {key!r:.80}, which "
                               "does not have it; 'fpipe index --keys' writes it anew", path=self.path)
         return index
 
-    def _sorted_in_slot(self, hashes: np.ndarray, slot: int) -> bool:
-        shift = np.uint64(64 - self.bits)
-        ends = (hashes[0] >> shift, hashes[-1] >> shift) if self.bits else (0, 0)
-        return ends == (slot, slot) and bool((hashes[1:] > hashes[:-1]).all())
+    def _in_slot(self, bucket: bytes, slot: int) -> bool:
+        """Whether the first and last hashes of ``bucket`` are in order and in ``slot``."""
+        shift = 64 - self.bits
+        first, last = int.from_bytes(bucket[:8], "big"), int.from_bytes(bucket[-16:-8], "big")
+        return first <= last and first >> shift == last >> shift == slot if self.bits else first <= last
 
     def __getitem__(self, index: int) -> str:
         """The key of sample ``index`` (``0 <= index < n``)."""
         start, stop = _PAIR.unpack(self._read(self._fd, self._key_offsets + 8 * index, 16,
                                               self.path))
-        key = self._decoded(self._read(self._keys_fd, start, stop - start, self.keys_path), 1)
-        return key[0]
+        data = self._read(self._keys_fd, start, stop - start, self.keys_path)
+        try:
+            key = msgpack.unpackb(data, raw=False)
+        except DECODE_ERRORS as error:
+            raise self._not_keys(f" ({error})") from error
+        if type(key) is not str:
+            raise self._not_keys("")
+        return key
 
     def keys(self, start: int, stop: int) -> list[str]:
         """The keys of samples ``start`` to ``stop`` (a range of the dataset), read at once."""
@@ -198,13 +204,28 @@ class KeyIndex:
         try:
             keys = [unpacker.unpack() for _ in range(count)]
         except (msgpack.OutOfData, *DECODE_ERRORS) as error:
-            # the keys file is named: the bytes there are what do not decode
-            raise FormatError(f"the bytes that {self.path.name} points at are not keys "
-                              f"({error})", path=self.keys_path) from error
+            raise self._not_keys(f" ({error})") from error
         if unpacker.tell() != len(data) or not all(type(key) is str for key in keys):
-            raise FormatError(f"the bytes that {self.path.name} points at are not keys",
-                              path=self.keys_path)
+            raise self._not_keys("")
         return keys
+
+    def _not_keys(self, detail: str) -> FormatError:
+        # the keys file is named: the bytes there are what do not decode
+        return FormatError(f"the bytes that {self.path.name} points at are not keys{detail}",
+                           path=self.keys_path)
+
+
+def _first_not_below(bucket: bytes, wanted: bytes) -> int:
+    """The byte offset in ``bucket`` of its first (hash, index) entry whose hash is not below
+    ``wanted``, or its length (big-endian hashes compare as bytes as they do as numbers)."""
+    low, high = 0, len(bucket) // 16
+    while low < high:
+        middle = (low + high) // 2
+        if bucket[16 * middle:16 * middle + 8] < wanted:
+            low = middle + 1
+        else:
+            high = middle
+    return 16 * low
 
 
 def _checked_header(path: Path, head: bytes, size: int, n: int) -> tuple:
