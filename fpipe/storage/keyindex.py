@@ -97,7 +97,9 @@ class KeyIndex:
     :meth:`open` checks the header against the dataset: a file that is not a key index, or
     disagrees with its own size, raises :class:`~fpipe.errors.FormatError`; one that indexes
     other keys (the dataset was rewritten by a program that knows no key index, such as
-    datadings) is left aside with a warning, and the reader uses the in-memory tables.
+    datadings) is left aside with a warning, and the reader uses the in-memory tables. Each
+    lookup checks the ends of the bucket it reads (in its slot, in order) and the key of the
+    sample it names; ``fpipe verify`` checks the whole file against the dataset's ``.md5``.
     """
 
     __slots__ = ("_entries", "_fd", "_key_offsets", "_keys_fd", "bits", "keys_path", "n", "path",
