@@ -204,7 +204,7 @@ def _run_info(args: argparse.Namespace) -> int:
         refuse_options({"--samples": args.samples}, "with --all, which examines every sample")
     asked, args.label = args.label is not None, args.label or _LABEL
     with open_dataset(args.dataset) as reader:
-        summary = _file_summary(reader)
+        summary = _file_summary(reader, args.dataset)
         indices = _examined(len(reader), None if args.all else args.samples or _SAMPLES)
         fields, labels = _content_summary(reader, indices, args)
         counted = len(indices)
@@ -224,7 +224,8 @@ def _run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _file_summary(reader: Any) -> dict:
+def _file_summary(reader: Any, given: str) -> dict:
+    """What ``fpipe info`` says of the files of ``reader``, the dataset named ``given``."""
     files = DatasetFiles(reader.path)
     n = len(reader)
     sizes, end = _sample_sizes(files)
@@ -233,7 +234,7 @@ def _file_summary(reader: Any) -> dict:
     if reader.url is not None:  # the index files are in the cache; the data stays remote
         present[files.data.name] = end
     return {
-        "path": reader.url or str(reader.path),
+        "path": reader.url or given,  # as the user named it (reader.path is absolute)
         "samples": n,
         "files": present,
         "data_bytes": present.get(files.data.name, 0),
