@@ -105,9 +105,9 @@ def _torch_resize(pixels: np.ndarray, size: tuple[int, int] | None,
     torch, functional = load_torch()
     if not pixels.flags.writeable:  # Pillow's pixels: torch warns about read-only arrays
         pixels = np.array(pixels)
-    region = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
-    # the fast uint8 kernel reads channels-last memory; a cropped view is not, so copy it once
-    region = region.contiguous(memory_format=torch.channels_last)
+    # the fast uint8 kernel reads channels-last memory, which is contiguous HWC: a cropped
+    # view is not, so numpy copies it once; views in numpy cost a fraction of torch's calls
+    region = torch.from_numpy(np.ascontiguousarray(pixels)[None].transpose(0, 3, 1, 2))
     return functional.interpolate(region, size=size, scale_factor=factors, mode="bilinear",
                                   antialias=True, align_corners=False,
                                   recompute_scale_factor=False if factors else None)
@@ -116,7 +116,7 @@ def _torch_resize(pixels: np.ndarray, size: tuple[int, int] | None,
 def _from_tensor(resized: Any, layout: str) -> np.ndarray:
     """A (1, C, H, W) tensor as a new array in ``layout``. HWC is the channels-last memory
     itself; numpy's transpose copy to CHW is several times faster than torch's."""
-    pixels = resized[0].permute(1, 2, 0).contiguous().numpy()
+    pixels = np.ascontiguousarray(resized.numpy()[0].transpose(1, 2, 0))
     return np.ascontiguousarray(pixels.transpose(2, 0, 1)) if layout == "CHW" else pixels
 
 
