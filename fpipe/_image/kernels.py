@@ -106,8 +106,10 @@ def _torch_resize(pixels: np.ndarray, size: tuple[int, int] | None,
     if not pixels.flags.writeable:  # Pillow's pixels: torch warns about read-only arrays
         pixels = np.array(pixels)
     # the fast uint8 kernel reads channels-last memory, which is contiguous HWC: a cropped
-    # view is not, so numpy copies it once; views in numpy cost a fraction of torch's calls
-    region = torch.from_numpy(np.ascontiguousarray(pixels)[None].transpose(0, 3, 1, 2))
+    # view is not, so numpy copies it once (views in numpy cost a fraction of torch's calls).
+    # A reshape, not [None]: torch takes a batch stride of 0 for another memory format
+    region = np.ascontiguousarray(pixels)
+    region = torch.from_numpy(region.reshape(1, *region.shape).transpose(0, 3, 1, 2))
     return functional.interpolate(region, size=size, scale_factor=factors, mode="bilinear",
                                   antialias=True, align_corners=False,
                                   recompute_scale_factor=False if factors else None)
