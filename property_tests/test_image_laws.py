@@ -53,3 +53,36 @@ def test_the_output_has_the_size_asked_for_whatever_the_image(width, height, out
     assert crop.shape == (out_h, out_w, 3) and (crop == (10, 20, 30)).all()
     center = resized_center_crop((out_h, out_w), max(out_h, out_w), backend=backend)(data)
     assert center.shape == (out_h, out_w, 3) and (center == (10, 20, 30)).all()
+
+
+def _torch_reference(pixels: np.ndarray, box: tuple, size: tuple, flip: bool, layout: str):
+    """torch's kernel called the plain way: the box of the (1, C, H, W) channels-last tensor,
+    interpolated, mirrored, then as (H, W, C) or (C, H, W)."""
+    import torch
+
+    left, top, right, bottom = box
+    region = torch.from_numpy(pixels).permute(2, 0, 1)[None, :, top:bottom, left:right]
+    region = region.contiguous(memory_format=torch.channels_last)
+    out = torch.nn.functional.interpolate(region, size=size, mode="bilinear", antialias=True,
+                                          align_corners=False)
+    out = (out.flip(3) if flip else out)[0]
+    return (out if layout == "CHW" else out.permute(1, 2, 0)).contiguous().numpy()
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 80), st.integers(1, 80), st.data(), st.integers(1, 50), st.integers(1, 50),
+       st.booleans(), st.sampled_from(["HWC", "CHW"]), st.integers(0, 2 ** 32))
+def test_the_torch_kernel_gives_the_pixels_of_torch_called_the_plain_way(
+        width, height, data, out_h, out_w, flip, layout, seed):
+    from fpipe._image.kernels import resize_box
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), np.uint8)
+    left = data.draw(st.integers(0, width - 1))
+    top = data.draw(st.integers(0, height - 1))
+    box = (left, top, data.draw(st.integers(left + 1, width)), data.draw(st.integers(top + 1, height)))
+    out = resize_box(pixels, box, (out_h, out_w), use_torch=True, flip=flip, layout=layout)
+    assert out.flags.c_contiguous and out.flags.writeable
+    assert np.array_equal(out, _torch_reference(pixels, box, (out_h, out_w), flip, layout))
+    if layout == "HWC" and min(box[2] - box[0], box[3] - box[1]) > 1:
+        # the kernel read channels-last memory, so it wrote HWC: the pixels are its own
+        assert out.base is not None

@@ -36,11 +36,13 @@ REDUCTIONS = (8, 4, 2, 1)
 
 
 class Decoded(NamedTuple):
-    """RGB pixels (height, width, 3) uint8, and how many full-size pixels each one spans."""
+    """Pixels (height, width, 3) uint8, how many full-size pixels each one spans, and the
+    order of their channels: ``"RGB"``, or ``"BGR"`` when asked for and the decoder gives it."""
 
     pixels: np.ndarray
     x_scale: float
     y_scale: float
+    order: str = "RGB"
 
 
 class EncodedImage:
@@ -82,21 +84,23 @@ class EncodedImage:
                     return reduction
         return 1
 
-    def decode(self, reduction: int = 1) -> Decoded:
-        """The pixels at ``1 / reduction`` of the full size (rounded up), RGB."""
+    def decode(self, reduction: int = 1, order: str = "RGB") -> Decoded:
+        """The pixels at ``1 / reduction`` of the full size (rounded up), RGB; ``order="BGR"``
+        asks for the channels reversed, which the JPEG decoder gives at no cost and Pillow
+        does not: :attr:`Decoded.order` says which came."""
         if self._jpeg is not None:
             try:
                 pixels = jpeg_decoder().decode_jpeg(
-                    self.view, colorspace="RGB", min_height=-(-self.height // reduction),
+                    self.view, colorspace=order, min_height=-(-self.height // reduction),
                     min_width=-(-self.width // reduction))
-                return self._decoded(pixels)
+                return self._decoded(pixels, order)
             except ValueError:
                 self._pillow = _open_with_pillow(self.view)  # Pillow may read what it refuses
-        return self._decoded(_pillow_pixels(self._pillow, self.view, reduction))
+        return self._decoded(_pillow_pixels(self._pillow, self.view, reduction), "RGB")
 
-    def _decoded(self, pixels: np.ndarray) -> Decoded:
+    def _decoded(self, pixels: np.ndarray, order: str) -> Decoded:
         height, width = pixels.shape[:2]
-        return Decoded(pixels, *_scales(self.width, self.height, width, height))
+        return Decoded(pixels, *_scales(self.width, self.height, width, height), order)
 
 
 def _scales(full_width: int, full_height: int, width: int, height: int) -> tuple[float, float]:

@@ -119,10 +119,15 @@ class _RandomResizedCrop(_Recipe):
         if self.scaled_decode:
             reduction = image.reduction_for(image.width * width / box.width,
                                             image.height * height / box.height)
-        pixels, x_scale, y_scale = image.decode(reduction)
-        region = (box.left / x_scale, box.top / y_scale, (box.left + box.width) / x_scale,
-                  (box.top + box.height) / y_scale)
-        return resize_box(pixels, region, self.size, self._torch, flip, self.layout)
+        edges = (box.left, box.top, box.left + box.width, box.top + box.height)
+        # mirrored by torch (a box on whole decoded pixels), BGR pixels cost less (see
+        # kernels._mirrored), and the JPEG decoder gives them at no cost
+        whole = all(edge % reduction == 0 for edge in edges)
+        decoded = image.decode(reduction, "BGR" if flip and self._torch and whole else "RGB")
+        x_scale, y_scale = decoded.x_scale, decoded.y_scale
+        region = (edges[0] / x_scale, edges[1] / y_scale, edges[2] / x_scale, edges[3] / y_scale)
+        return resize_box(decoded.pixels, region, self.size, self._torch, flip, self.layout,
+                          decoded.order)
 
 
 class _ResizedCenterCrop(_Recipe):
@@ -148,7 +153,7 @@ class _ResizedCenterCrop(_Recipe):
         image = EncodedImage(data)
         new_width, new_height = resized_size(image.width, image.height, self.resize)
         reduction = image.reduction_for(new_width, new_height) if self.scaled_decode else 1
-        pixels, x_scale, y_scale = image.decode(reduction)
+        pixels, x_scale, y_scale, _ = image.decode(reduction)
         crop = center_box(new_width, new_height, self.size)
         scale = (new_width / image.width * x_scale, new_height / image.height * y_scale)
         return resize_scaled(pixels, scale, crop, self._torch, self.layout)

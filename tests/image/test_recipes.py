@@ -112,8 +112,8 @@ def test_a_large_jpeg_is_decoded_at_the_largest_reduction_that_keeps_the_box(jpe
     reductions = []
     decode = EncodedImage.decode
 
-    def recording(self, reduction=1):
-        decoded = decode(self, reduction)
+    def recording(self, reduction=1, order="RGB"):
+        decoded = decode(self, reduction, order)
         reductions.append((reduction, decoded.pixels.shape))
         return decoded
     monkeypatch.setattr(EncodedImage, "decode", recording)
@@ -134,6 +134,41 @@ def test_a_large_jpeg_is_decoded_at_the_largest_reduction_that_keeps_the_box(jpe
 def test_formats_other_than_jpeg_are_decoded_at_full_size():
     image = EncodedImage(encode(scene(900, 700), "PNG"))
     assert image.reduction_for(100, 100) == 1
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_decode_asked_for_bgr_gives_it_where_the_jpeg_decoder_can_and_says_which_came(kind):
+    image = EncodedImage(KINDS[kind])
+    rgb, bgr = image.decode(1), EncodedImage(KINDS[kind]).decode(1, "BGR")
+    assert rgb.order == "RGB" and bgr.order in ("RGB", "BGR")
+    expected = rgb.pixels[:, :, ::-1] if bgr.order == "BGR" else rgb.pixels
+    assert np.array_equal(bgr.pixels, expected)
+    if kind == "baseline JPEG" or "JPEG" not in kind:  # simplejpeg's, or Pillow's
+        assert bgr.order == ("BGR" if "JPEG" in kind else "RGB")
+
+
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("box", [(3, 5, 61, 40), (2.5, 4.25, 60.5, 39.75)])  # whole, fractional
+@pytest.mark.parametrize("use_torch", [True, False])
+@pytest.mark.parametrize("layout", ["HWC", "CHW"])
+def test_bgr_pixels_resize_to_the_rgb_pixels_of_their_rgb_twins(flip, box, use_torch, layout):
+    from fpipe._image.kernels import resize_box
+
+    rgb = scene(64, 48)
+    bgr = np.ascontiguousarray(rgb[:, :, ::-1])
+    expected = resize_box(rgb, box, (20, 30), use_torch, flip, layout)
+    assert np.array_equal(resize_box(bgr, box, (20, 30), use_torch, flip, layout, "BGR"), expected)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("layout", ["HWC", "CHW"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_mirrored_crop_is_the_mirror_of_the_same_crop_unmirrored(kind, layout, backend):
+    mirrored = random_resized_crop(24, flip=1.0, layout=layout, backend=backend)
+    plain = random_resized_crop(24, flip=0.0, layout=layout, backend=backend)
+    for index in range(6):
+        expected = np.flip(_with_rng(plain, KINDS[kind], index), 1 if layout == "HWC" else 2)
+        assert np.array_equal(_with_rng(mirrored, KINDS[kind], index), expected)
 
 
 @pytest.mark.parametrize("recipe", [random_resized_crop(32), resized_center_crop(32)])
