@@ -34,8 +34,8 @@ from ._inputs import (
     IMAGE_SUFFIXES,
     JSON_LINES,
     LIST_FILE,
+    Entries,
     Entry,
-    FolderFiles,
     Listing,
     file_suffix,
     list_source,
@@ -97,7 +97,6 @@ _EXAMPLE = """\
   fpipe write data/*.parquet train.msgpack"""
 
 _FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
-Entries = list[Entry] | FolderFiles  # the samples to write: a folder's walked at each pass
 _NAMED_LABELS = 5  # label names shown in one message
 _MAX_SIDE = 16384  # --resize: the largest side a JPEG or WebP image may have
 
