@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ from ._labels import check_matchable, class_file, class_lists
 
 if TYPE_CHECKING:
     from ..sets import KnownDataset
+    from ._shuffle import ShuffledEntries
 
 __all__ = ["add_parsers"]
 
@@ -266,21 +268,21 @@ def _write_files(args: argparse.Namespace) -> int:
     _check_source_options(listing, args)
     for note in _notes(listing, args):
         print(f"fpipe write: note: {note}", file=sys.stderr)
-    entries = _ordered(listing.entries, args)
     out = Path(args.out)
     labels = _label_names(out, listing, args)
     screen = ImageScreen("skip" if args.skip_bad else "stop" if args.check else "look")
     make = SampleMaker(args.field or "image", {name: i for i, name in enumerate(labels)},
                        _recoder(args), screen)
-    if args.append:  # OUT has the class list that numbers the labels (or none is needed)
-        written = _write_samples(out, entries, make, args, append=True)
-    else:
-        with staged_datasets([out], args.overwrite,
-                             sources=_read_files(args.source, entries)) as (staged,):
-            written = _write_samples(staged, entries, make, args)
-            if labels:
-                _write_labels(staged, labels, args)
-    _report_images(screen, entries, args)
+    with _ordered(listing.entries, out, args) as entries:
+        if args.append:  # OUT has the class list that numbers the labels (or none is needed)
+            written = _write_samples(out, entries, make, args, append=True)
+        else:
+            with staged_datasets([out], args.overwrite,
+                                 sources=_read_files(args.source, listing.entries)) as (staged,):
+                written = _write_samples(staged, entries, make, args)
+                if labels:
+                    _write_labels(staged, labels, args)
+        _report_images(screen, entries, args)
     say(args, f"{'appended' if args.append else 'wrote'} {written} samples from "
               f"{listing.kind} {args.source} to {out} ({human_bytes(out.stat().st_size)})"
         + (f", {len(labels)} labels in {out}{CLASSES_SUFFIX}" if labels else ""))
@@ -397,19 +399,19 @@ def _appended_labels(out: Path, listing: Listing) -> list:
     return names
 
 
-def _ordered(entries: Entries, args: argparse.Namespace) -> Entries:
-    """The entries in the order to write them: as listed (a folder's are walked again, not
-    held), or shuffled by the seed (which holds them all)."""
+def _ordered(entries: Entries, out: Path, args: argparse.Namespace
+             ) -> AbstractContextManager[Entries | ShuffledEntries]:
+    """The entries in the order to write them, for the block: as listed (read again at each
+    pass), or shuffled by the seed (dealt into bucket files beside ``out`` for the block:
+    see :mod:`~fpipe._commands._shuffle`)."""
     if not args.shuffle:
-        return entries
-    from ..random import item_rng
+        return nullcontext(entries)
+    from ._shuffle import shuffled_entries
 
-    listed = list(entries)
-    order = item_rng(chosen_seed(args), 0, 0).permutation(len(listed))
-    return [listed[i] for i in order.tolist()]
+    return shuffled_entries(entries, chosen_seed(args), out)
 
 
-def _write_samples(path: Path, entries: Entries, make: SampleMaker,
+def _write_samples(path: Path, entries: Entries | ShuffledEntries, make: SampleMaker,
                    args: argparse.Namespace, append: bool = False) -> int:
     """Write the samples of ``entries`` to ``path``; how many were written (--skip-bad leaves
     out images that do not decode)."""
@@ -488,7 +490,7 @@ class ImageScreen:
         return self.mode == "look"
 
 
-def _report_images(screen: ImageScreen, entries: Entries, args: argparse.Namespace) -> None:
+def _report_images(screen: ImageScreen, entries: Entries | ShuffledEntries, args: argparse.Namespace) -> None:
     """Name on stderr each damaged image that was packed or left out, in the order of the
     samples, then their count (even with --quiet); and the image files that were not checked."""
     if screen.unchecked and not args.quiet:
