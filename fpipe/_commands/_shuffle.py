@@ -23,11 +23,11 @@ True
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from itertools import islice
 from pathlib import Path
 
 from ..random import item_rng
@@ -39,8 +39,7 @@ __all__ = ["BUCKET_ENTRIES", "DEALT_BYTES", "ShuffledEntries", "shuffled_entries
 BUCKET_ENTRIES = 1 << 17
 #: Bytes of dealt lines held in memory before they are appended to their bucket files.
 DEALT_BYTES = 1 << 24
-_DEAL_CHUNK = 4096  # entries dealt with one draw of bucket numbers (a fixed size: the draws
-# depend on it)
+_DEAL_CHUNK = 4096  # bucket numbers drawn at once
 
 
 @contextmanager
@@ -50,7 +49,7 @@ def shuffled_entries(entries: Iterable[Entry], seed: int, beside: Path
     ``beside`` (in the system's temporary folder if its folder does not exist yet), which is
     removed with them on leaving the block, however it is left."""
     parent = beside.parent if beside.parent.is_dir() else None
-    folder = Path(tempfile.mkdtemp(prefix=".fpipe-shuffle-", dir=parent))
+    folder = tempfile.mkdtemp(prefix=".fpipe-shuffle-", dir=parent)
     try:
         yield ShuffledEntries.dealt(entries, seed, folder)
     finally:
@@ -62,11 +61,11 @@ class ShuffledEntries:
     ``count`` in all; each iteration reads the buckets again, one at a time, and yields each
     permuted by ``seed`` (the same order every time)."""
 
-    def __init__(self, folder: Path, buckets: int, count: int, seed: int) -> None:
+    def __init__(self, folder: str, buckets: int, count: int, seed: int) -> None:
         self.folder, self.buckets, self.count, self.seed = folder, buckets, count, seed
 
     @classmethod
-    def dealt(cls, entries: Iterable[Entry], seed: int, folder: Path) -> ShuffledEntries:
+    def dealt(cls, entries: Iterable[Entry], seed: int, folder: str) -> ShuffledEntries:
         """Deal ``entries`` into buckets in ``folder``: as many as ``len(entries)`` (a hint:
         the entries dealt are counted) takes for each to hold about :data:`BUCKET_ENTRIES`."""
         hint = len(entries) if hasattr(entries, "__len__") else 0
@@ -83,15 +82,12 @@ class ShuffledEntries:
             yield from self._permuted(bucket)
 
     def _deal(self, entries: Iterator[Entry]) -> int:
-        draw = item_rng(self.seed, 1, 0)
         waiting: list[list[str]] = [[] for _ in range(self.buckets)]
         count = held = 0
-        while chunk := list(islice(entries, _DEAL_CHUNK)):
-            for entry, bucket in zip(chunk, draw.integers(self.buckets, size=len(chunk)).tolist()):
-                line = json.dumps([entry.key, entry.path, entry.label, entry.sample]) + "\n"
-                waiting[bucket].append(line)
-                held += len(line)
-            count += len(chunk)
+        for entry, bucket in zip(entries, _bucket_numbers(self.seed, self.buckets)):
+            line = json.dumps([entry.key, entry.path, entry.label, entry.sample]) + "\n"
+            waiting[bucket].append(line)
+            count, held = count + 1, held + len(line)
             if held > DEALT_BYTES:
                 self._append(waiting)
                 held = 0
@@ -108,12 +104,22 @@ class ShuffledEntries:
 
     def _permuted(self, bucket: int) -> list[Entry]:
         path = self._path(bucket)
-        if not path.exists():
+        if not os.path.exists(path):
             return []
         with open(path, encoding="utf-8") as file:
             entries = [Entry(*json.loads(line)) for line in file]
         order = item_rng(self.seed, 0, bucket).permutation(len(entries))
         return [entries[i] for i in order.tolist()]
 
-    def _path(self, bucket: int) -> Path:
-        return self.folder / f"{bucket}.jsonl"
+    def _path(self, bucket: int) -> str:
+        # no Path: pathlib interns the parts of every path it parses, and the table of
+        # interned strings grows (in steps of its whole size) with the number of buckets
+        return os.path.join(self.folder, f"{bucket}.jsonl")
+
+
+def _bucket_numbers(seed: int, buckets: int) -> Iterator[int]:
+    """Endless bucket numbers below ``buckets`` drawn by ``seed``, :data:`_DEAL_CHUNK` at a
+    time (numpy's draws depend on how many are drawn at once)."""
+    draw = item_rng(seed, 1, 0)
+    while True:
+        yield from draw.integers(buckets, size=_DEAL_CHUNK).tolist()
