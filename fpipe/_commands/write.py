@@ -72,8 +72,9 @@ Write a packed dataset. SOURCE is one of:
 
 For files, OUT is the dataset's file (e.g. train.msgpack); each sample is
 {{"key": the file's relative path, "image" (--field): the file's bytes, "label": number}}.
-A folder tree is listed one folder at a time, so that a tree of any number of files is written
-in the same memory (--shuffle holds the list of its files).
+Folders and patterns are listed one folder at a time, list and JSON-lines files read a line at
+a time, so that any number of files is written in the same memory; --shuffle deals them into
+bucket files beside OUT, read back one at a time.
 Images are stored as their original bytes unless --resize or --encode is given.
 Labels are numbered in natural order of their names (digit runs compare as numbers, so
 'class2' < 'class10'), or as in the class list of --classes FILE; the names are stored
