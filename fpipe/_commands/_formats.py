@@ -138,11 +138,13 @@ WORKER_CHUNK = 1024
 
 
 def _ordered(reader: Any, args: argparse.Namespace) -> Any:
-    """``reader``, or its samples shuffled by ``--seed`` (a Shuffler) with ``--shuffle``."""
+    """``reader``, or its samples shuffled by ``--seed`` with ``--shuffle``: an
+    :class:`~fpipe.storage.IndexShuffler`, which computes the sample at each position and
+    holds no permutation (a Shuffler draws one of 4 bytes a sample, in each worker too)."""
     if args.shuffle:
-        from ..storage import Shuffler
+        from ..storage import IndexShuffler
 
-        return Shuffler(reader, seed=chosen_seed(args))
+        return IndexShuffler(reader, seed=chosen_seed(args))
     return reader
 
 

@@ -16,7 +16,6 @@ A pattern's file suffix matches in either case, as the suffixes of images in cla
 from __future__ import annotations
 
 import csv
-import glob
 import json
 import os
 import re
@@ -31,7 +30,8 @@ from ..errors import FpipeError
 from ..storage.unpacked import natural_key
 from ._common import UsageError
 
-__all__ = ["IMAGE_SUFFIXES", "JSON_LINES", "LIST_FILE", "Entry", "FolderFiles", "Listing",
+__all__ = ["IMAGE_SUFFIXES", "JSON_LINES", "LIST_FILE", "Entries", "Entry", "FolderFiles",
+           "JsonLinesEntries", "ListFileEntries", "Listing", "PatternFiles", "clean_path",
            "either_case_suffix", "file_suffix", "list_source", "natural_order"]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -72,7 +72,7 @@ class _Survey:
 
 
 def _survey(entries: Iterable[Entry]) -> _Survey:
-    if isinstance(entries, FolderFiles):
+    if isinstance(entries, Entries):
         return entries.survey
     count, labels, unlabelled, not_images, named = 0, set(), None, 0, []
     for entry in entries:
@@ -105,38 +105,109 @@ def file_suffix(path: str) -> str:
     return name[dot:] if 0 < dot < len(name) - 1 else ""
 
 
+class Entries:
+    """The entries of a source, read again at each pass (a folder walked, a list file or
+    JSON lines read, a pattern matched), holding one folder's names or one line at a time,
+    so that a source of any size is listed in bounded memory: those whose key every one of
+    ``keep`` takes. A subclass says what the source yields (:meth:`_all`); ``len`` and
+    :attr:`survey` come from one pass, made once."""
+
+    keep: tuple[Callable[[str], bool], ...]
+
+    def _all(self) -> Iterator[Entry]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Entry]:
+        keep = self.keep
+        return (entry for entry in self._all() if all(wanted(entry.key) for wanted in keep))
+
+    def __len__(self) -> int:
+        return self.survey.count
+
+    def kept(self, wanted: Callable[[str], bool]) -> Entries:
+        """These entries, those whose key ``wanted`` takes."""
+        return replace(self, keep=(*self.keep, wanted))  # type: ignore[type-var]
+
+    @cached_property
+    def survey(self) -> _Survey:
+        """A pass over the entries (made once)."""
+        return _survey(iter(self))
+
+
 @dataclass(frozen=True)
-class FolderFiles:
+class FolderFiles(Entries):
     """The files under ``root`` as entries, keyed by their path relative to it: in the class
-    folders ``classes`` (labelled by them), or anywhere under it (unlabelled) when None;
-    those whose key every one of ``keep`` takes. Each iteration walks the folders again, in
-    natural order, holding the names of one folder at a time, so that a tree of any number
-    of files is listed in bounded memory (a pass costs a walk of the tree)."""
+    folders ``classes`` (labelled by them), or anywhere under it (unlabelled) when None.
+    Each pass walks the folders again, in natural order, holding the names of one folder at
+    a time (a pass costs a walk of the tree)."""
 
     root: Path
     classes: tuple[str, ...] | None = None
     keep: tuple[Callable[[str], bool], ...] = ()
 
-    def __iter__(self) -> Iterator[Entry]:
-        root, keep = self.root, self.keep
+    def _all(self) -> Iterator[Entry]:
+        root = self.root
         folders = [(root, None)] if self.classes is None else \
             [(root / name, name) for name in self.classes]
         for folder, label in folders:
             for key, path in _visible_files(folder, root):
-                if all(wanted(key) for wanted in keep):
-                    yield Entry(key, path, label)
+                yield Entry(key, path, label)
 
-    def __len__(self) -> int:
-        return self.survey.count
 
-    def kept(self, wanted: Callable[[str], bool]) -> FolderFiles:
-        """These files, those whose key ``wanted`` takes."""
-        return replace(self, keep=(*self.keep, wanted))
+@dataclass(frozen=True)
+class ListFileEntries(Entries):
+    """The ``path[,label]`` lines of the list file ``path`` as entries, columns split at
+    ``separator``, after the first line if it is a ``header``; each pass reads the file
+    again, a line at a time."""
 
-    @cached_property
-    def survey(self) -> _Survey:
-        """A pass over the files (made once)."""
-        return _survey(iter(self))
+    path: Path
+    separator: str
+    header: bool
+    keep: tuple[Callable[[str], bool], ...] = ()
+
+    def _all(self) -> Iterator[Entry]:
+        rows, folder = _list_rows(self.path, self.separator), str(self.path.parent)
+        if self.header:
+            next(rows, None)
+        return (_list_entry(self.path, folder, number, row) for number, row in rows)
+
+
+@dataclass(frozen=True)
+class JsonLinesEntries(Entries):
+    """The samples of the JSON-lines file ``path`` as entries (a sample without ``"key"``
+    gets its number among the samples); each pass reads the file again, a line at a time."""
+
+    path: Path
+    keep: tuple[Callable[[str], bool], ...] = ()
+
+    def _all(self) -> Iterator[Entry]:
+        with open(self.path, encoding="utf-8") as file:
+            index = 0
+            for number, line in enumerate(file, 1):
+                if line.strip():
+                    yield _json_entry(self.path, number, line, index)
+                    index += 1
+
+
+@dataclass(frozen=True)
+class PatternFiles(Entries):
+    """The files under ``base`` whose path relative to it matches the glob components
+    ``parts`` as :func:`glob.glob` matches them (``**`` crosses folders, wildcards do not
+    match hidden names), keyed by that relative path; labelled by their first component
+    (which must be a folder) if ``labelled``. Each pass walks the folders again, holding the
+    names of one folder a level, in natural order of the paths."""
+
+    base: Path
+    parts: tuple[str, ...]
+    labelled: bool = False
+    keep: tuple[Callable[[str], bool], ...] = ()
+
+    def _all(self) -> Iterator[Entry]:
+        prefix = "" if self.base == Path(".") else str(self.base)
+        for names in _matched_files(str(self.base), (), self.parts):
+            if not self.labelled or len(names) > 1:
+                yield Entry("/".join(names), os.path.join(prefix, *names),
+                            names[0] if self.labelled else None)
 
 
 @dataclass
@@ -144,12 +215,11 @@ class Listing:
     """The entries of a source, what kind of source it was, the label names in label order
     (empty when unlabelled), a note about files that were left out, whether its labels are
     class folders (an ImageFolder tree or a ``{LABEL}`` pattern), and the labels that lost
-    every sample to ``--include``/``--exclude`` or to the image filter (``emptied``). A
-    folder's entries are :class:`FolderFiles`, which walk it at each pass; the others' are
-    a list."""
+    every sample to ``--include``/``--exclude`` or to the image filter (``emptied``). The
+    entries are :class:`Entries`, which read the source again at each pass: none is held."""
 
     kind: str
-    entries: list[Entry] | FolderFiles
+    entries: Entries
     labels: list = field(default_factory=list)
     note: str = ""
     class_folders: bool = False
@@ -182,8 +252,7 @@ def list_source(source: str, separator: str | None = None, include: Sequence[str
     if not listing.entries:
         raise UsageError(f"{source}: no samples found"
                          + (" (after --include/--exclude)" if include or exclude else ""))
-    if not isinstance(listing.entries, FolderFiles):  # a folder's paths are unique
-        _check_unique(listing.entries)
+    # keys listed twice are refused by the writer, which finds them in bounded memory
     return listing
 
 
@@ -209,15 +278,7 @@ def _select(listing: Listing, include: Sequence[str], exclude: Sequence[str]) ->
         return (not include or any(fnmatchcase(key, glob) for glob in include)) \
             and not any(fnmatchcase(key, glob) for glob in exclude)
 
-    return _with_entries(listing, _kept(listing.entries, chosen))
-
-
-def _kept(entries: list[Entry] | FolderFiles, wanted: Callable[[str], bool]
-          ) -> list[Entry] | FolderFiles:
-    """The entries whose key ``wanted`` takes."""
-    if isinstance(entries, FolderFiles):
-        return entries.kept(wanted)
-    return [entry for entry in entries if wanted(entry.key)]
+    return _with_entries(listing, listing.entries.kept(chosen))
 
 
 def either_case_suffix(pattern: str) -> str:
@@ -235,7 +296,7 @@ def _either_case(char: str) -> str:
     return f"[{lower}{upper}]" if lower != upper and len(lower) == len(upper) == 1 else char
 
 
-def _with_entries(listing: Listing, entries: list[Entry] | FolderFiles) -> Listing:
+def _with_entries(listing: Listing, entries: Entries) -> Listing:
     """``listing`` with fewer entries, and the labels that are left."""
     present = _survey(entries).labels
     return replace(listing, entries=entries,
@@ -254,11 +315,11 @@ def _images_only(source: str, listing: Listing, strict: bool) -> Listing:
             f"suffix): {named}")
     if strict:
         raise FpipeError(f"{source}: {what}; --exclude them, or leave out --strict to skip them")
-    left = _with_entries(listing, _kept(listing.entries, _is_image))
+    left = _with_entries(listing, listing.entries.kept(_is_image))
     return replace(left, note="; ".join(filter(None, (listing.note, f"left out {what}"))))
 
 
-def _labelled(kind: str, entries: list[Entry] | FolderFiles, note: str = "",
+def _labelled(kind: str, entries: Entries, note: str = "",
               class_folders: bool = False) -> Listing:
     survey = _survey(entries)
     if survey.labels and survey.unlabelled is not None:
@@ -299,16 +360,65 @@ def _glob_listing(pattern: str) -> Listing:
     base = Path(*parts[:at]) if at else Path(".")
     if not base.is_dir():
         raise FileNotFoundError(f"{base}: no such folder (in the pattern {pattern})")
-    found = glob.glob(either_case_suffix(pattern.replace("{LABEL}", "*", 1)), recursive=True)
-    entries = [Entry(Path(match).relative_to(base).as_posix(), match,
-                     Path(match).parts[at] if labelled else None)
-               for match in natural_order(found) if os.path.isfile(match)
-               and (not labelled or len(Path(match).parts) > at + 1)]
-    if not entries:
+    matched = Path(either_case_suffix(pattern.replace("{LABEL}", "*", 1))).parts[at:]
+    entries = PatternFiles(base, matched, labelled)
+    if pattern.endswith(_SEPARATOR_CHARS) or not entries:  # a trailing / matches folders only
         raise UsageError(f"{pattern}: the pattern matches no files"
                          + (" (end it with /** to take the files in each label folder)"
                             if pattern.rstrip("/\\").endswith("{LABEL}") else ""))
     return _labelled("glob pattern", entries, class_folders=labelled)
+
+
+def _matched_files(folder: str, names: tuple[str, ...], parts: tuple[str, ...],
+                   states: frozenset[int] = frozenset({0})) -> Iterator[tuple[str, ...]]:
+    """The files under ``folder`` (reached by ``names`` from the base) whose names match the
+    rest of the glob components ``parts``, as :func:`glob.glob` matches them: ``states`` are
+    the components that the next name may match (a ``**`` may match none, one or several
+    names). In natural order of their paths: a folder's entries sorted as the paths below
+    them sort, holding the matching names of one folder a level (folders whose names sort
+    alike, ``c1`` and ``c01``, are taken one after the other, by name)."""
+    states = _past_stars(parts, states)
+    matching = []
+    with os.scandir(folder) as found:
+        for entry in found:
+            after = _advanced(parts, states, entry.name)
+            if after:
+                is_folder = entry.is_dir()
+                if is_folder or entry.is_file():
+                    matching.append((entry.name + "/" if is_folder else entry.name, after))
+    for name, after in sorted(matching, key=lambda pair: (natural_key(pair[0]), pair[0])):
+        if name.endswith("/"):
+            yield from _matched_files(os.path.join(folder, name[:-1]), (*names, name[:-1]),
+                                      parts, after)
+        elif len(parts) in _past_stars(parts, after):
+            yield (*names, name)
+
+
+def _past_stars(parts: tuple[str, ...], states: frozenset[int]) -> frozenset[int]:
+    """``states`` and the components after each ``**`` among them (which may match no name)."""
+    more = set(states)
+    for state in sorted(states):
+        while state < len(parts) and parts[state] == "**":
+            state += 1
+            more.add(state)
+    return frozenset(more)
+
+
+def _advanced(parts: tuple[str, ...], states: frozenset[int], name: str) -> frozenset[int]:
+    """The components that the name after ``name`` may match, from ``states``; empty if
+    ``name`` matches none of them. Wildcards do not match a hidden name; a ``**`` stays."""
+    hidden = name.startswith(".")
+    after = set()
+    for state in states:
+        if state == len(parts):
+            continue
+        part = parts[state]
+        if part == "**":
+            if not hidden:
+                after.add(state)
+        elif (not hidden or part.startswith(".")) and fnmatchcase(name, part):
+            after.add(state + 1)
+    return frozenset(after)
 
 
 def _first_glob_part(parts: tuple[str, ...]) -> int:
@@ -326,18 +436,31 @@ def _is_json_lines(path: Path) -> bool:
 
 
 def _list_listing(path: Path, separator: str | None) -> Listing:
-    with open(path, encoding="utf-8", newline="") as file:
-        lines = [(number, line) for number, line in enumerate(file, 1) if line.strip()]
+    number, first = _first_line(path)
     if separator is None:
-        separator = "\t" if lines and "\t" in lines[0][1] else ","
-    rows = [(number, next(csv.reader([line], delimiter=separator))) for number, line in lines]
+        separator = "\t" if "\t" in first else ","
+    row = next(csv.reader([first], delimiter=separator)) if first else None
+    header = row is not None and _is_header(path, row)
     note = ""
-    if rows and _is_header(path, rows[0][1]):
-        if rows[0][1][0].strip().lower() != "path":  # the documented header needs no note
-            note = f"took line {rows[0][0]} of {path} ({separator.join(rows[0][1])}) as a header"
-        rows = rows[1:]
-    entries = [_list_entry(path, number, row) for number, row in rows]
-    return _labelled(LIST_FILE, entries, note)
+    if header and row[0].strip().lower() != "path":  # the documented header needs no note
+        note = f"took line {number} of {path} ({separator.join(row)}) as a header"
+    return _labelled(LIST_FILE, ListFileEntries(path, separator, header), note)
+
+
+def _first_line(path: Path) -> tuple[int, str]:
+    """The number and text of the first line of ``path`` that is not blank; (0, "") if none."""
+    with open(path, encoding="utf-8", newline="") as file:
+        return next(((number, line) for number, line in enumerate(file, 1) if line.strip()),
+                    (0, ""))
+
+
+def _list_rows(path: Path, separator: str) -> Iterator[tuple[int, list[str]]]:
+    """The lines of the list file ``path`` that are not blank, numbered, split at
+    ``separator``, read one at a time."""
+    with open(path, encoding="utf-8", newline="") as file:
+        for number, line in enumerate(file, 1):
+            if line.strip():
+                yield number, next(csv.reader([line], delimiter=separator))
 
 
 def _is_header(list_file: Path, row: list[str]) -> bool:
@@ -349,28 +472,47 @@ def _is_header(list_file: Path, row: list[str]) -> bool:
     return bool(_COLUMN_NAME.fullmatch(name)) and not (list_file.parent / name).exists()
 
 
-def _list_entry(list_file: Path, number: int, row: list[str]) -> Entry:
+def _list_entry(list_file: Path, folder: str, number: int, row: list[str]) -> Entry:
+    """The entry of line ``number`` of ``list_file``, whose relative paths are relative to
+    its ``folder`` (wherever fpipe runs)."""
     if len(row) > 2:
         raise UsageError(f"{list_file}, line {number}: {len(row)} columns; a line is path[,label] "
                          "(--separator sets the separator)")
-    name = row[0].strip()
     label = row[1].strip() if len(row) == 2 and row[1].strip() else None
-    key = Path(name).as_posix()
-    key = key[2:] if key.startswith("./") else key
-    # Relative paths are relative to the list file's folder, wherever fpipe runs.
-    return Entry(key, str(list_file.parent / name), label)
+    key = clean_path(row[0].strip())
+    return Entry(key, key if folder == "." else os.path.join(folder, key), label)
+
+
+def clean_path(name: str) -> str:
+    """The path ``name`` written with ``/``, without empty and ``.`` components, as
+    :meth:`pathlib.PurePath.as_posix` writes it, without a Path: pathlib interns the parts
+    of every path it parses, a cost for each line of a list of millions.
+
+    >>> clean_path("./photos//cat.jpg"), clean_path("/data/./a.png"), clean_path("./")
+    ('photos/cat.jpg', '/data/a.png', '.')
+    """
+    parts = [part for part in re.split(_SEPARATORS, name) if part not in ("", ".")]
+    root = "/" if name.startswith(tuple(_SEPARATOR_CHARS)) else ""
+    return root + "/".join(parts) if parts or root else "."
 
 
 def _json_listing(path: Path) -> Listing:
-    entries = []
-    with open(path, encoding="utf-8") as file:
-        for number, line in enumerate(file, 1):
-            if line.strip():
-                entries.append(_json_entry(path, number, line, len(entries)))
-    labels = {entry.label for entry in entries if isinstance(entry.label, str)}
-    if labels and any(not isinstance(e.label, str) for e in entries if "label" in e.sample):
+    entries = JsonLinesEntries(path)
+    return Listing(JSON_LINES, entries, natural_order(_json_labels(path, entries)))
+
+
+def _json_labels(path: Path, entries: JsonLinesEntries) -> set[str]:
+    """The label names of the samples (a pass over them): labels that are strings, which
+    must then be all the labels."""
+    names, others = set(), False
+    for entry in entries:
+        if isinstance(entry.label, str):
+            names.add(entry.label)
+        elif entry.sample is not None and "label" in entry.sample:
+            others = True
+    if names and others:
         raise UsageError(f"{path}: some labels are strings and some are not; use one kind")
-    return Listing(JSON_LINES, entries, natural_order(labels))
+    return names
 
 
 def _json_entry(path: Path, number: int, line: str, index: int) -> Entry:
@@ -385,11 +527,3 @@ def _json_entry(path: Path, number: int, line: str, index: int) -> Entry:
     if not isinstance(key, str):
         raise ValueError(f"{path}, line {number}: \"key\" must be a string; got {key!r}")
     return Entry(key, None, sample.get("label"), sample)
-
-
-def _check_unique(entries: list[Entry]) -> None:
-    seen: dict[str, None] = {}
-    for entry in entries:
-        if entry.key in seen:
-            raise ValueError(f"duplicate key {entry.key!r}: keys must be unique")
-        seen[entry.key] = None

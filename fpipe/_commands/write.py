@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +35,8 @@ from ._inputs import (
     IMAGE_SUFFIXES,
     JSON_LINES,
     LIST_FILE,
+    Entries,
     Entry,
-    FolderFiles,
     Listing,
     file_suffix,
     list_source,
@@ -44,6 +45,7 @@ from ._labels import check_matchable, class_file, class_lists
 
 if TYPE_CHECKING:
     from ..sets import KnownDataset
+    from ._shuffle import ShuffledEntries
 
 __all__ = ["add_parsers"]
 
@@ -70,8 +72,9 @@ Write a packed dataset. SOURCE is one of:
 
 For files, OUT is the dataset's file (e.g. train.msgpack); each sample is
 {{"key": the file's relative path, "image" (--field): the file's bytes, "label": number}}.
-A folder tree is listed one folder at a time, so that a tree of any number of files is written
-in the same memory (--shuffle holds the list of its files).
+Folders and patterns are listed one folder at a time, list and JSON-lines files read a line at
+a time, so that any number of files is written in the same memory; --shuffle deals them into
+bucket files beside OUT, read back one at a time.
 Images are stored as their original bytes unless --resize or --encode is given.
 Labels are numbered in natural order of their names (digit runs compare as numbers, so
 'class2' < 'class10'), or as in the class list of --classes FILE; the names are stored
@@ -97,7 +100,6 @@ _EXAMPLE = """\
   fpipe write data/*.parquet train.msgpack"""
 
 _FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
-Entries = list[Entry] | FolderFiles  # the samples to write: a folder's walked at each pass
 _NAMED_LABELS = 5  # label names shown in one message
 _MAX_SIDE = 16384  # --resize: the largest side a JPEG or WebP image may have
 
@@ -267,21 +269,21 @@ def _write_files(args: argparse.Namespace) -> int:
     _check_source_options(listing, args)
     for note in _notes(listing, args):
         print(f"fpipe write: note: {note}", file=sys.stderr)
-    entries = _ordered(listing.entries, args)
     out = Path(args.out)
     labels = _label_names(out, listing, args)
     screen = ImageScreen("skip" if args.skip_bad else "stop" if args.check else "look")
     make = SampleMaker(args.field or "image", {name: i for i, name in enumerate(labels)},
                        _recoder(args), screen)
-    if args.append:  # OUT has the class list that numbers the labels (or none is needed)
-        written = _write_samples(out, entries, make, args, append=True)
-    else:
-        with staged_datasets([out], args.overwrite,
-                             sources=_read_files(args.source, entries)) as (staged,):
-            written = _write_samples(staged, entries, make, args)
-            if labels:
-                _write_labels(staged, labels, args)
-    _report_images(screen, entries, args)
+    with _ordered(listing.entries, out, args) as entries:
+        if args.append:  # OUT has the class list that numbers the labels (or none is needed)
+            written = _write_samples(out, entries, make, args, append=True)
+        else:
+            with staged_datasets([out], args.overwrite,
+                                 sources=_read_files(args.source, listing.entries)) as (staged,):
+                written = _write_samples(staged, entries, make, args)
+                if labels:
+                    _write_labels(staged, labels, args)
+        _report_images(screen, entries, args)
     say(args, f"{'appended' if args.append else 'wrote'} {written} samples from "
               f"{listing.kind} {args.source} to {out} ({human_bytes(out.stat().st_size)})"
         + (f", {len(labels)} labels in {out}{CLASSES_SUFFIX}" if labels else ""))
@@ -398,19 +400,19 @@ def _appended_labels(out: Path, listing: Listing) -> list:
     return names
 
 
-def _ordered(entries: Entries, args: argparse.Namespace) -> Entries:
-    """The entries in the order to write them: as listed (a folder's are walked again, not
-    held), or shuffled by the seed (which holds them all)."""
+def _ordered(entries: Entries, out: Path, args: argparse.Namespace
+             ) -> AbstractContextManager[Entries | ShuffledEntries]:
+    """The entries in the order to write them, for the block: as listed (read again at each
+    pass), or shuffled by the seed (dealt into bucket files beside ``out`` for the block:
+    see :mod:`~fpipe._commands._shuffle`)."""
     if not args.shuffle:
-        return entries
-    from ..random import item_rng
+        return nullcontext(entries)
+    from ._shuffle import shuffled_entries
 
-    listed = list(entries)
-    order = item_rng(chosen_seed(args), 0, 0).permutation(len(listed))
-    return [listed[i] for i in order.tolist()]
+    return shuffled_entries(entries, chosen_seed(args), out)
 
 
-def _write_samples(path: Path, entries: Entries, make: SampleMaker,
+def _write_samples(path: Path, entries: Entries | ShuffledEntries, make: SampleMaker,
                    args: argparse.Namespace, append: bool = False) -> int:
     """Write the samples of ``entries`` to ``path``; how many were written (--skip-bad leaves
     out images that do not decode)."""
@@ -489,7 +491,7 @@ class ImageScreen:
         return self.mode == "look"
 
 
-def _report_images(screen: ImageScreen, entries: Entries, args: argparse.Namespace) -> None:
+def _report_images(screen: ImageScreen, entries: Entries | ShuffledEntries, args: argparse.Namespace) -> None:
     """Name on stderr each damaged image that was packed or left out, in the order of the
     samples, then their count (even with --quiet); and the image files that were not checked."""
     if screen.unchecked and not args.quiet:
