@@ -219,26 +219,32 @@ def _int64_list(data: bytes, position: int, stop: int) -> np.ndarray:
             values.extend(_packed_varints(data, start, position))
         elif tag == _FIRST_VARINT:
             value, position = _varint(data, position)
-            values.append(value)
+            values.append(_int64(value))
         else:
             position = _skip(data, position, stop, tag)
     if position > stop:
         raise ValueError("a varint runs past the end of its list")
-    # int64 is two's complement in 64 bits
-    return np.array(values, dtype=np.uint64).view(np.int64) if values else np.zeros(0, np.int64)
+    return np.array(values, np.int64)
 
 
 def _packed_varints(data: bytes, start: int, stop: int) -> list[int]:
+    """The int64 values of the packed varints ``data[start:stop]``."""
     piece = data[start:stop]
     if not piece or max(piece) < 0x80:  # values below 128: a byte each
         return list(piece)
     values, position = [], start
     while position < stop:
         value, position = _varint(data, position)
-        values.append(value)
+        values.append(value if value < 1 << 63 else _int64(value))
     if position != stop:
         raise ValueError("a packed varint runs past the end of its list")
     return values
+
+
+def _int64(value: int) -> int:
+    """The int64 a varint holds: its low 64 bits (as protobuf reads them), two's complement."""
+    value &= 0xFFFFFFFFFFFFFFFF
+    return value - (1 << 64) if value >> 63 else value
 
 
 _LISTS = {_FIRST_LENGTH: _bytes_list, _SECOND_LENGTH: _float_list, _THIRD_LENGTH: _int64_list}
