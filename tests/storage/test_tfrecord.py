@@ -118,6 +118,14 @@ def test_a_varint_past_64_bits_reads_its_low_64_bits_as_protobuf_does(int64_list
     assert TFRecordFileReader(tmp_path / "x.tfrecord", cache_dir=cache)[0]["ids"].tolist() == list(theirs)
 
 
+def test_the_feature_names_kept_for_the_next_records_stay_bounded():
+    from fpipe.storage import tfrecord
+
+    for i in range(tfrecord._KNOWN_NAMES + 100):
+        assert parse_example(encode_example({f"name {i}": i}))[f"name {i}"].tolist() == [i]
+    assert len(tfrecord._NAMES) == tfrecord._KNOWN_NAMES
+
+
 @pytest.mark.parametrize("size", [0, 1, 3, 4, 5, 31, 32, 33, 1000, 2049, 70001])
 def test_crc32c_fallbacks_agree_with_the_crc32c_package(size):
     data = np.random.default_rng(size).bytes(size)
