@@ -367,8 +367,15 @@ def _packed_varints(data: bytes, start: int, stop: int) -> list[int]:
         return list(piece)
     values, position = [], start
     while position < stop:
-        value, position = _varint(data, position)
-        values.append(value if value < 1 << 63 else _int64(value))
+        value = data[position]
+        if value < 0x80:
+            position += 1
+        elif position + 1 < stop and data[position + 1] < 0x80:  # below 16384: two bytes
+            value, position = value & 0x7F | data[position + 1] << 7, position + 2
+        else:
+            value, position = _varint(data, position)
+            value = _int64(value)
+        values.append(value)
     if position != stop:
         raise ValueError("a packed varint runs past the end of its list")
     return values
@@ -583,11 +590,9 @@ class TFRecordFileReader(SpanReader):
         except (ValueError, UnicodeDecodeError) as error:
             raise FormatError(f"not a tf.train.Example ({error})", path=self.source.path,
                               index=index, offset=offset) from None
-        return self._chosen(sample, index, offset)
+        return sample if self.features is None else self._chosen(sample, index, offset)
 
     def _chosen(self, sample: dict, index: int, offset: int) -> dict:
-        if self.features is None:
-            return sample
         missing = [name for name in self.features if name not in sample]
         if missing:
             raise FormatError(f"the record has no feature {missing[0]!r} (features="
