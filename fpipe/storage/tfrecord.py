@@ -7,7 +7,7 @@ A TFRecord file is a run of records, each framed as its length (8 bytes, little-
 masked CRC-32C of the length, the data, and the masked CRC-32C of the data. fpipe parses the
 framing and the Example protobuf itself (tested against the ``tfrecord`` package): the
 Example message is small and frozen, so this costs no dependency on TensorFlow or protobuf and
-its generated code. The layout that writers give an Example takes a short path (about 1.5x as
+its generated code. The layout that writers give an Example takes a short path (about 1.7x as
 fast as protobuf's general rules, which the rest takes, and checked against them). The CRC-32C
 comes from the ``crc32c`` package when it is installed (``pip install fpipe[tfrecord]``),
 else from a slower fallback.
@@ -203,9 +203,19 @@ def _common_feature(data: bytes, position: int, stop: int) -> Any:
             length, position = _varint(data, position - 2)
     if position + length != stop:
         return None
-    if kind == _FIRST_LENGTH:
-        return _common_bytes_list(data, position, stop)
-    return _COMMON_NUMBERS[kind](data, position, stop) if kind in _COMMON_NUMBERS else None
+    if kind != _FIRST_LENGTH:
+        return _COMMON_NUMBERS[kind](data, position, stop) if kind in _COMMON_NUMBERS else None
+    if position < stop and data[position] == _FIRST_LENGTH:  # a bytes list of one value?
+        length = data[position + 1]
+        if length < 0x80:
+            start = position + 2
+        else:
+            start, length = position + 3, length & 0x7F | data[position + 2] << 7
+            if data[position + 2] >= 0x80:
+                length, start = _varint(data, position + 1)
+        if start + length == stop:
+            return data[start:stop]
+    return _common_bytes_list(data, position, stop)
 
 
 def _name(raw: bytes) -> str:
