@@ -152,3 +152,118 @@ def test_a_cut_shard_never_yields_a_wrong_sample(payloads, data):
                 assert error.index == i
                 continue
             assert sample == samples[i]
+
+
+# --- the Example parser: the path for the layout writers use against the general one -----------
+# Examples are drawn at the wire level: the layout every writer uses (lengths of one, two and
+# three bytes, packed numbers) and what else protobuf allows or damage makes (numbers not
+# packed, several lists in a feature, entries with the feature first or without a name,
+# unknown fields, varints past 64 bits, names that are not UTF-8), then perhaps damaged.
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint_bytes(number << 3 | 2) + _varint_bytes(len(payload)) + payload
+
+
+_wire_ints = st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1))
+_long_varints = st.integers(2**64, 2**70 - 1)  # protobuf keeps the low 64 bits
+_byte_values = st.one_of(st.binary(max_size=8), st.binary(min_size=120, max_size=300),
+                         st.binary(min_size=16380, max_size=16390))
+
+
+def _packed_list(values: list[int]) -> bytes:
+    return _field(1, b"".join(map(_varint_bytes, values)))
+
+
+# the lists of the layout writers use, as (Feature field number, list message)
+_common_lists = st.one_of(
+    st.tuples(st.just(1), st.lists(_byte_values, max_size=3).map(
+        lambda v: b"".join(_field(1, x) for x in v))),
+    st.tuples(st.just(2), st.binary(max_size=6).map(lambda v: _field(1, v * 4))),
+    st.tuples(st.just(3), st.lists(_wire_ints, max_size=4).map(_packed_list)))
+# and others that protobuf allows or damage makes
+_other_lists = st.one_of(
+    st.tuples(st.just(2), st.binary(max_size=9).map(lambda v: _field(1, v))),
+    st.tuples(st.just(2), st.binary(min_size=4, max_size=4).map(lambda v: b"\x0d" + v * 2)),
+    st.tuples(st.just(3), st.lists(st.one_of(_wire_ints, _long_varints), max_size=3).map(
+        lambda v: b"".join(b"\x08" + _varint_bytes(x) for x in v) + _packed_list(v))),
+    st.tuples(st.just(3), st.lists(_long_varints, min_size=1, max_size=2).map(_packed_list)),
+    st.tuples(st.sampled_from([1, 2, 3]), st.just(b"")),
+    st.tuples(st.just(1), _byte_values.map(lambda v: _field(1, v) + b"\x10\x01")))
+_unknown = st.sampled_from([b"", b"\x20\x07", b"\x3a\x01x", b"\x45\x00\x00\x00\x00"])
+_odd_names = st.sampled_from([b"", b"\xff", b"a" * 127, b"a" * 128])  # 128: a length of 2 bytes
+
+
+_common_entries = st.tuples(names.map(str.encode), _common_lists).map(
+    lambda v: _field(1, v[0]) + _field(2, _field(*v[1])))
+
+
+def _example(entries: list[bytes]) -> bytes:
+    return _field(1, b"".join(_field(1, entry) for entry in entries))
+
+
+@st.composite
+def _map_entries(draw: st.DrawFn) -> bytes:
+    if draw(st.integers(0, 4)) < 4:  # as writers lay it out
+        return draw(_common_entries)
+    name = _field(1, draw(names).encode() if draw(st.integers(0, 1)) else draw(_odd_names))
+    lists = draw(st.lists(st.one_of(_common_lists, _other_lists), max_size=2))
+    feature = _field(2, b"".join(_field(*item) for item in lists))
+    parts = draw(st.sampled_from([(name, feature), (feature, name), (feature,), (name,)]))
+    return b"".join(parts) + draw(_unknown)
+
+
+@st.composite
+def wire_examples(draw: st.DrawFn) -> bytes:
+    example = _example(draw(st.lists(_map_entries(), max_size=4)))
+    if draw(st.integers(0, 4)) < 4:
+        return example
+    return example * draw(st.integers(1, 2)) + draw(_unknown)  # merged Example.features
+
+
+@st.composite
+def damaged(draw: st.DrawFn, data: bytes) -> bytes:
+    if not data or draw(st.integers(0, 2)):
+        return data
+    at = draw(st.integers(0, len(data) - 1))
+    return draw(st.sampled_from([data[:at], data[:at] + bytes([data[at] ^ draw(st.integers(1, 255))])
+                                 + data[at + 1:], data[:at] + draw(st.binary(min_size=1, max_size=2))
+                                 + data[at:]]))
+
+
+def _outcome(parse, data: bytes):
+    try:
+        return "value", parse(data)
+    except (ValueError, UnicodeDecodeError) as error:
+        return "error", f"{type(error).__name__}: {error}"
+
+
+@given(wire_examples().flatmap(damaged))
+def test_parse_example_answers_as_the_general_parser_on_any_bytes(data):
+    from fpipe.storage.tfrecord import _any_example
+
+    ours, general = _outcome(parse_example, data), _outcome(_any_example, data)
+    assert ours[0] == general[0] and same(ours[1], general[1])
+    if ours[0] == "value":
+        assert list(ours[1]) == list(general[1])  # the same order of features
+
+
+@given(st.lists(_common_entries, max_size=4).map(_example))
+def test_the_layout_writers_use_takes_the_common_path(data):
+    from fpipe.storage.tfrecord import _any_example, _common_example
+
+    assert same(_common_example(data), _any_example(data))
+
+
+@given(features)
+def test_fpipes_own_examples_take_the_common_path(values):
+    from fpipe.storage.tfrecord import _common_example
+
+    assert same(_common_example(encode_example(values)), values)

@@ -91,6 +91,41 @@ def test_parse_example_refuses_what_is_not_an_example(data):
         parse_example(data)
 
 
+def _message(field: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (payloads shorter than 128 bytes)."""
+    return bytes([field << 3 | 2, len(payload)]) + payload
+
+
+def _example_of_int64s(name: bytes, int64_list: bytes) -> bytes:
+    """An Example of one feature ``name`` whose Int64List message is ``int64_list``."""
+    entry = _message(1, name) + _message(2, _message(3, int64_list))
+    return _message(1, _message(1, entry))
+
+
+@pytest.mark.parametrize("int64_list", [
+    _message(1, b"\xff" * 9 + b"\x7f"),   # packed
+    b"\x08" + b"\xff" * 9 + b"\x7f",      # not packed
+    _message(1, b"\x05" + b"\xff" * 9 + b"\x03"),
+])
+def test_a_varint_past_64_bits_reads_its_low_64_bits_as_protobuf_does(int64_list, tmp_path, cache):
+    from tfrecord import example_pb2
+
+    data = _example_of_int64s(b"ids", int64_list)
+    theirs = example_pb2.Example.FromString(data).features.feature["ids"].int64_list.value
+    assert parse_example(data)["ids"].tolist() == list(theirs)
+    with TFRecordWriter(tmp_path / "x.tfrecord") as writer:
+        writer.write_record(data)
+    assert TFRecordFileReader(tmp_path / "x.tfrecord", cache_dir=cache)[0]["ids"].tolist() == list(theirs)
+
+
+def test_the_feature_names_kept_for_the_next_records_stay_bounded():
+    from fpipe.storage import tfrecord
+
+    for i in range(tfrecord._KNOWN_NAMES + 100):
+        assert parse_example(encode_example({f"name {i}": i}))[f"name {i}"].tolist() == [i]
+    assert len(tfrecord._NAMES) == tfrecord._KNOWN_NAMES
+
+
 @pytest.mark.parametrize("size", [0, 1, 3, 4, 5, 31, 32, 33, 1000, 2049, 70001])
 def test_crc32c_fallbacks_agree_with_the_crc32c_package(size):
     data = np.random.default_rng(size).bytes(size)
