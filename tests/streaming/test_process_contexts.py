@@ -109,12 +109,15 @@ def test_a_forked_child_of_a_process_that_used_the_pool_gets_its_own(n_workers):
 
 
 OS_FORKED = """
-import os
+import faulthandler, os
 import fpipe as fp
 from tests.streaming.helpers import doubled_here
 
 assert list(fp.processes(doubled_here, n_workers=2)(range(3)))  # the parent's pool
 pid = os.fork()
+# a hang shows where each process waits (the child's stacks, then the parent's) before the
+# deadline; armed after the fork (a child that inherits an armed one waits on its thread for ever)
+faulthandler.dump_traceback_later(90 if pid == 0 else 100, exit=True)
 if pid == 0:  # no multiprocessing hook prepares this child; it ends the way such children do
     doubled = [x for x, _ in fp.processes(doubled_here, n_workers=3)(range(5))]
     os._exit(0 if doubled == [0, 2, 4, 6, 8] else 1)
@@ -125,7 +128,7 @@ print(os.waitpid(pid, 0)[1])
 def test_a_child_of_a_plain_fork_gets_its_own_pool_too():
     result = run(OS_FORKED)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "0\n"
+    assert result.stdout == "0\n", result.stderr
 
 
 THREAD = """
