@@ -163,13 +163,17 @@ _SOURCES = {"folder": "tree{n}", "list file": "tree{n}/list.csv",
             "JSON lines": "samples{n}.jsonl", "glob": "tree{n}/{{LABEL}}/**/*.png"}
 
 
+_SHUFFLED = ["--shuffle", "--seed", "7"]
+# a folder listed in order: test_write_walks_a_folder_in_the_same_memory_at_any_size
+_CASES = [(source, order) for source in sorted(_SOURCES) for order in ([], _SHUFFLED)
+          if source != "folder" or order]
+
+
 @pytest.mark.slow  # about 10 s a case: 18,000 files packed
-@pytest.mark.parametrize("order", [[], ["--shuffle", "--seed", "7"]], ids=["listed", "shuffled"])
-@pytest.mark.parametrize("source", sorted(_SOURCES))
+@pytest.mark.parametrize(("source", "order"), _CASES,
+                         ids=[f"{source}-{'shuffled' if order else 'listed'}" for source, order in _CASES])
 def test_write_lists_and_shuffles_any_source_in_the_same_memory_at_any_size(
         image_trees, tmp_path, small_bounds, monkeypatch, source, order):
-    if source == "folder" and not order:
-        pytest.skip("test_write_walks_a_folder_in_the_same_memory_at_any_size")
     import fpipe._commands._shuffle as shuffle
 
     monkeypatch.setattr(writer_module, "_THREAD_MIN", 1 << 62)  # as in the folder's test
