@@ -18,9 +18,9 @@ from ..errors import FormatError, FpipeError, redacted_url
 from ..storage import (
     DatasetFiles,
     MsgpackReader,
+    legacy_index_batches,
     open_regular,
     read_classes,
-    read_legacy_index,
 )
 from ..storage._indexing import array_length
 from ..storage.format import SUFFIX_CLASSES
@@ -331,12 +331,14 @@ def key_batches(keys_file: Path, size: int = 1 << 16) -> Iterator[tuple[int, lis
 
 def dataset_key_batches(reader: Any, size: int = 1 << 16) -> Iterator[tuple[int, list[str]]]:
     """:func:`key_batches` of the dataset that ``reader`` (a MsgpackReader) reads (a legacy
-    dataset's come from its ``.index``, whole); a keys file that does not hold one key per
-    sample raises FormatError naming it."""
+    dataset's come from its ``.index``, a batch at a time as well); a keys file that does not
+    hold one key per sample raises FormatError naming it."""
     keys_file = DatasetFiles(reader.path).keys
     if not keys_file.exists():
-        keys = read_legacy_index(reader.path)[0]
-        yield from ((first, keys[first:first + size]) for first in range(0, len(keys), size))
+        first = 0
+        for keys, _ in legacy_index_batches(reader.path, size):
+            yield first, keys
+            first += len(keys)
         return
     count = array_length(keys_file)
     if count != len(reader):

@@ -20,17 +20,19 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
 from ..errors import FormatError
-from ..storage import BloomFilter, DatasetFiles, open_regular, read_legacy_index
+from ..storage import BloomFilter, DatasetFiles, legacy_index_batches, open_regular
 from ..storage._hashing import key_salt, salted_hashes
 from ..storage._indexing import array_length
 from ..storage.keyindex import SortedPairs
 from ._common import key_batches
 
-__all__ = ["Index", "key_problems", "keys_and_offsets", "legacy_index", "offset_problems", "read_index"]
+__all__ = ["Index", "OffsetChecks", "key_problems", "keys_and_offsets", "offset_problems",
+           "read_index"]
 
 _WINDOW = 1 << 20  # offsets or hashes looked at a time
 _BATCH = 1 << 16  # keys looked at a time
@@ -39,30 +41,36 @@ _BATCH = 1 << 16  # keys looked at a time
 @dataclass
 class Index:
     """A dataset's index as verify reads it: its ``count`` keys and ``offset_count`` offsets,
-    read from its files as they are wanted (a legacy ``.index``'s are held: ``legacy``)."""
+    read from its files as they are wanted (a legacy ``.index``'s keys from its map as they are
+    wanted, and its offsets from a temporary file that they were copied to: ``legacy``)."""
 
     files: DatasetFiles
     count: int
     offset_count: int
-    legacy: tuple[list[str], np.ndarray] | None = None
+    legacy: IO[bytes] | None = None
 
     def offsets(self, low: int, high: int) -> np.ndarray:
         """Offsets ``low`` to ``high`` (not included), as int64."""
         if self.legacy is not None:
-            return self.legacy[1][low:high]
+            data = os.pread(self.legacy.fileno(), 8 * (high - low), 8 * low)
+            return np.frombuffer(data, dtype=">u8").astype(np.int64)
         with open_regular(self.files.offsets) as file:
             data = os.pread(file.fileno(), 8 * (high - low), 8 * low)
         if len(data) != 8 * (high - low):
             raise FormatError(f"it ends before offset {high}", path=self.files.offsets)
         return np.frombuffer(data, dtype=">u8").astype(np.int64)
 
-    def key_batches(self, size: int = _BATCH) -> Iterator[tuple[int, list[str]]]:
-        """The keys in order, as ``(index of the first, keys)`` batches."""
+    def key_batches(self, size: int | None = None) -> Iterator[tuple[int, list[str]]]:
+        """The keys in order, as ``(index of the first, keys)`` batches (of 65,536 unless
+        ``size`` is given)."""
+        size = size or _BATCH
         if self.legacy is None:
             yield from key_batches(self.files.keys, size)
             return
-        keys = self.legacy[0]
-        yield from ((first, keys[first:first + size]) for first in range(0, len(keys), size))
+        first = 0
+        for keys, _ in legacy_index_batches(self.files.data, size):
+            yield first, keys
+            first += len(keys)
 
 
 def read_index(files: DatasetFiles) -> Index:
@@ -70,8 +78,7 @@ def read_index(files: DatasetFiles) -> Index:
     ``.index``); FileNotFoundError or FormatError if there is none to read."""
     if not files.offsets.exists():
         if files.legacy_index.exists():
-            keys, offsets = read_legacy_index(files.data)
-            return legacy_index(files, keys, offsets)
+            return _legacy_index(files)
         raise FileNotFoundError(f"{files.offsets.name} is missing")
     if not files.keys.exists():
         raise FileNotFoundError(f"{files.keys.name} is missing")
@@ -83,9 +90,71 @@ def read_index(files: DatasetFiles) -> Index:
     return Index(files, array_length(files.keys), size // 8)
 
 
-def legacy_index(files: DatasetFiles, keys: list[str], offsets: np.ndarray) -> Index:
-    """The :class:`Index` of a legacy ``.index``'s keys and offsets."""
-    return Index(files, len(keys), len(offsets), (keys, offsets.astype(np.int64)))
+def _legacy_index(files: DatasetFiles) -> Index:
+    """The :class:`Index` of a legacy ``.index``: its offsets copied to a temporary file (8
+    bytes a sample, removed when the index is dropped) as its map is read a batch at a time."""
+    spilled = tempfile.TemporaryFile(prefix="fpipe-verify-")
+    count = 0
+    try:
+        for keys, starts in legacy_index_batches(files.data):
+            spilled.write(starts.astype(">u8").tobytes())
+            count += len(keys)
+        spilled.write(np.array([files.data.stat().st_size], ">u8").tobytes())
+        spilled.flush()
+    except BaseException:
+        spilled.close()
+        raise
+    return Index(files, count, count + 1, spilled)
+
+
+class OffsetChecks:
+    """The checks of an index's offsets against its data file, made as the offsets come, in
+    order, a window at a time (:meth:`add`), in the same memory at any number of samples.
+
+    >>> checks = OffsetChecks()
+    >>> checks.add(np.array([0, 4, 4])); checks.add(np.array([2, 9]))
+    >>> checks.problems(9)
+    (['index: sample 1 at byte 4 is empty or ends before it starts (2 such samples)'], True)
+    """
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.end: int | None = None
+        self.steps, self.first_step = 0, (0, 0)
+        self._seen = 0
+
+    def add(self, offsets: np.ndarray) -> None:
+        """The next offsets (int64)."""
+        if not len(offsets):
+            return
+        if self.end is None:
+            window, low, self.first = offsets, 0, int(offsets[0])
+        else:
+            window, low = np.concatenate([np.array([self.end], np.int64), offsets]), self._seen - 1
+        steps = np.flatnonzero(np.diff(window) <= 0)
+        if steps.size and not self.steps:
+            self.first_step = (low + int(steps[0]), int(window[steps[0]]))
+        self.steps += steps.size
+        self._seen += len(offsets)
+        self.end = int(offsets[-1])
+
+    def problems(self, size: int) -> tuple[list[str], bool]:
+        """The problems of the offsets added against a data file of ``size`` bytes, and
+        whether they are too broken to find the samples by."""
+        first, end, problems = self.first or 0, self.end or 0, []
+        if first != 0:
+            problems.append(f"index: the first sample starts at byte {first}, not 0")
+        if self.steps:
+            where = self.first_step
+            problems.append(f"index: sample {where[0]} at byte {where[1]} is empty or ends "
+                            f"before it starts ({self.steps} such samples)")
+        if end > size:
+            problems.append(f"data file is truncated: the index ends at byte {end}, the file "
+                            f"has {size} bytes")
+        elif end < size:
+            problems.append(f"data file has {size - end} bytes after its last sample (byte "
+                            f"{end})")
+        return problems, bool(first != 0 or self.steps or end > size)
 
 
 def offset_problems(index: Index, size: int) -> tuple[list[str], bool]:
@@ -94,31 +163,11 @@ def offset_problems(index: Index, size: int) -> tuple[list[str], bool]:
     n, problems = index.offset_count, []
     if n != index.count + 1:
         problems.append(f"index: {n - 1} offsets for {index.count} keys")
-    first, end = int(index.offsets(0, 1)[0]), int(index.offsets(n - 1, n)[0])
-    if first != 0:
-        problems.append(f"index: the first sample starts at byte {first}, not 0")
-    steps, where = _backward_steps(index)
-    if steps:
-        problems.append(f"index: sample {where[0]} at byte {where[1]} is empty or ends before "
-                        f"it starts ({steps} such samples)")
-    if end > size:
-        problems.append(f"data file is truncated: the index ends at byte {end}, the file has "
-                        f"{size} bytes")
-    elif end < size:
-        problems.append(f"data file has {size - end} bytes after its last sample (byte {end})")
-    return problems, bool(first != 0 or steps or end > size)
-
-
-def _backward_steps(index: Index) -> tuple[int, tuple[int, int]]:
-    """How many samples are empty or end before they start, and the first's (index, start)."""
-    count, first = 0, (0, 0)
-    for low in range(0, index.offset_count - 1, _WINDOW):
-        window = index.offsets(low, min(index.offset_count, low + _WINDOW + 1))
-        steps = np.flatnonzero(np.diff(window) <= 0)
-        if steps.size and not count:
-            first = (low + int(steps[0]), int(window[steps[0]]))
-        count += steps.size
-    return count, first
+    checks = OffsetChecks()
+    for low in range(0, n, _WINDOW):
+        checks.add(index.offsets(low, min(n, low + _WINDOW)))
+    found, broken = checks.problems(size)
+    return problems + found, broken
 
 
 def key_problems(index: Index, tick: Callable[[int], object]) -> list[str]:

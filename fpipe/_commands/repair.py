@@ -9,17 +9,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import FormatError, FpipeError, redacted_url
 from ..storage import (
     DatasetFiles,
     index_keys,
+    legacy_index_batches,
     md5_file,
-    read_legacy_index,
     read_md5,
     rebuild_index,
     unpack_sample,
-    write_index,
 )
+from ..storage._indexing import IndexBuilder
 from ..storage._staging import staging_folder
 from ..storage.recovery import DamagedDataError
 from ._common import (
@@ -34,9 +36,9 @@ from ._common import (
 from ._images import image_problems
 from ._index_checks import (
     Index,
+    OffsetChecks,
     key_problems,
     keys_and_offsets,
-    legacy_index,
     offset_problems,
     read_index,
 )
@@ -61,7 +63,8 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
         "message whose \"key\" is its key in the index. Prints each problem with the sample and "
         "byte offset; the exit status is 1 if there is any. It holds the same memory at any "
         "size: repeated keys are found by sorting the keys' hashes in the temporary folder "
-        "(TMPDIR: 16 bytes a sample there).",
+        "(TMPDIR: 16 bytes a sample there; 8 more for a legacy .index, whose offsets are "
+        "copied there as its map is read).",
         "  fpipe verify train.msgpack val.msgpack\n  fpipe verify big.msgpack --quick",
         _run_verify)
     verify.add_argument("datasets", nargs="+", metavar="DATASET",
@@ -88,8 +91,9 @@ def _add_index(commands: argparse._SubParsersAction) -> None:
         "with only a legacy X.msgpack.index (datadings < 3.1) is converted from that index "
         "instead (--scan reads the samples anyway). The new files are written beside the "
         "dataset and renamed into place at the end. It holds the same memory at any size: the "
-        "index files are built as the scan finds the samples (about 40 bytes a sample beside "
-        "the dataset meanwhile; with --dry-run, in the temporary folder).",
+        "index files are built as the scan finds the samples, or as the legacy index is read "
+        "(about 40 bytes a sample beside the dataset meanwhile; with --dry-run, in the "
+        "temporary folder, or none for a legacy index).",
         "  fpipe index killed.msgpack --dry-run\n  fpipe index killed.msgpack\n"
         "  fpipe index damaged.msgpack -y\n  fpipe index from-datadings.msgpack --keys",
         _run_index)
@@ -314,15 +318,45 @@ def _say_damage(args: argparse.Namespace, report: Any) -> None:
 
 
 def _convert_legacy(files: Any, dry_run: bool, progress: bool) -> int:
-    keys, offsets = read_legacy_index(files.data)
-    problems = offset_problems(legacy_index(files, keys, offsets), files.data.stat().st_size)[0]
+    """Write the index files of ``files`` from its legacy ``.index`` (only check that, with
+    ``dry_run``), reading its map a batch at a time; how many samples it lists."""
+    size = files.data.stat().st_size
+    if dry_run:
+        return _add_legacy_samples(files, size, None)
+    with staging_folder(files.data) as folder:
+        builder = IndexBuilder(folder, files.data.name)
+        try:
+            count = _add_legacy_samples(files, size, builder)
+        except BaseException:
+            builder.abandon()
+            raise
+        built = builder.finish()
+        built.refuse_duplicates()
+        built.commit(files, md5_file(files.data, progress=progress))
+    return count
+
+
+def _add_legacy_samples(files: Any, size: int, builder: IndexBuilder | None) -> int:
+    """Hand the keys and lengths of the samples that the legacy ``.index`` of ``files`` lists
+    (its data file has ``size`` bytes) to ``builder``, if one is given, a batch at a time,
+    checking their offsets as they come; how many there are. Damaged offsets raise
+    FormatError at the end (the message counts them all)."""
+    checks, count = OffsetChecks(), 0
+    held_keys: list[str] = []  # the last key read: where it ends shows in the next batch
+    held_starts = np.zeros(0, np.uint64)
+    for keys, starts in legacy_index_batches(files.data):
+        checks.add(starts.astype(np.int64))
+        count += len(keys)
+        if builder is not None:
+            held_keys, held_starts = held_keys + keys, np.concatenate([held_starts, starts])
+            builder.add(held_keys[:-1], np.diff(held_starts))
+            held_keys, held_starts = held_keys[-1:], held_starts[-1:]
+    end = np.array([size], np.uint64)
+    checks.add(end.astype(np.int64))
+    problems = checks.problems(size)[0]
     if problems:
         raise FormatError(f"the legacy index is damaged ({problems[0]}); pass --scan to rebuild "
                           "from the samples", path=files.legacy_index)
-    if not dry_run:
-        with staging_folder(files.data) as folder:
-            write_index(folder / files.data.name, keys, offsets,
-                        md5_file(files.data, progress=progress))
-            for staged in sorted(folder.iterdir()):
-                os.replace(staged, files.data.parent / staged.name)
-    return len(keys)
+    if builder is not None:
+        builder.add(held_keys, np.diff(np.concatenate([held_starts, end])))
+    return count

@@ -63,6 +63,13 @@ class Built:
     md5: dict[str, str] = field(default_factory=dict)
     duplicates: list[tuple[int, int, str]] = field(default_factory=list)
 
+    def refuse_duplicates(self) -> None:
+        """Raise :class:`ValueError` naming the first repeated key, if a key is repeated."""
+        if self.duplicates:
+            first, later, key = self.duplicates[0]
+            raise ValueError(f"duplicate key {key!r}: samples {first} and {later}; keys must be "
+                             "unique")
+
     def commit(self, target: DatasetFiles, data_md5: str) -> None:
         """Write ``.md5`` (the data's MD5 is ``data_md5``) and move the index files onto
         those of ``target``, each in one rename, ``.md5`` last."""

@@ -28,7 +28,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Union
@@ -59,6 +59,7 @@ __all__ = [
     "hash_key",
     "hash_keys",
     "key_salt",
+    "legacy_index_batches",
     "md5_file",
     "new_packer",
     "open_regular",
@@ -74,6 +75,8 @@ __all__ = [
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+_LEGACY_BATCH = 1 << 16  # entries of a legacy .index map read at a time
 
 #: Exceptions that msgpack and the numpy decoder raise on bytes that are not a valid sample
 #: (numpy parses a dtype string such as ``"(3,"`` as a Python literal: SyntaxError).
@@ -507,7 +510,8 @@ def read_key_hashes(path: PathLike) -> tuple[bytes, np.ndarray]:
 
 
 def read_legacy_index(path: PathLike) -> tuple[list[str], np.ndarray]:
-    """Keys and ``n + 1`` offsets from a datadings < 3.1 ``.index`` map (the data size ends it).
+    """Keys and ``n + 1`` offsets from a datadings < 3.1 ``.index`` map (the data size ends it),
+    whole: :func:`legacy_index_batches` reads them a batch at a time.
 
     >>> import tempfile, os
     >>> folder = tempfile.mkdtemp()
@@ -520,18 +524,46 @@ def read_legacy_index(path: PathLike) -> tuple[list[str], np.ndarray]:
     >>> keys, offsets.tolist()
     (['a', 'b'], [0, 7, 14])
     """
-    files = DatasetFiles(path)
-    data = read_regular(files.legacy_index)
-    try:
-        pairs = msgpack.unpackb(data, object_pairs_hook=list,
-                                strict_map_key=False)
-        starts = np.array([start for _, start in pairs] + [files.data.stat().st_size], np.uint64)
-        keys = [key for key, _ in pairs]
-        if not all(isinstance(key, str) for key in keys):
-            raise ValueError("a key is not a str")
-    except DECODE_ERRORS as error:
-        raise FormatError(f"corrupt legacy index ({error})", path=files.legacy_index) from error
-    return keys, starts
+    keys: list[str] = []
+    starts = []
+    for batch, batch_starts in legacy_index_batches(path):
+        keys += batch
+        starts.append(batch_starts)
+    size = np.array([DatasetFiles(path).data.stat().st_size], np.uint64)
+    return keys, np.concatenate([*starts, size])
+
+
+def legacy_index_batches(path: PathLike, size: int | None = None
+                         ) -> Iterator[tuple[list[str], np.ndarray]]:
+    """The keys of a datadings < 3.1 ``.index`` map, in order, with the byte offset where each
+    sample starts (uint64), ``size`` at a time (default 65,536): the map is read as it goes,
+    so that no pass holds it whole. A file that is not one msgpack map from str to offset
+    raises :class:`~fpipe.errors.FormatError` naming it, at the batch where that shows.
+
+    >>> import tempfile, os
+    >>> data = os.path.join(tempfile.mkdtemp(), "old.msgpack")
+    >>> with open(data + ".index", "wb") as file:
+    ...     _ = file.write(msgpack.packb({"a": 0, "b": 7, "c": 14}))
+    >>> [(keys, starts.tolist()) for keys, starts in legacy_index_batches(data, 2)]
+    [(['a', 'b'], [0, 7]), (['c'], [14])]
+    """
+    index, size = DatasetFiles(path).legacy_index, size or _LEGACY_BATCH
+    with open_regular(index) as file:
+        unpacker = msgpack.Unpacker(file, raw=False, strict_map_key=False, read_size=1 << 20)
+        try:
+            count = unpacker.read_map_header()
+            for done in range(0, count, size):
+                pairs = [(unpacker.unpack(), unpacker.unpack())
+                         for _ in range(min(size, count - done))]
+                starts = np.array([start for _, start in pairs], np.uint64)
+                keys = [key for key, _ in pairs]
+                if not all(isinstance(key, str) for key in keys):
+                    raise ValueError("a key is not a str")
+                yield keys, starts
+            if unpacker.tell() != os.fstat(file.fileno()).st_size:
+                raise msgpack.ExtraData(None, b"")  # "unpack(b) received extra data."
+        except (msgpack.OutOfData, *DECODE_ERRORS) as error:
+            raise FormatError(f"corrupt legacy index ({error})", path=index) from error
 
 
 def md5_file(path: PathLike, read_size: int = 1 << 20, progress: bool = False) -> str:
@@ -629,10 +661,7 @@ def write_index(path: PathLike, keys: Sequence[str], offsets: Any, data_md5: str
         builder = IndexBuilder(staging, files.data.name)
         builder.add(list(keys), np.diff(offsets))
         built = builder.finish()
-        if built.duplicates:
-            first, later, key = built.duplicates[0]
-            raise ValueError(f"duplicate key {key!r}: samples {first} and {later}; keys must be "
-                             "unique")
+        built.refuse_duplicates()
         built.commit(files, data_md5)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

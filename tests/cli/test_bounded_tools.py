@@ -1,5 +1,7 @@
-"""``fpipe index`` (rebuilding from the samples), ``fpipe info`` and ``fpipe write`` from a
-folder in bounded memory: no table of keys, offsets or files, however many samples."""
+"""``fpipe index`` (rebuilding from the samples, or converting a legacy ``.index``),
+``fpipe verify`` and the passes over the keys of a legacy dataset, ``fpipe info`` and
+``fpipe write`` from a folder in bounded memory: no table of keys, offsets or files, however
+many samples."""
 
 import io
 import json
@@ -10,11 +12,14 @@ import msgpack
 import pytest
 from PIL import Image
 
+import fpipe._commands._index_checks as index_checks
 import fpipe._commands.inspect as inspect
+import fpipe.storage.format as format_module
 import fpipe.storage.recovery as recovery
 import fpipe.storage.writer as writer_module
+from fpipe._commands._common import dataset_key_batches
 from fpipe.cli import main
-from fpipe.storage import DatasetFiles, MsgpackReader, RawWriter
+from fpipe.storage import DatasetFiles, MsgpackReader, RawWriter, md5_file, read_offsets
 
 from .conftest import shrink_storage_bounds
 
@@ -33,6 +38,9 @@ def small_bounds(monkeypatch):
     monkeypatch.setattr(recovery, "_OLD_BLOCK", 1024)
     monkeypatch.setattr(inspect, "_OFFSETS_WINDOW", 4096)
     monkeypatch.setattr(inspect, "_KEY_BATCH", 4096)
+    monkeypatch.setattr(index_checks, "_WINDOW", 4096)
+    monkeypatch.setattr(index_checks, "_BATCH", 4096)
+    monkeypatch.setattr(format_module, "_LEGACY_BATCH", 4096)
 
 
 def _tiny_dataset(path, n: int):
@@ -85,6 +93,60 @@ def test_index_rebuilds_in_the_same_memory_at_any_size(tmp_path, small_bounds):
     # 157 when the scan held the keys and spans, and the old offsets whole
     assert _growth(peaks) < _BYTES_A_SAMPLE, peaks
 
+
+
+def _legacy_dataset(path, n: int):
+    """A dataset of ``n`` tiny samples with only datadings < 3.1's ``.index`` (key -> offset)
+    and an ``.md5`` of its data file."""
+    _tiny_dataset(path, n)
+    files = DatasetFiles(path)
+    legacy = dict(zip((f"{i:09d}" for i in range(n)), read_offsets(path)[:-1].tolist()))
+    for index_file in files.index_files:
+        index_file.unlink()
+    files.legacy_index.write_bytes(msgpack.packb(legacy))
+    files.md5.write_text(f"{md5_file(path)}  {path.name}\n")
+    return path
+
+
+def test_index_converts_a_legacy_index_in_the_same_memory_at_any_size(tmp_path, small_bounds):
+    assert main(["index", str(_legacy_dataset(tmp_path / "first.msgpack", 2000)), "-q"]) == 0
+    peaks = {}
+    for n in (10_000, 80_000):
+        path = _legacy_dataset(tmp_path / f"{n}.msgpack", n)
+        peaks[n] = _peak("index", path)
+        with MsgpackReader(path) as reader:
+            assert len(reader) == n and reader.find_key(n - 1) == f"{n - 1:09d}"
+            assert reader.find_index(f"{n // 2:09d}") == n // 2 and reader.verify_data()
+    # measured: 16 bytes a sample, the index builder's read buffer filling up to its 1 MiB;
+    # 184 when the map was read whole
+    assert _growth(peaks) < _BYTES_A_SAMPLE, peaks
+
+
+def test_verify_reads_a_legacy_index_in_the_same_memory_at_any_size(tmp_path, small_bounds):
+    assert main(["verify", str(_legacy_dataset(tmp_path / "first.msgpack", 2000)), "-q"]) == 0
+    peaks = {n: _peak("verify", _legacy_dataset(tmp_path / f"{n}.msgpack", n))
+             for n in (10_000, 80_000)}
+    # measured: 7 bytes a sample (read buffers up to their 1 MiB); 284 when the map was read
+    # whole
+    assert _growth(peaks) < _BYTES_A_SAMPLE, peaks
+
+
+def test_the_key_passes_of_info_merge_and_split_read_a_legacy_index_in_batches(tmp_path,
+                                                                               small_bounds):
+    """(Their reads of samples go through the reader, which holds a legacy index's tables.)"""
+    peaks = {}
+    for n in (10_000, 80_000):
+        with MsgpackReader(_legacy_dataset(tmp_path / f"{n}.msgpack", n)) as reader:
+            tracemalloc.start()
+            try:
+                last = [batch[-1] for _, batch in dataset_key_batches(reader, 4096)][-1]
+                peaks[n] = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+        assert last == f"{n - 1:09d}"
+    # measured: 10 bytes a sample, the map's read buffer filling up to its 1 MiB; 237 when
+    # the map was read whole
+    assert _growth(peaks) < _BYTES_A_SAMPLE, peaks
 
 
 def test_info_reads_the_index_in_the_same_memory_at_any_size(tmp_path, small_bounds, capsys):
