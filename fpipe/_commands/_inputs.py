@@ -19,6 +19,7 @@ import csv
 import json
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
@@ -105,7 +106,7 @@ def file_suffix(path: str) -> str:
     return name[dot:] if 0 < dot < len(name) - 1 else ""
 
 
-class Entries:
+class Entries(ABC):
     """The entries of a source, read again at each pass (a folder walked, a list file or
     JSON lines read, a pattern matched), holding one folder's names or one line at a time,
     so that a source of any size is listed in bounded memory: those whose key every one of
@@ -114,8 +115,9 @@ class Entries:
 
     keep: tuple[Callable[[str], bool], ...]
 
+    @abstractmethod
     def _all(self) -> Iterator[Entry]:
-        raise NotImplementedError
+        """Every entry of the source, in its order, before ``keep`` chooses."""
 
     def __iter__(self) -> Iterator[Entry]:
         keep = self.keep
