@@ -73,6 +73,8 @@ COMMANDS = {
     "cp": lambda i, out: ["cp", i["a"], out],
     "mv": lambda i, out: ["mv", i["a"], out],
     "write": lambda i, out: ["write", i["a"].parent / "in.jsonl", out],
+    # --shuffle deals its entries into a bucket folder beside OUT, which goes at the end
+    "write --shuffle": lambda i, out: ["write", i["a"].parent / "in.jsonl", out, "--shuffle"],
     "merge": lambda i, out: ["merge", i["a"], i["b"], out],
     "split": lambda i, out: ["split", i["a"], "--counts", "4", "-o", out, out.parent / "rest.msgpack"],
     "shuffle": lambda i, out: ["shuffle", i["a"], out],
@@ -158,7 +160,7 @@ def spellings(source: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_an_output_is_never_an_input(tmp_path, capsys, command):
     given = inputs(tmp_path / "in")
-    if command == "write":  # its input is a JSON lines file, which has no side files
+    if command.startswith("write"):  # its input is a JSON lines file, which has no side files
         names = spellings(given["a"].parent / "in.jsonl")
         del names["side file"]
     else:
