@@ -20,6 +20,7 @@ from fpipe.storage import (
     WebDatasetReader,
     encode_example,
     member_key,
+    pack_sample,
     parse_example,
     write_parquet,
     write_webdataset,
@@ -257,13 +258,33 @@ def test_parse_example_answers_as_the_general_parser_on_any_bytes(data):
 
 @given(st.lists(_common_entries, max_size=4).map(_example))
 def test_the_layout_writers_use_takes_the_common_path(data):
-    from fpipe.storage.tfrecord import _any_example, _common_example
+    from fpipe.storage.tfrecord import _COMMON_NUMBERS, _any_example, _common_example
 
-    assert same(_common_example(data), _any_example(data))
+    assert same(_common_example(data, _COMMON_NUMBERS), _any_example(data))
 
 
 @given(features)
 def test_fpipes_own_examples_take_the_common_path(values):
-    from fpipe.storage.tfrecord import _common_example
+    from fpipe.storage.tfrecord import _COMMON_NUMBERS, _common_example
 
-    assert same(_common_example(encode_example(values)), values)
+    assert same(_common_example(encode_example(values), _COMMON_NUMBERS), values)
+
+
+@given(wire_examples().flatmap(damaged))
+def test_a_packable_example_packs_to_the_bytes_of_the_parsed_one(data):
+    from fpipe.storage.tfrecord import packable_example
+
+    ours, parsed = _outcome(packable_example, data), _outcome(parse_example, data)
+    assert ours[0] == parsed[0]
+    if ours[0] == "value":
+        assert pack_sample(ours[1]) == pack_sample(parsed[1])
+    else:
+        assert ours == parsed
+
+
+@given(st.lists(_common_entries, max_size=4).map(_example))
+def test_the_layout_writers_use_is_made_packable_with_no_array(data):
+    from fpipe.storage.tfrecord import packable_example
+
+    values = packable_example(data).values()
+    assert not any(isinstance(value, np.ndarray) for value in values)

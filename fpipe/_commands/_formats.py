@@ -121,6 +121,10 @@ def write_from_format(kind: str, args: argparse.Namespace) -> int:
     if args.append and args.overwrite:
         raise UsageError("--append adds to OUT, -y/--overwrite replaces it: pass one of them")
     reader = open_source(kind, args.source)
+    if kind == "tfrecord":
+        from ..storage.tfrecord import packing_reader
+
+        reader = packing_reader(reader)
     out = Path(args.out)
     if args.append:
         _write_packed(out, reader, args, append=True)

@@ -57,6 +57,7 @@ __all__ = ["TFRecordFileReader", "TFRecordReader", "TFRecordWriter", "encode_exa
 
 _HEADER = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
+_INT64 = struct.Struct("<q")
 _FRAME = _HEADER.size + _CRC.size
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 _BYTES_LIST, _FLOAT_LIST, _INT64_LIST = 1, 2, 3
@@ -129,9 +130,29 @@ def parse_example(data: Any) -> dict:
     >>> parse_example(encode_example({"text": b"hi", "ids": [1, -2]}))
     {'text': b'hi', 'ids': array([ 1, -2])}
     """
-    data = bytes(data)
+    return _parsed(bytes(data), _COMMON_NUMBERS)
+
+
+def packable_example(data: Any) -> dict:
+    """The features of a serialized ``tf.train.Example`` as :func:`parse_example` gives them,
+    but ready to pack: where the Example has the layout writers give it, its float and int64
+    lists are the maps a packed dataset stores arrays as (:func:`~fpipe.storage.format.encode_numpy`'s
+    layout), made from the record's bytes with no array in between. Packed, both give the
+    same bytes; ``fpipe write`` from TFRecord files packs these.
+
+    >>> from fpipe.storage import pack_sample
+    >>> record = encode_example({"text": b"hi", "ids": [1, -2], "box": [0.5, 0.25]})
+    >>> packable_example(record)["ids"][b"data"]
+    b'\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\xfe\\xff\\xff\\xff\\xff\\xff\\xff\\xff'
+    >>> pack_sample(packable_example(record)) == pack_sample(parse_example(record))
+    True
+    """
+    return _parsed(bytes(data), _PACKABLE_NUMBERS)
+
+
+def _parsed(data: bytes, numbers: dict) -> dict:
     try:
-        features = _common_example(data)
+        features = _common_example(data, numbers)
     except (IndexError, ValueError):  # damaged: the general parser says how
         features = None
     return _any_example(data) if features is None else features
@@ -149,7 +170,7 @@ _NAMES: dict[bytes, str] = {}
 _KNOWN_NAMES = 4096
 
 
-def _common_example(data: bytes) -> dict | None:
+def _common_example(data: bytes, numbers: dict) -> dict | None:
     if not data or data[0] != _FIRST_LENGTH:
         return None
     position, stop = _span(data, 1, len(data))  # Example.features, once
@@ -175,16 +196,17 @@ def _common_example(data: bytes) -> dict | None:
             return None
         raw = data[start + 2:name_end]
         name = _NAMES.get(raw)
-        value = _common_feature(data, name_end + 1, position)
+        value = _common_feature(data, name_end + 1, position, numbers)
         if value is None:
             return None
         features[_name(raw) if name is None else name] = value
     return features
 
 
-def _common_feature(data: bytes, position: int, stop: int) -> Any:
+def _common_feature(data: bytes, position: int, stop: int, numbers: dict) -> Any:
     """The value of the feature whose length is at ``position`` and which ends its map entry
-    at ``stop``, if it is one list; else None."""
+    at ``stop``, if it is one list, its numbers read by the function of ``numbers`` for the
+    list's tag; else None."""
     length = data[position]
     if length < 0x80:
         position += 1
@@ -204,7 +226,7 @@ def _common_feature(data: bytes, position: int, stop: int) -> Any:
     if position + length != stop:
         return None
     if kind != _FIRST_LENGTH:
-        return _COMMON_NUMBERS[kind](data, position, stop) if kind in _COMMON_NUMBERS else None
+        return numbers[kind](data, position, stop) if kind in numbers else None
     if position < stop and data[position] == _FIRST_LENGTH:  # a bytes list of one value?
         length = data[position + 1]
         if length < 0x80:
@@ -242,30 +264,60 @@ def _common_bytes_list(data: bytes, position: int, stop: int) -> Any:
     return items[0] if len(items) == 1 else items
 
 
-def _common_float_list(data: bytes, position: int, stop: int) -> np.ndarray | None:
+def _common_floats(data: bytes, position: int, stop: int) -> bytes | None:
+    """The little-endian float32 values of a packed float list, as bytes."""
     if position == stop:
-        return np.zeros(0, np.float32)
+        return b""
     if data[position] != _FIRST_LENGTH:
         return None
     start, end = _span(data, position + 1, stop)
-    if end != stop or (end - start) % 4:
+    return data[start:end] if end == stop and not (end - start) % 4 else None
+
+
+def _common_int64s(data: bytes, position: int, stop: int) -> list[int] | None:
+    """The values of a packed int64 list."""
+    if position == stop:
+        return []
+    if data[position] != _FIRST_LENGTH:
         return None
+    start, end = _span(data, position + 1, stop)
+    return _packed_varints(data, start, end) if end == stop else None
+
+
+def _common_float_list(data: bytes, position: int, stop: int) -> np.ndarray | None:
+    floats = _common_floats(data, position, stop)
     # a copy: writable, and not holding on to the record's bytes
-    return np.frombuffer(data, "<f4", (end - start) // 4, start).astype(np.float32)
+    return None if floats is None else np.frombuffer(floats, "<f4").astype(np.float32)
 
 
 def _common_int64_list(data: bytes, position: int, stop: int) -> np.ndarray | None:
-    if position == stop:
-        return np.zeros(0, np.int64)
-    if data[position] != _FIRST_LENGTH:
+    values = _common_int64s(data, position, stop)
+    return None if values is None else np.array(values, np.int64)
+
+
+def _packable_float_list(data: bytes, position: int, stop: int) -> dict | None:
+    floats = _common_floats(data, position, stop)
+    return None if floats is None else _array_map("<f4", len(floats) // 4, floats)
+
+
+def _packable_int64_list(data: bytes, position: int, stop: int) -> dict | None:
+    values = _common_int64s(data, position, stop)
+    if values is None:
         return None
-    start, end = _span(data, position + 1, stop)
-    if end != stop:
-        return None
-    return np.array(_packed_varints(data, start, end), np.int64)
+    if len(values) == 1:  # most int64 features: a label, a size, an id
+        return _array_map("<i8", 1, _INT64.pack(values[0]))
+    return _array_map("<i8", len(values), struct.pack(f"<{len(values)}q", *values))
+
+
+def _array_map(kind: str, length: int, data: bytes) -> dict:
+    """A one-dimensional array of ``length`` values of dtype ``kind`` held in ``data``, as
+    :func:`~fpipe.storage.format.encode_numpy` gives it to the packer (the same keys, in the
+    same order)."""
+    return {b"nd": True, b"type": kind, b"kind": b"", b"shape": (length,), b"data": data}
 
 
 _COMMON_NUMBERS = {_SECOND_LENGTH: _common_float_list, _THIRD_LENGTH: _common_int64_list}
+_PACKABLE_NUMBERS = {_SECOND_LENGTH: _packable_float_list, _THIRD_LENGTH: _packable_int64_list}
 
 
 # --- any Example --------------------------------------------------------------------------------
@@ -558,6 +610,9 @@ class TFRecordFileReader(SpanReader):
     fpipe.errors.FormatError: ...x.tfrecord: sample 1 at byte 49: the record has no feature 'label' ...
     """
 
+    #: how a record's bytes become a sample (see :func:`packing_reader`)
+    _parse = staticmethod(parse_example)
+
     def __init__(self, path: PathLike, *, features: Sequence[str] | None = None,
                  verify: bool = True, **options: Any) -> None:
         self.verify = check_bool("verify", verify)
@@ -596,7 +651,7 @@ class TFRecordFileReader(SpanReader):
                 raise FormatError("the CRC of the record's data does not match: the record is "
                                   "damaged", path=self.source.path, index=index, offset=offset)
         try:
-            sample = parse_example(payload)
+            sample = self._parse(payload)
         except (ValueError, UnicodeDecodeError) as error:
             raise FormatError(f"not a tf.train.Example ({error})", path=self.source.path,
                               index=index, offset=offset) from None
@@ -636,6 +691,14 @@ class TFRecordReader(ShardedReader):
 
     def __repr__(self) -> str:
         return f"TFRecordReader({len(self.readers)} files, {len(self)} records)"
+
+
+def packing_reader(reader: TFRecordFileReader | TFRecordReader) -> Any:
+    """``reader``, set to give its samples as :func:`packable_example` parses them: for a
+    writer that packs every sample and never looks at the numbers (``fpipe write``)."""
+    for file_reader in reader.readers if isinstance(reader, ShardedReader) else [reader]:
+        file_reader._parse = packable_example
+    return reader
 
 
 class TFRecordWriter:

@@ -230,3 +230,26 @@ def test_write_with_workers_names_a_field_that_cannot_be_packed_and_writes_nothi
         assert "sample 'prices.parquet:0': field 'price' holds Decimal" in error, error
         assert "Traceback" not in error
         assert not (tmp_path / "p.msgpack").exists()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_write_from_tfrecord_packs_every_feature_kind_as_the_parsed_samples_pack(
+        tmp_path, monkeypatch, workers):
+    import fpipe._commands._formats as formats_command
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(formats_command, "WORKER_CHUNK", 3)
+    with TFRecordWriter(tmp_path / "all.tfrecord") as writer:
+        for i in range(7):
+            writer.write({"image": bytes([i]) * 200, "tags": [b"a", b"b" * i], "label": i,
+                          "ids": np.array([-(2**63), 2**63 - 1, i * 1000]), "empty": [],
+                          "box": np.array([0.5, -i, np.nan], np.float32), "key": b"its own"})
+    source = str(tmp_path / "all.tfrecord")  # from the root: workers may live in another folder
+    assert main(["write", source, "out.msgpack", "-q", "--workers", workers]) == 0
+    with FileWriter(tmp_path / "expected.msgpack") as expected:
+        for key, sample in TFRecordFileReader(source).iter(yield_key=True):
+            expected.write({**sample, "key": key})
+    for suffix in ("", ".offsets", ".keys"):
+        assert ((tmp_path / f"out.msgpack{suffix}").read_bytes()
+                == (tmp_path / f"expected.msgpack{suffix}").read_bytes()), suffix
+    assert _all(tmp_path / "out.msgpack")[6]["ids"].tolist() == [-(2**63), 2**63 - 1, 6000]
