@@ -301,12 +301,18 @@ def _packable_float_list(data: bytes, position: int, stop: int) -> dict | None:
 
 
 def _packable_int64_list(data: bytes, position: int, stop: int) -> dict | None:
+    if stop - position == 3 and data[position:position + 2] == b"\x0a\x01" and data[stop - 1] < 0x80:
+        # one value below 128, as most labels are
+        return {**_ONE_SMALL_INT64, b"data": _SMALL_INT64S[data[stop - 1]]}
     values = _common_int64s(data, position, stop)
     if values is None:
         return None
     if len(values) == 1:  # most int64 features: a label, a size, an id
         return _array_map("<i8", 1, _INT64.pack(values[0]))
     return _array_map("<i8", len(values), struct.pack(f"<{len(values)}q", *values))
+
+
+_SMALL_INT64S = [_INT64.pack(value) for value in range(0x80)]
 
 
 def _array_map(kind: str, length: int, data: bytes) -> dict:
@@ -316,6 +322,7 @@ def _array_map(kind: str, length: int, data: bytes) -> dict:
     return {b"nd": True, b"type": kind, b"kind": b"", b"shape": (length,), b"data": data}
 
 
+_ONE_SMALL_INT64 = _array_map("<i8", 1, b"")
 _COMMON_NUMBERS = {_SECOND_LENGTH: _common_float_list, _THIRD_LENGTH: _common_int64_list}
 _PACKABLE_NUMBERS = {_SECOND_LENGTH: _packable_float_list, _THIRD_LENGTH: _packable_int64_list}
 
