@@ -1,7 +1,8 @@
 """Read and write TFRecord files of ``tf.train.Example`` without TensorFlow:
 :class:`TFRecordFileReader` (one file), :class:`TFRecordReader` (a list, glob or brace pattern
 of files, read as one :class:`~fpipe.storage.sharded.ShardedReader`), :class:`TFRecordWriter`,
-and the Example codec :func:`parse_example` / :func:`encode_example`.
+and the Example codec :func:`parse_example` / :func:`encode_example` (and
+:func:`packable_example`, a parse ready for the packer).
 
 A TFRecord file is a run of records, each framed as its length (8 bytes, little-endian), the
 masked CRC-32C of the length, the data, and the masked CRC-32C of the data. fpipe parses the
@@ -53,7 +54,7 @@ from .format import PathLike
 from .sharded import ShardedReader
 
 __all__ = ["TFRecordFileReader", "TFRecordReader", "TFRecordWriter", "encode_example",
-           "parse_example"]
+           "packable_example", "parse_example"]
 
 _HEADER = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
