@@ -213,7 +213,51 @@ class ShippedCall:
             pickler = _call_pickler()(file)
             pickler.dump(self.call)
             self._sent = (self.key, file.getvalue(), tuple(pickler.arrays))
+        if self._sent[2]:
+            _memmap_for_run(self.key)
         return _unshipped, self._sent
+
+
+def _memmap_for_run(key: bytes) -> None:
+    """Have joblib memory-map the arrays pickled next (a run's call's) into a folder of the
+    run ``key``, which :func:`release_memmaps` lets go of when the run is over (as
+    joblib's own ``Parallel`` calls do with theirs, whose arrays it maps the same way)."""
+    manager = getattr(_loky["executor"], "_temp_folder_manager", None)
+    if manager is not None:
+        manager.set_current_context(key.hex())
+
+
+def release_memmaps(key: bytes) -> None:
+    """Let joblib remove the files of run ``key``'s memory-mapped arrays: at once, or when
+    the last worker that keeps the run's call drops it. Without this, every run whose call
+    held a new array of more than 1 MiB left a copy of it in ``/dev/shm`` until the
+    interpreter exited."""
+    manager = getattr(_loky["executor"], "_temp_folder_manager", None)
+    if manager is not None and not _exiting:  # at exit, joblib removes them all itself
+        manager._clean_temporary_resources(context_id=key.hex(), force=False)
+
+
+class ShippedItems:
+    """A task's items as they travel to a worker: pickled by fpipe, not by loky. loky's
+    pickler memory-maps each numpy array of more than 1 MiB into a file under ``/dev/shm``,
+    which joblib removes only when a ``Parallel`` call ends; a stage makes no such call, so
+    each large item stayed in memory until the interpreter exited (400 items of 4 MiB kept
+    1.6 GB there, and loky warned of "leaked" files at exit)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __reduce__(self):
+        # the arrays' bytes go beside the pickle, as buffers that loky's pickler copies into
+        # its stream once (not into these bytes first), and that the arrays then view
+        buffers: list[pickle.PickleBuffer] = []
+        return _loaded, (_dumps(self.items, buffers), buffers)
+
+
+def _loaded(pickled: bytes, buffers: list) -> list:
+    return pickle.loads(pickled, buffers=buffers)
 
 
 _SHIPPED_BYTES = 1 << 20  # joblib memory-maps arrays from 1 MiB: those go its way
@@ -269,10 +313,11 @@ _FALLBACKS = {"budget": "each worker's shared_memory_budget is used",
               "full": "/dev/shm is full"}
 
 
-def _run_task(call: ItemCall | ShippedCall, token: int, seq: int, index: int, chunk: list,
+def _run_task(call: ItemCall | ShippedCall, token: int, seq: int, index: int,
+              chunk: list | ShippedItems,
               slots: int, owner: int, transport: Transport | None) -> tuple:
     if isinstance(call, ShippedCall):  # a backend that runs tasks in this process
-        call = call.call
+        call, chunk = call.call, chunk.items
     watch_owner(owner)  # a worker whose consumer is killed exits, not idles for minutes
     if not _kept and os.getppid() == owner:  # a worker of this machine's pool, not dask's
         _keep_freed_memory()
@@ -302,14 +347,18 @@ def _encoded(outputs: list, transport: Transport | None) -> tuple[bytes, str | N
     return (_dumps(outputs), None) if transport is None else encode(transport, outputs, _dumps)
 
 
-def _dumps(value: Any) -> bytes:
-    """``value`` pickled, as loky would (cloudpickle, where plain pickle cannot)."""
+def _dumps(value: Any, buffers: list[pickle.PickleBuffer] | None = None) -> bytes:
+    """``value`` pickled, as loky would (cloudpickle, where plain pickle cannot); with
+    ``buffers``, its arrays' bytes are appended there instead (pickle's protocol 5)."""
+    callback = None if buffers is None else buffers.append
     try:
-        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL, buffer_callback=callback)
     except Exception:  # a lambda, a class made at run time...
         import cloudpickle
 
-        return cloudpickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        if buffers is not None:
+            buffers.clear()  # those of the failed attempt
+        return cloudpickle.dumps(value, pickle.HIGHEST_PROTOCOL, buffer_callback=callback)
 
 
 def _pickles(value: Any) -> bool:
@@ -555,6 +604,7 @@ class LokyPool(_Pool):
     def forget_runs(self) -> None:
         super().forget_runs()
         self._running: dict[int, set] = {}  # each run's futures that are not done
+        self._calls: dict[int, bytes] = {}  # each run's call's key, until the run is over
 
     def _send(self, token: int, task: tuple) -> bool:
         placed = _loky_submit(self.n_workers, task)
@@ -563,8 +613,19 @@ class LokyPool(_Pool):
         future, executor = placed
         with self._lock:
             self._running.setdefault(token, set()).add(future)
+            self._calls.setdefault(token, task[0].key)
         future.add_done_callback(functools.partial(self._done, token, executor))
         return True
+
+    def _release_if_over(self, token: int) -> None:
+        """Once run ``token`` is closed and none of its tasks runs, release its memory-mapped
+        arrays (see :func:`release_memmaps`)."""
+        with self._lock:
+            if token in self._routes or token in self._running:
+                return
+            key = self._calls.pop(token, None)
+        if key is not None:
+            release_memmaps(key)
 
     def close_run(self, token: int) -> None:
         """Drop the run's results, and its tasks that no worker has taken yet: a stage that
@@ -574,6 +635,7 @@ class LokyPool(_Pool):
             futures = list(self._running.get(token, ()))
         for future in futures:
             future.cancel()
+        self._release_if_over(token)
 
     def _done(self, token: int, executor: Any, future: concurrent.futures.Future) -> None:
         # runs in loky's thread, or in submit's if the task is done already
@@ -582,6 +644,7 @@ class LokyPool(_Pool):
             futures.discard(future)
             if not futures:
                 del self._running[token]
+        self._release_if_over(token)
         if future.cancelled():
             return
         error = future.exception()

@@ -35,7 +35,7 @@ from ..random import Seed, optional_entropy
 from ..skipping import OnError, SkipLog, check_max_errors, check_on_error
 from ._background import Background, Inline, Run, Sizer
 from ._core import Stage, Stream, as_stream
-from ._joblib import ShippedCall, process_pool
+from ._joblib import ShippedCall, ShippedItems, process_pool
 from ._messages import Message
 from ._shm import Transport, end_run
 from ._shm import available as shared_memory_available
@@ -313,8 +313,9 @@ class _ProcessWorkers:
                     self._room.wait()
                 self._running += 1
         try:
-            self._pool.submit(self._token, (self._call, self._token, seq, index, chunk, slots,
-                                            os.getpid(), self._transport))
+            self._pool.submit(self._token, (self._call, self._token, seq, index,
+                                            ShippedItems(chunk), slots, os.getpid(),
+                                            self._transport))
         except BaseException:
             if self._gated:
                 self._finished()
@@ -448,7 +449,11 @@ def processes(func: Callable, *args: Any, n_workers: int | str = 1, backend: Any
     its workers, it keeps its state (an open file, a cache) from chunk to chunk, and each run
     starts again from the consumer's copy (a worker keeps the functions of its last four runs).
     Its numpy arrays of 1 MiB or more go beside those bytes through joblib's pickler, which
-    memory-maps them. Results are pickled in the worker: one that does not pickle ends the
+    memory-maps them into files that go once the run is over and no worker keeps it. Items
+    are pickled by fpipe (their arrays' bytes beside the pickle, copied once into the pipe),
+    not memory-mapped, so a stream of large items leaves nothing behind in ``/dev/shm``, and
+    every item array a worker gets is writable if it was writable here. Results are pickled
+    in the worker: one that does not pickle ends the
     stream with a ``TypeError`` naming its item, after the items before it. Items travel
     in chunks of at most ``chunk_size`` (about 20 ms of work each); at most
     ``2 * n_workers + buffer_size`` chunks are in the stage at once (two per worker: one in
