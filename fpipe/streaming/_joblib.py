@@ -172,8 +172,10 @@ def _forget_parent_pool() -> None:
     own reusable executor (else the child's first ``Parallel`` call waits for ever on the
     parent's, or fails on resizing it). The parent's executors are kept, never collected
     here: collected, they would wake their thread, which is the parent's."""
-    global _loky_lock, _sizing, _exit_hook
+    global _loky_lock, _sizing, _exit_hook, _release_lock
     _loky_lock, _sizing, _exit_hook = threading.Lock(), threading.Lock(), threading.Lock()
+    _release_lock = threading.Lock()
+    _unremoved.clear()
     if _loky["executor"] is not None:
         _stale.append(_loky["executor"])
     _loky.update(executor=None, size=0, running=0)
@@ -233,8 +235,26 @@ def release_memmaps(key: bytes) -> None:
     held a new array of more than 1 MiB left a copy of it in ``/dev/shm`` until the
     interpreter exited."""
     manager = getattr(_loky["executor"], "_temp_folder_manager", None)
-    if manager is not None and not _exiting:  # at exit, joblib removes them all itself
+    if manager is None or _exiting:  # at exit, joblib removes them all itself
+        return
+    with _release_lock:
         manager._clean_temporary_resources(context_id=key.hex(), force=False)
+        _unremoved.add(key.hex())
+        # the folders of runs released earlier whose files are gone since (a second release
+        # of a folder that still holds files would count its maps down twice)
+        for context in list(_unremoved):
+            folder = manager._cached_temp_folders.get(context)
+            if folder is not None and os.path.isdir(folder) and not os.listdir(folder):
+                manager._clean_temporary_resources(context_id=context, force=False)
+                folder = manager._cached_temp_folders.get(context)
+            if folder is None or not os.path.isdir(folder):
+                _unremoved.discard(context)
+
+
+#: runs released while a worker still mapped their files (a worker keeps four runs' calls):
+#: their folders go at a later release
+_unremoved: set[str] = set()
+_release_lock = threading.Lock()
 
 
 class ShippedItems:

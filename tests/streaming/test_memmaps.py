@@ -17,11 +17,13 @@ import numpy as np
 from toolz import pipe
 import fpipe as fp
 
+def folders():
+    return [folder for root in ("/dev/shm", tempfile.gettempdir())
+            for folder in glob.glob(os.path.join(root, f"joblib_memmapping_folder_{os.getpid()}_*"))]
+
 def mapped_bytes():
     # the files joblib memory-maps arrays into, for this process
-    folders = [os.path.join(root, f"joblib_memmapping_folder_{os.getpid()}_*")
-               for root in ("/dev/shm", tempfile.gettempdir())]
-    return sum(os.path.getsize(name) for folder in folders
+    return sum(os.path.getsize(name) for folder in folders()
                for name in glob.glob(os.path.join(folder, "*")))
 
 MIB = 2**20
@@ -64,20 +66,22 @@ def test_a_stream_of_large_items_keeps_nothing_in_shared_memory():
 
 @pytest.mark.slow
 def test_runs_whose_calls_hold_new_large_arrays_do_not_pile_up():
-    # each run's table is a new array of 2 MiB, memory-mapped for the workers; a worker keeps
-    # the calls of its last four runs, and with them their maps, and no more
+    # each run's table is a new array of 2 MiB, memory-mapped for the workers into a folder of
+    # its run; a worker keeps the calls of its last four runs, and with them their maps
     result = run("""
         def look_up(i, table):
             return int(table[i])
 
-        for run in range(12):
+        for run in range(20):
             table = np.arange(MIB // 4, dtype=np.int64) + run
             stage = fp.processes(look_up, table, n_workers=2, chunk_size=1)
             assert list(pipe(range(8), stage)) == [i + run for i in range(8)]
         deadline = time.monotonic() + 60  # the workers' unmaps reach joblib's tracker
         while mapped_bytes() > 8 * 2 * MIB and time.monotonic() < deadline:
             time.sleep(0.05)
-        print(os.getpid(), mapped_bytes())
+        print(os.getpid(), mapped_bytes(), len(folders()))
         """)
     _check_quiet_exit(result)
-    assert int(result.stdout.split()[1]) <= 8 * 2 * 2**20, result.stdout  # 24 MiB before
+    pid, mapped, folders = map(int, result.stdout.split())
+    assert mapped <= 8 * 2 * 2**20, result.stdout  # 40 MiB before
+    assert folders <= 10, result.stdout  # the runs' folders go too, once their files have
