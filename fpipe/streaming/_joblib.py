@@ -4,12 +4,16 @@ private APIs it needs: ``Parallel._initialize_backend`` and ``Parallel._backend.
 ``_pending_work_items``, ``_processes`` and ``_executor_manager_thread`` (whether it is busy,
 its workers, whether it runs), ``Parallel._abort``, threading's ``_register_atexit`` and
 ``_SHUTTING_DOWN`` and the thread registries of ``concurrent.futures`` and loky (for the
-exit), and the module state of joblib's reusable executor (dropped in a forked child, whose
-parent's executor is not its own). On loky (the default backend) a process stage sends its
+exit), the module state of joblib's reusable executor (dropped in a forked child, whose
+parent's executor is not its own), and the executor's ``_temp_folder_manager``
+(``set_current_context``, ``_clean_temporary_resources``, ``_cached_temp_folders``: the
+memory-mapped arrays of each run, released when it is over, as joblib does at the end of a
+``Parallel`` call). On loky (the default backend) a process stage sends its
 tasks straight to that executor; on any other backend it keeps one joblib generator per
 stage. It also keeps the size of the loky pool, and the exit hook that lets the user's
 threads finish and then ends the stages' work before loky's executor stops. A run's function
-reaches each worker once (:class:`ShippedCall`). Worker processes pickle their results
+reaches each worker once (:class:`ShippedCall`); its items are pickled by fpipe, not
+memory-mapped (:class:`ShippedItems`). Worker processes pickle their results
 themselves (so that an item whose result does not pickle is found, and the items before it
 are delivered), send large arrays back through :mod:`._shm` (shared memory), keep the memory
 they free for their next task, and watch that their consumer is alive.
