@@ -35,8 +35,9 @@ from ..random import Seed, optional_entropy
 from ..skipping import OnError, SkipLog, check_max_errors, check_on_error
 from ._background import Background, Inline, Run, Sizer
 from ._core import Stage, Stream, as_stream
-from ._joblib import ShippedCall, ShippedItems, process_pool
+from ._joblib import ShippedCall, process_pool
 from ._messages import Message
+from ._pickling import ShippedItems
 from ._shm import Transport, end_run
 from ._shm import available as shared_memory_available
 from ._tuner import MOST_THREADS, Limits, Tuner, default_cpu_budget, measured
