@@ -13,7 +13,7 @@ tasks straight to that executor; on any other backend it keeps one joblib genera
 stage. It also keeps the size of the loky pool, and the exit hook that lets the user's
 threads finish and then ends the stages' work before loky's executor stops. A run's function
 reaches each worker once (:class:`ShippedCall`); its items are pickled by fpipe, not
-memory-mapped (:class:`ShippedItems`). Worker processes pickle their results
+memory-mapped (:mod:`._pickling`). Worker processes pickle their results
 themselves (so that an item whose result does not pickle is found, and the items before it
 are delivered), send large arrays back through :mod:`._shm` (shared memory), keep the memory
 they free for their next task, and watch that their consumer is alive.
