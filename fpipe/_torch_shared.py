@@ -26,6 +26,10 @@ _SLOTS = 1024
 _PENDING, _RESUME = _SLOTS + 1, 2 * _SLOTS + 1
 _LATEST = _RESUME + 4
 _RUNNING, _LOADED = _LATEST + 3, _LATEST + 4
+# per worker id, the items the latest elastic pass handed out, then the number of workers of
+# the latest pass and whether a pass was read by something other than the DataLoader itself
+_HANDED = _LOADED + 1
+_WORKERS, _WRAPPED = _HANDED + _SLOTS, _HANDED + _SLOTS + 1
 _KEPT_INDICES = 32  # indices of skipped samples recorded per worker id (the count is exact)
 
 
@@ -66,7 +70,7 @@ class EpochClock:
         if tensor is None:
             import torch
 
-            tensor = torch.zeros(_LOADED + 1, dtype=torch.int64)
+            tensor = torch.zeros(_WRAPPED + 1, dtype=torch.int64)
             tensor[0] = epoch
             tensor.share_memory_()
         self._tensor, self._counts = tensor, tensor.numpy()
@@ -78,6 +82,29 @@ class EpochClock:
         self._counts[1:_PENDING] = 0
         self._counts[_LATEST] = self._counts[_RUNNING] = 0
         self._counts[0] = epoch
+
+    def adopt(self, slot: int, epoch: int, position: int) -> None:
+        """Make the pass under way in worker ``slot`` one of ``epoch`` (a loaded pass state's)
+        from elastic ``position``: that worker's next pass reads the epoch after it."""
+        self._counts[slot + 1] = epoch + 1 - self._counts[0]
+        self._counts[_LATEST:_RUNNING] = 1, epoch, position
+
+    def handed(self, slot: int) -> None:
+        """Count one more item handed out by the elastic pass of worker ``slot``."""
+        self._counts[_HANDED + slot] += 1
+
+    def wrapped(self) -> None:
+        """Record that a pass is read by something other than the DataLoader's own fetcher
+        (a dataset of the user's around this one): the DataLoader's batches do not count its
+        samples."""
+        self._counts[_WRAPPED] = 1
+
+    def handed_out(self) -> tuple[list[int], bool]:
+        """The items each worker of the latest elastic pass handed out, and whether a pass was
+        read by something other than the DataLoader (see :meth:`wrapped`)."""
+        counts = self._counts
+        workers = max(1, int(counts[_WORKERS]))
+        return counts[_HANDED:_HANDED + workers].tolist(), bool(counts[_WRAPPED])
 
     def drop_resume(self) -> None:
         """Make the next passes whole again."""
@@ -121,6 +148,8 @@ class EpochClock:
         self._counts[_PENDING + slot] = 0
         self._counts[_PENDING + workers:_RESUME] = 0
         self._counts[_LATEST:_RUNNING] = 1, epoch, 0 if resume is None else resume.position
+        self._counts[_HANDED + slot] = 0
+        self._counts[_WORKERS] = workers
         return epoch, resume
 
     def latest(self) -> tuple[int, int]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -43,8 +44,10 @@ from .errors import (
     check_fraction_or_count,
     check_integer,
     check_not_path,
+    check_state,
     check_two_argument_call,
     note_two_argument_call,
+    state_header,
 )
 from .functional import Compose, dict2tuple, no_rng
 from .image import CompressedToPIL, with_sample_named
@@ -79,6 +82,7 @@ __all__ = [
 ]
 
 _SKIP = object()  # what _apply_or_skip returns for a skipped sample
+_PASS_STATE = "IterableDatasetPass"
 
 
 class _Shard(NamedTuple):
@@ -533,6 +537,8 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         self._shuffle_seed = seed_entropy(seed) if self.seed is None else self.seed
         self.rank, self.world_size = _distributed(group, rank, world_size)
         self.elastic = check_elastic(elastic, self.batch_size, self.shuffle)
+        self._pending: dict | None = None  # a pass state that the next pass here carries on from
+        self._latest: Any = None  # a weak reference to the latest pass in this process
         if self.elastic and self._may_skip():
             raise ValueError(
                 "elastic=True needs on_error='raise': a skipped sample moves the later samples "
@@ -552,20 +558,15 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         shard = self._shard(epoch, resume, worker, workers, guard=False)
         return len(shard.window) - shard.skip
 
-    def __iter__(self) -> Iterator[Any]:
-        worker, workers = current_worker()
-        if self.elastic:
-            return self._elastic_pass(worker, workers)
-        epoch, resume = self._clock.begin(worker, workers)
-        shard = self._shard(epoch, resume, worker, workers, guard=True)
-        if shard.made and self._may_skip():
-            return self._replayed(shard, epoch, resume)
-        return self._stream(shard.window, epoch, shard.skip)
+    def __iter__(self) -> _Pass:
+        """A pass over this process's share of the epoch: an iterator that keeps its place
+        (``state_dict()`` / ``load_state_dict()``, see :class:`_Pass`)."""
+        return _Pass(self, *current_worker())
 
     def _may_skip(self) -> bool:
         return self.on_error != "raise" and self._transform is not None
 
-    def _replayed(self, shard: _Shard, epoch: int, resume: Resume) -> Iterator[Any]:
+    def _replayed(self, shard: _Shard, epoch: int, resume: Resume) -> Iterator[tuple[int, Any]]:
         """The rest of a resumed shard whose samples may fail: which ones fail is known only by
         transforming them, so the batches the DataLoader had are made again and dropped."""
         outputs = self._stream(shard.window, epoch, 0)
@@ -599,7 +600,8 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         >>> data.set_epoch(1)
         >>> [s["x"] for s in data]
         [6, 7, 8, 9]
-        >>> data.load_state_dict(data.state_dict(batches=1))   # epoch 1 at position 8
+        >>> data.load_state_dict({"type": "ElasticEpoch", "version": 1, "length": 10,
+        ...                       "epoch": 1, "position": 8})
         >>> data.set_epoch(2)
         Traceback (most recent call last):
         ...
@@ -657,11 +659,23 @@ it, or load a state of epoch 2
 
     # --- elastic: one order for the epoch, dealt out in global batches onto any grid -------
 
-    def state_dict(self, batches: int) -> dict[str, int]:
-        """Where the epoch stands once the DataLoader has handed out ``batches`` batches of the
+    def state_dict(self, batches: int | None = None) -> dict[str, Any]:
+        """Without ``batches``: where the latest pass of this process stands (a DataLoader
+        worker's, or the main process's without workers), as :meth:`_Pass.state_dict` says; the
+        state that torchdata's ``StatefulDataLoader`` takes with each batch, from the dataset and
+        from its iterator. Load it with :meth:`load_state_dict` into this dataset built anew,
+        on the same grid of ranks and workers: the next pass of that process carries on from it.
+
+        With ``batches``: where the epoch stands once the DataLoader has handed out ``batches``
+        batches of the
         latest pass (or of the next one, if none has begun since :meth:`load_state_dict` or
         :meth:`~DatasetBase.set_epoch`): the epoch, the position in its order (the samples
         every rank together has consumed) and the dataset's length. Needs ``elastic=True``.
+        A count that cannot be right is refused with a ``ValueError``: more batches than the
+        workers have made, another number of samples than a DataLoader without workers was
+        handed, or a pass read by a dataset of yours around this one (which may regroup,
+        filter or pack what it reads, so its batches are not this dataset's): save those
+        states with torchdata's ``StatefulDataLoader``, whose state follows every item.
 
         Load it with :meth:`load_state_dict` into a dataset on any number of ranks and workers,
         with any batch size: the run carries on with the samples of the epoch not yet seen.
@@ -672,6 +686,9 @@ it, or load a state of epoch 2
         ...          for r in range(2)]
         >>> [[s["x"] for s in rank] for rank in ranks]       # batches [0 1] [4 5] [8] | [2 3] [6 7] [9]
         [[0, 1, 4, 5, 8], [2, 3, 6, 7, 9]]
+        >>> from torch.utils.data import DataLoader
+        >>> ranks[0].set_epoch(0)
+        >>> step = next(iter(DataLoader(ranks[0], batch_size=2)))   # one step of rank 0
         >>> state = ranks[0].state_dict(batches=1)            # after one step: 4 samples done
         >>> state
         {'type': 'ElasticEpoch', 'version': 1, 'length': 10, 'epoch': 0, 'position': 4}
@@ -680,22 +697,68 @@ it, or load a state of epoch 2
         >>> [s["x"] for s in alone]
         [4, 5, 6, 7, 8, 9]
         """
+        if batches is None:
+            return self._latest_pass().state_dict()
         self._need_elastic("state_dict")
         epoch, position = self._clock.latest()
         n = len(self.reader)
+        self._check_batches(check_integer("batches", batches, 0), position)
         return elastic_state_dict(epoch, elastic_position(
             n, min(position, n), batches, self.batch_size, self.world_size), n)
 
+    def _check_batches(self, batches: int, position: int) -> None:
+        """Refuse a count of batches that the latest elastic pass cannot have handed out."""
+        handed, wrapped = self._clock.handed_out()
+        if wrapped:
+            raise ValueError(
+                f"state_dict(batches={batches}) cannot be right: a dataset of yours reads this "
+                "one in the DataLoader's workers, so the batches you count are its batches, not "
+                "this dataset's (a packer or a filter takes other numbers of samples); take the "
+                "state with each batch instead: torchdata's StatefulDataLoader(...).state_dict() "
+                "(see the resume tutorial)")
+        workers = len(handed)
+        made = [len(list(itertools.islice(self._elastic_batches(position, w, workers),
+                                          batches // workers + (w < batches % workers))))
+                for w in range(workers)]
+        wanted = [sum(map(len, itertools.islice(self._elastic_batches(position, w, workers),
+                                                made[w]))) for w in range(workers)]
+        if sum(made) < batches and batches:
+            pass  # the epoch ended before: the position is its end, whatever the count
+        short = [w for w in range(workers) if handed[w] < wanted[w] and any(handed)]
+        surplus = workers == 1 and any(handed) and handed[0] > wanted[0] and sum(made) == batches
+        if short or surplus:
+            raise ValueError(
+                f"state_dict(batches={batches}) cannot be right: {batches} batches of "
+                f"{self.batch_size} take {sum(wanted)} samples of this rank, but its "
+                f"{'workers' if workers > 1 else 'pass'} handed out {sum(handed)} "
+                f"({', '.join(map(str, handed))} by worker); count the batches the DataLoader "
+                "over this dataset gave, or take the state with each batch: torchdata's "
+                "StatefulDataLoader(...).state_dict()")
+
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Read epoch ``state["epoch"]`` next, from ``state["position"]`` of its order on, in
-        this process and in every DataLoader worker; the passes after it are whole. ``state``
+        """A pass state (of :meth:`state_dict` without ``batches``, or of a pass): the next
+        pass of this process carries on from it (see :class:`_Pass`).
+
+        An elastic state: read epoch ``state["epoch"]`` next, from ``state["position"]`` of its
+        order on, in this process and in every DataLoader worker; the passes after it are whole. ``state``
         comes from :meth:`state_dict`, of this grid of ranks and workers or any other, with
         any batch size, of a dataset of the same length (another length raises a
         ``ValueError``). ``set_epoch`` of the state's epoch keeps it (see :meth:`set_epoch`)."""
+        if isinstance(state, Mapping) and state.get("type") == _PASS_STATE:
+            _Pass(self, *current_worker(), begin=False).state_loader(state)  # checked now
+            self._pending = dict(state)
+            return
         self._need_elastic("load_state_dict")
         epoch, position = elastic_state(state, len(self.reader))
         self._clock.set(epoch)
         self._clock.resume(0, self.batch_size, False, position, loaded=True)
+
+    def _latest_pass(self) -> _Pass:
+        latest = self._latest() if self._latest is not None else None
+        return latest if latest is not None else _Pass(self, *current_worker(), begin=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_latest": None}  # a weak reference does not pickle
 
     def _need_elastic(self, method: str) -> None:
         if not self.elastic:
@@ -707,27 +770,37 @@ it, or load a state of epoch 2
         return elastic_batches(n, min(position, n), self.batch_size, self.rank, self.world_size,
                                worker, workers, self.even)
 
-    def _elastic_pass(self, worker: int, workers: int) -> Iterator[Any]:
-        # the pass begins at its first item, so that until then len() and set_epoch() see
-        # the state it will read as waiting for it
-        epoch, resume = self._clock.begin(worker, workers)
-        position = 0 if resume is None else resume.position
+    def _elastic_pass(self, position: int, worker: int, workers: int, epoch: int,
+                      skip: int) -> Iterator[tuple[int, Any]]:
+        """``(done, output)`` of the elastic pass from ``position`` of the epoch's order, of
+        worker ``worker``, after the first ``skip`` positions of its batches. The pass counts
+        as under way from its first item, so that until then len() and set_epoch() see the
+        state it will read as waiting for it."""
         self._clock.under_way(1)
         try:
-            yield from self._elastic_stream(self._elastic_batches(position, worker, workers), epoch)
+            yield from self._elastic_stream(self._elastic_batches(position, worker, workers), epoch,
+                                            skip)
         finally:
             self._clock.under_way(-1)
 
-    def _elastic_stream(self, batches: Iterator[range], epoch: int) -> Iterator[Any]:
+    def _elastic_stream(self, batches: Iterator[range], epoch: int,
+                        skip: int) -> Iterator[tuple[int, Any]]:
         self._follow(epoch)
         n, reader, apply = len(self.reader), self.reader, self._apply_or_skip
+        done = 0  # positions of this worker's batches passed
         for batch in batches:
-            for run in wrapped_runs(batch, n):
+            if done + len(batch) <= skip:
+                done += len(batch)
+                continue
+            begin = batch.start + max(0, skip - done)
+            done = begin - batch.start + done
+            for run in wrapped_runs(range(begin, batch.stop), n):
                 for index, sample in read_on(reader, run.start, run.stop, self._skip,
                                              copy=self.copy, chunk_size=self.chunk_size):
+                    done += 1
                     output = apply(sample, index, epoch)
                     if output is not _SKIP:
-                        yield output
+                        yield done, output
 
     def _shard(self, epoch: int, resume: Resume | None, worker: int, workers: int,
                guard: bool) -> _Shard:
@@ -760,24 +833,29 @@ it, or load a state of epoch 2
                     "world_size, or pass even='drop' or even='pad'")
         return worker_range(n, self.rank, self.world_size, worker, workers, epoch, self.even)
 
-    def _stream(self, window: range, epoch: int, skip: int) -> Iterator[Any]:
+    def _stream(self, window: range, epoch: int, skip: int) -> Iterator[tuple[int, Any]]:
+        """``(done, output)`` of the shard ``window`` in ``epoch`` from its position ``skip``
+        on, ``done`` counting the positions of the shard passed once ``output`` is made."""
         if skip >= len(window):
             return
         self._follow(epoch)
         if self.shuffle:
-            pairs = self._shuffled(window, epoch, skip)
+            triples = ((done, index, sample) for done, (index, sample)
+                       in enumerate(self._shuffled(window, epoch, skip), skip + 1))
         else:  # with on_error, a sample that does not read is skipped and reading goes on
-            pairs = read_on(self.reader, window.start + skip, window.stop, self._skip,
-                            copy=self.copy, chunk_size=self.chunk_size)
+            before = window.start - 1
+            triples = ((index - before, index, sample) for index, sample in read_on(
+                self.reader, window.start + skip, window.stop, self._skip, copy=self.copy,
+                chunk_size=self.chunk_size))
         if self._transform is None:
-            for _, sample in pairs:
-                yield sample
+            for done, _, sample in triples:
+                yield done, sample
             return
         apply = self._apply_or_skip
-        for index, sample in pairs:
+        for done, index, sample in triples:
             output = apply(sample, index, epoch)
             if output is not _SKIP:
-                yield output
+                yield done, output
 
     def _shuffled(self, window: range, epoch: int, skip: int) -> Iterator[tuple[int, Any]]:
         shard = Range(Indexed(self.reader), window.start, window.stop)
@@ -795,3 +873,156 @@ it, or load a state of epoch 2
         options += ["shuffle=True"] if self.shuffle else []
         options += [f"rank={self.rank}", f"world_size={self.world_size}"]
         return f"IterableDataset({self.reader!r}, {', '.join(options)})"
+
+
+class _Pass:
+    """One pass of an :class:`IterableDataset` in one process (a DataLoader worker, or the
+    main process without workers): the iterator that ``iter(dataset)`` returns. At each item it
+    hands out it knows where it stands, so that torchdata's ``StatefulDataLoader``, which asks
+    the dataset's iterator for its state with each batch, resumes it exactly.
+
+    :meth:`state_dict` names the dataset's length and layout (ranks, workers, shuffle, elastic,
+    even, batch size), the worker, the shuffle seed, the epoch, the share of the epoch the pass
+    reads (a shard, or where an elastic pass began) and ``done``, the positions of that share
+    passed: read and handed out, or skipped by ``on_error``. :meth:`load_state_dict`, before the
+    first item of a pass of a dataset built the same way on the same grid, carries on from
+    there without reading what it skips (a shuffle over a reader without ``get`` reads it), in
+    the state's epoch (the next pass of that worker reads the epoch after it), with the state's
+    shuffle seed. Anything else is refused with a ``TypeError`` or ``ValueError`` that names it.
+
+    >>> from fpipe.storage import ListReader
+    >>> data = IterableDataset(ListReader([{"x": i} for i in range(6)]))
+    >>> first = iter(data)
+    >>> [next(first)["x"] for _ in range(2)]
+    [0, 1]
+    >>> again = iter(IterableDataset(ListReader([{"x": i} for i in range(6)])))
+    >>> again.load_state_dict(first.state_dict())
+    >>> [s["x"] for s in again]
+    [2, 3, 4, 5]
+    """
+
+    def __init__(self, data: IterableDataset, worker: int, workers: int, *, begin: bool = True) -> None:
+        self._data, self._worker, self._workers = data, worker, workers
+        clock = data._clock
+        self._epoch, resume = clock.begin(worker, workers) if begin else clock.peek(worker)
+        self._items: Iterator | None = None
+        self._start, self._window, self._done, self._replay = 0, None, 0, None
+        if data.elastic:
+            self._start = 0 if resume is None else resume.position
+        else:
+            shard = data._shard(self._epoch, resume, worker, workers, guard=begin)
+            self._window, self._done = shard.window, shard.skip
+            if shard.made and data._may_skip():
+                self._replay, self._done = (shard, resume), None
+        self._handed = data.elastic and begin
+        if begin:
+            if data._pending is not None:
+                pending, data._pending = data._pending, None
+                self.load_state_dict(pending)
+            data._latest = weakref.ref(self)
+            info = get_worker_info()
+            if info is not None and info.dataset is not data:
+                clock.wrapped()
+
+    def __iter__(self) -> _Pass:
+        return self
+
+    def __next__(self) -> Any:
+        items = self._items
+        if items is None:
+            items = self._items = self._outputs()
+        try:
+            self._done, output = next(items)
+        except StopIteration:
+            self._done, self._replay = self._length(), None
+            raise
+        if self._handed:
+            self._data._clock.handed(self._worker)
+        return output
+
+    def _outputs(self) -> Iterator[tuple[int, Any]]:
+        data = self._data
+        if data.elastic:
+            return data._elastic_pass(self._start, self._worker, self._workers, self._epoch,
+                                      self._done)
+        if self._replay is not None:
+            return data._replayed(*self._replay[:1], self._epoch, self._replay[1])
+        return data._stream(self._window, self._epoch, self._done)
+
+    def _length(self) -> int:
+        """The positions of this pass's share of the epoch."""
+        if self._window is not None:
+            return len(self._window)
+        return sum(map(len, self._data._elastic_batches(self._start, self._worker, self._workers)))
+
+    def _settings(self) -> dict[str, Any]:
+        data = self._data
+        return {"length": len(data.reader), "rank": data.rank, "world_size": data.world_size,
+                "workers": self._workers, "shuffle": data.shuffle, "elastic": data.elastic,
+                "even": data.even, "batch_size": data.batch_size, "buf_size": data.buf_size,
+                "chunk_size": data.chunk_size}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this pass stands after the items it has handed out (see the class)."""
+        if self._done is None:
+            raise ValueError("this pass carries on a resume() whose samples may fail "
+                             "(on_error): its place is known once it has handed out an item")
+        window = None if self._window is None else [self._window.start, self._window.stop]
+        return {**state_header(_PASS_STATE), **self._settings(), "worker": self._worker,
+                "seed": self._data._shuffle_seed if self._data.shuffle else None,
+                "epoch": self._epoch, "start": self._start, "window": window, "done": self._done}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Carry on from ``state`` (see the class), before the first item."""
+        self.state_loader(state)()
+
+    def state_loader(self, state: Any, name: str = "state") -> Callable[[], None]:
+        """Check ``state`` whole, changing nothing, and return what loads it."""
+        if self._items is not None:
+            raise ValueError("load_state_dict() must come before the first item of a pass; "
+                             "take a new iterator (iter(dataset)) and load the state into it")
+        try:
+            check_state(state, _PASS_STATE, ("worker", "seed", "epoch", "start", "window", "done"),
+                        self._settings(), name=name)
+        except ValueError as error:
+            raise ValueError(f"{error}: a pass resumes on the dataset and grid of ranks and "
+                             "DataLoader workers that saved it") from None
+        if state["worker"] != self._worker:
+            raise ValueError(f"{name} is of DataLoader worker {state['worker']!r:.20}; this pass "
+                             f"is worker {self._worker}'s")
+        data = self._data
+        epoch = check_integer(f"{name}['epoch']", state["epoch"], 0)
+        start = check_integer(f"{name}['start']", state["start"], 0)
+        done = check_integer(f"{name}['done']", state["done"], 0)
+        seed = None if not data.shuffle else check_integer(f"{name}['seed']", state["seed"], 0)
+        window = self._checked_window(state["window"], epoch, f"{name}['window']")
+        n = len(data.reader)
+        if data.elastic and start > n:
+            raise ValueError(f"{name}['start'] must be at most the length {n}; got {start}")
+        length = len(window) if window is not None else sum(
+            map(len, data._elastic_batches(start, self._worker, self._workers)))
+        if done > length:
+            raise ValueError(f"{name}['done'] must be at most the {length} positions of the "
+                             f"pass's share; got {done}")
+
+        def load() -> None:
+            if seed is not None:
+                data._shuffle_seed = seed
+            self._epoch, self._start, self._window, self._done = epoch, start, window, done
+            self._replay = None
+            data._clock.adopt(self._worker, epoch, start)
+        return load
+
+    def _checked_window(self, window: Any, epoch: int, name: str) -> range | None:
+        data = self._data
+        if data.elastic:
+            if window is not None:
+                raise ValueError(f"{name} must be None for an elastic pass; got {window!r:.40}")
+            return None
+        if not (isinstance(window, list) and len(window) == 2 and all(type(i) is int for i in window)):
+            raise TypeError(f"{name} must be [start, stop]; got {window!r:.40}")
+        shards = [data._window(epoch, w, self._workers, False) for w in range(self._workers)]
+        if range(*window) not in shards:
+            raise ValueError(f"{name} = {window} is no shard of epoch {epoch} on this grid: "
+                             f"{[[w.start, w.stop] for w in shards]}")
+        return range(*window)

@@ -33,7 +33,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..errors import CapturedError, check_bool, check_integer, close_after
+from ..errors import CapturedError, check_bool, check_integer, check_state, close_after, state_header
+from ..stateful import is_stateful
 
 __all__ = ["Stage", "Stream", "as_stream"]
 
@@ -286,6 +287,78 @@ class Stream(abc.ABC):
     def __repr__(self) -> str:
         return f"<{self.name} stream>"
 
+    # --- the consumer's place (the Stateful protocol, fpipe.stateful) ---
+
+    def state_dict(self) -> dict:
+        """Where the consumer of this stream stands: for each stream of the chain, from this
+        one up to its source, what it has taken and what it holds, at the items this stream has
+        delivered (the items ``next()`` read ahead are held, not delivered). A plain dict, with
+        the items that streams hold in it (a partial batch, a packer's open rows), and the
+        state of the source's iterator where it has one (an fpipe dataset's pass), else the
+        count of the items taken from it.
+
+        :meth:`load_state_dict` gives it to the same chain built anew, before its first item:
+        that chain delivers what this one would have. A stream whose place cannot be named
+        (work under way in threads or processes, a generator) raises ``TypeError``.
+
+        >>> from toolz import pipe
+        >>> from fpipe import batch, map
+        >>> stream = pipe(range(7), map(lambda x: 10 * x), batch(3))
+        >>> next(stream)
+        [0, 10, 20]
+        >>> again = pipe(range(7), map(lambda x: 10 * x), batch(3))
+        >>> again.load_state_dict(stream.state_dict())
+        >>> list(again)
+        [[30, 40, 50], [60]]
+        """
+        return {**state_header("Stream"), "stream": self.name, "held": self._buffer[::-1],
+                "own": self._own_state(),
+                "upstream": None if self.upstream is None else self.upstream.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Carry on from ``state``, a :meth:`state_dict` of the same chain of stages (by name and
+        settings), before this stream's first item; anything else raises a ``TypeError`` or
+        ``ValueError`` naming the difference, and changes nothing."""
+        self.state_loader(state)()
+
+    def state_loader(self, state: Any, name: str = "state") -> Callable[[], None]:
+        """Check ``state`` all through, changing nothing, and return the function that loads
+        it (so that a chain, or a mix of chains, is checked whole before any part changes)."""
+        check_state(state, "Stream", ("held", "own", "upstream"), {"stream": self.name}, name=name)
+        if self._meter.started is not None or self._buffer or self._closed:
+            raise ValueError(f"load_state_dict() must come before the first item of {self.name}; "
+                             "build the pipeline anew and load the state into it")
+        held = state["held"]
+        if not isinstance(held, list):
+            raise TypeError(f"{name}['held'] must be a list of items; got {held!r:.80}")
+        own = self._own_loader(state["own"], f"{name}['own']")
+        if (self.upstream is None) != (state["upstream"] is None):
+            raise ValueError(f"{name}['upstream'] is the state of "
+                             f"{'no' if state['upstream'] is None else 'an'} upstream; "
+                             f"{self.name} has {'none' if self.upstream is None else 'one'}")
+        upstream = None if self.upstream is None else self.upstream.state_loader(
+            state["upstream"], f"{name}['upstream']")
+
+        def load() -> None:
+            if upstream is not None:
+                upstream()
+            own()
+            self._buffer = held[::-1]
+        return load
+
+    def _own_state(self) -> Any:
+        """What this stream holds or has counted, for :meth:`state_dict`: stream kinds that
+        keep their place say it here."""
+        raise TypeError(f"{self.name} cannot save its place: its items are made in the "
+                        "background (threads, processes) or by code fpipe cannot see into; "
+                        "keep such stages out of a pipeline whose state you save, or save "
+                        "states only at the end of an epoch")
+
+    def _own_loader(self, own: Any, name: str) -> Callable[[], None]:
+        """Check ``own`` (of :meth:`_own_state`) and return what restores it."""
+        self._own_state()  # a stream without a place refuses its state too
+        raise NotImplementedError  # pragma: no cover - _own_state raised
+
     # --- for the authors of streams (see the class docstring) ---
 
     def pull_upstream(self, n: int, *, full: bool = False) -> list:
@@ -421,6 +494,7 @@ class _Source(Stream):
         super().__init__(None, f"source({type(iterable).__name__})")
         self._iterable, self._iterator = iterable, None
         self.waits = waits
+        self._taken = 0  # items taken from the iterator
 
     def _pull(self, n: int) -> list:
         if not self.waits:
@@ -429,9 +503,11 @@ class _Source(Stream):
         if self._iterator is None:
             self._iterator = iter(self._iterable)
         try:
-            return [next(self._iterator)]
+            item = next(self._iterator)
         except StopIteration:
             return []
+        self._taken += 1
+        return [item]
 
     def _pull_full(self, n: int) -> list:
         if self._iterator is None:
@@ -442,7 +518,38 @@ class _Source(Stream):
         except BaseException as error:
             if not self.defer_error(error, items):
                 raise
+        finally:
+            self._taken += len(items)
         return items
+
+    def _own_state(self) -> dict:
+        # an iterator that keeps its own place (an fpipe dataset's pass) says it; any other
+        # source is taken again from its start, up to the items taken
+        iterator = self._iterator
+        saved = iterator.state_dict() if iterator is not None and is_stateful(iterator) else None
+        return {"taken": self._taken, "iterator": saved}
+
+    def _own_loader(self, own: Any, name: str) -> Callable[[], None]:
+        if not isinstance(own, dict) or set(own) != {"taken", "iterator"}:
+            raise TypeError(f"{name} must be the dict of a source's state, with 'taken' and "
+                            f"'iterator'; got {own!r:.120}")
+        taken, saved = check_integer(f"{name}['taken']", own["taken"], 0), own["iterator"]
+
+        def load() -> None:
+            iterator = iter(self._iterable)
+            if saved is not None:
+                if not is_stateful(iterator):
+                    raise TypeError(f"{name}['iterator'] is the state of an iterator that keeps "
+                                    f"its place, but iter() of this source gives "
+                                    f"{type(iterator).__name__}, which does not")
+                iterator.load_state_dict(saved)
+            elif taken:
+                skipped = sum(1 for _ in itertools.islice(iterator, taken))
+                if skipped < taken:
+                    raise ValueError(f"the source ended after {skipped} items, before the "
+                                     f"{taken} that the state had taken")
+            self._iterator, self._taken = iterator, taken
+        return load
 
     def _close(self) -> None:
         # an iterator that was never started is closed too, so that it cannot start later
@@ -565,6 +672,23 @@ class _Mapped(Stream):
     def _pull_full(self, n: int) -> list:
         return self._pull(n, True)
 
+    def _own_state(self) -> dict:
+        return {"index": self._index}  # a pull hands out all it made: nothing is held
+
+    def _own_loader(self, own: Any, name: str) -> Callable[[], None]:
+        index = checked_fields(own, name, ("index",))["index"]
+
+        def load() -> None:
+            self._index = index
+        return load
+
+
+def checked_fields(own: Any, name: str, keys: tuple[str, ...]) -> dict:
+    """``own``, once it is a dict of exactly ``keys``, each an integer >= 0 (for the
+    :meth:`Stream._own_loader` of a stream kind; not in ``__all__``)."""
+    if not isinstance(own, dict) or set(own) != set(keys):
+        raise TypeError(f"{name} must be a dict of {', '.join(keys)}; got {own!r:.120}")
+    return {key: check_integer(f"{name}[{key!r}]", own[key], 0) for key in keys}
 
 
 def mapped_stream(iterable: Iterable, name: str, into: Callable[[list, list, int], None],

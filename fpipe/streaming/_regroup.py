@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import check_integer
+from ..errors import check_integer, check_state
 from ._core import Stage, Stream, as_stream
 
 __all__ = ["Grouper", "RegroupStage", "Regrouped", "length_of"]
@@ -78,6 +78,7 @@ class Regrouped(Stream):
         self._made: collections.deque = collections.deque()  # (recipe, output), not pulled yet
         self._pulled: list = []  # the recipes of the last pull, for the items next() holds
         self._ended = False
+        self._kept: dict = {}  # the input items that what is held or made is made of, by index
 
     def _pull(self, n: int) -> list:
         if self._resume is not None:
@@ -97,8 +98,9 @@ class Regrouped(Stream):
             if not chunk:
                 self._ended = True
                 self._grouper.finish(out)
-            feed, index = self._grouper.feed, self._index
+            feed, index, kept = self._grouper.feed, self._index, self._kept
             for item in chunk:
+                kept[index] = item
                 feed(index, item, out)
                 index += 1
                 self._index = index
@@ -109,10 +111,67 @@ class Regrouped(Stream):
             self._ended = True  # the error is raised after the outputs made before it
             return
         self._made.extend(out)
+        self._forget()
 
-    def state_dict(self) -> dict:
-        """Where this stream stands, after the outputs it has handed out: a plain dict of
-        ints and lists of ints. ``position`` is the index of the first input item that a
+    def _forget(self) -> None:
+        """Keep only the input items of what is held and made (the chain's state holds them)."""
+        indices = self._grouper.indices
+        needed = {i for recipe in self._grouper.open_recipes() for i in indices(recipe)}
+        needed.update(i for recipe, _ in self._made for i in indices(recipe))
+        kept = self._kept
+        self._kept = {i: kept[i] for i in needed if i in kept}
+
+    def _own_state(self) -> dict:
+        # next()'s read-ahead is held by the base class; the outputs made and the open groups
+        # are named by recipes, with the input items they are made of
+        if self._resume is not None:
+            raise TypeError(f"{self.name} was resumed from a stage's state and has not found its "
+                            "place yet: save its state after its first item")
+        opened = self._grouper.open_recipes()
+        ready = [recipe for recipe, _ in self._made]
+        return copy.deepcopy({**self._place, "index": self._index, "ended": self._ended,
+                              "open": opened, "ready": ready,
+                              "items": [[i, self._kept[i]] for i in sorted(self._kept)]})
+
+    def _own_loader(self, own: Any, name: str) -> Callable[[], None]:
+        keys = {*self._place, "index", "ended", "open", "ready", "items"}
+        if not isinstance(own, dict) or set(own) != keys:
+            raise TypeError(f"{name} must be the dict of a {self.name} stream's state; got "
+                            f"{own!r:.120}")
+        for key, value in self._place.items():
+            if own[key] != value:
+                raise ValueError(f"{name} is of a stream with {key}={own[key]!r:.80}; this one "
+                                 f"has {key}={value!r:.80}")
+        index = check_integer(f"{name}['index']", own["index"], 0)
+        if not isinstance(own["items"], list) or not all(
+                isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
+                for pair in own["items"]):
+            raise TypeError(f"{name}['items'] must be a list of [index, item]; got "
+                            f"{own['items']!r:.80}")
+        items = dict(copy.deepcopy(own["items"]))
+        indices = self._grouper.indices
+        for part in ("open", "ready"):
+            if not isinstance(own[part], list):
+                raise TypeError(f"{name}[{part!r}] must be a list of recipes; got {own[part]!r:.80}")
+            for recipe in own[part]:
+                if any(i not in items for i in indices(recipe)):
+                    raise ValueError(f"{name}[{part!r}] names items that {name}['items'] lacks: "
+                                     f"{recipe!r:.80}")
+        ended = bool(own["ended"])
+
+        def load() -> None:
+            grouper = self._grouper
+            grouper.restore(copy.deepcopy(own["open"]), items)
+            self._made.extend((recipe, grouper.build(recipe, items)) for recipe in
+                              copy.deepcopy(own["ready"]))
+            self._index, self._ended, self._kept, self._resume = index, ended, items, None
+            self._forget()
+        return load
+
+    def place(self) -> dict:
+        """Where this stream stands, after the outputs it has handed out, for the stage's
+        :meth:`RegroupStage.state_dict`: a plain dict of ints and lists of ints. ``position``
+        is the index of the first input item that a
         resumed stream needs, ``consumed`` the number of input items read; ``open`` and
         ``ready`` name the input items of what the stream holds and of the outputs it made
         but has not handed out."""
@@ -141,6 +200,8 @@ class Regrouped(Stream):
         items = self._skip_to(consumed, wanted)
         self._grouper.restore(state["open"], items)
         self._made.extend((recipe, self._grouper.build(recipe, items)) for recipe in state["ready"])
+        self._kept = items
+        self._forget()
 
     def _skip_to(self, consumed: int, wanted: set) -> dict:
         items = {}
@@ -164,13 +225,17 @@ class RegroupStage(Stage):
 
     def __init__(self) -> None:
         self._resume: dict | None = None
+        self._chain: dict | None = None  # a stream's state for the next application to load
         self._latest: Any = None  # a weak reference to the latest stream
 
     def apply(self, iterable: Iterable, *, epoch: int = 0, start: int = 0) -> Stream:
         resume, self._resume = self._resume, None
+        chain, self._chain = self._chain, None
         place = {"type": self.kind, "seed": self.seed, "epoch": epoch, "settings": self.settings()}
         stream = Regrouped(as_stream(iterable), repr(self), self._grouper(epoch), place, start,
                             resume)
+        if chain is not None:
+            stream.load_state_dict(chain)
         self._latest = weakref.ref(stream)
         return stream
 
@@ -200,18 +265,27 @@ class RegroupStage(Stage):
         """The state of the latest stream of this stage (see the module's docs), or the place
         where the next application begins if none was made since :meth:`load_state_dict`."""
         stream = self._latest() if self._latest is not None else None
+        if self._chain is not None:
+            return copy.deepcopy(self._chain)
         if self._resume is not None or stream is None:
             return copy.deepcopy(self._resume or {
                 "type": self.kind, "seed": self.seed, "epoch": self.epoch,
                 "settings": self.settings(), "position": 0, "consumed": 0, "open": [], "ready": []})
-        return stream.state_dict()
+        return stream.place()
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next application begin where ``state`` (of a stage built the same way)
         stood: in its epoch, with its seed, with the same outputs to come. That application
         reads its input from the start (or from item ``start``, if :meth:`apply` says the
         input begins there), skips to the items the state names, and rebuilds what the stream
-        held."""
+        held.
+
+        ``state`` may also be the :meth:`~fpipe.Stream.state_dict` of a stream of this stage
+        (which holds the items it is made of): the next application loads it into its stream,
+        whose upstream is then restored from it too."""
+        if isinstance(state, dict) and state.get("type") == "Stream":
+            self._load_chain(state)
+            return
         checked = _checked_state(_with_settings(state, self.settings()), self.kind)
         _check_settings(checked["settings"], self.settings(), repr(self))
         self._check_recipes(checked)
@@ -219,6 +293,22 @@ class RegroupStage(Stage):
         # all checked: now change
         self._resume = copy.deepcopy(checked)
         self.set_epoch(checked["epoch"])
+        if seed is not None:
+            self.seed = seed
+
+    def _load_chain(self, state: dict) -> None:
+        own = state.get("own")
+        if not isinstance(own, dict) or own.get("type") != self.kind:
+            raise ValueError(f"state['own'] is not of a {self.kind!r} stream; got {own!r:.80}")
+        _check_settings(own.get("settings"), self.settings(), repr(self))
+        seed = _checked_seed(own.get("seed"), self.seed)
+        adopted = copy.copy(self)  # the stage as it will be, with the state's seed
+        adopted.seed = seed
+        check_state(state, "Stream", ("held", "own", "upstream"), {"stream": repr(adopted)})
+        epoch = check_integer("state['own']['epoch']", own.get("epoch"), 0)
+        # checked: now change
+        self._resume, self._chain = None, copy.deepcopy(state)
+        self.set_epoch(epoch)
         if seed is not None:
             self.seed = seed
 

@@ -121,6 +121,20 @@ class Batched(Stream):
         self._filling = []
         return items
 
+    def _own_state(self) -> dict:
+        # between pulls nothing is filling; a predicate batch holds the item that closed it
+        return {"next": [] if self._held is _NOTHING else [self._held]}
+
+    def _own_loader(self, own: Any, name: str) -> Callable[[], None]:
+        if not isinstance(own, dict) or set(own) != {"next"} or not isinstance(own["next"], list) \
+                or len(own["next"]) > (0 if self._predicate is None else 1):
+            raise TypeError(f"{name} must be the dict of a {self.name} stream's state; "
+                            f"got {own!r:.120}")
+
+        def load() -> None:
+            self._held = own["next"][0] if own["next"] else _NOTHING
+        return load
+
 
 def batch(batch_size: int | Callable[[list, Any], bool], drop_last: bool = False) -> Stage:
     """The stage that groups items into lists: batches of ``batch_size`` items, or, with a
@@ -164,6 +178,17 @@ class _Unbatched(Stream):
             self._rest = list(batches[0])
         items, self._rest = self._rest[:n], self._rest[n:]
         return items
+
+    def _own_state(self) -> dict:
+        return {"rest": list(self._rest)}
+
+    def _own_loader(self, own: Any, name: str) -> Callable[[], None]:
+        if not isinstance(own, dict) or set(own) != {"rest"} or not isinstance(own["rest"], list):
+            raise TypeError(f"{name} must be a dict of the items 'rest'; got {own!r:.120}")
+
+        def load() -> None:
+            self._rest = list(own["rest"])
+        return load
 
 
 def unbatch() -> Stage:

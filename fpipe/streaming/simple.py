@@ -20,7 +20,7 @@ from ..errors import CapturedError, capture, check_bool, check_callable, check_i
 from ..functional import call_repr, func_name
 from ..random import Seed, item_rng, optional_entropy, set_active
 from ..skipping import OnError, SkipLog, check_max_errors, check_on_error, handle
-from ._core import Stage, Stream, as_stream, generator_stream, mapped_stream
+from ._core import Stage, Stream, as_stream, checked_fields, generator_stream, mapped_stream
 from .planner import plan_map
 
 __all__ = ["filter", "map", "take", "transform_stream"]
@@ -319,6 +319,16 @@ class _Taken(Stream):
         items = self.pull_upstream(min(n, self._left))
         self._left -= len(items)
         return items
+
+    def _own_state(self) -> dict:
+        return {"left": self._left}
+
+    def _own_loader(self, own: Any, name: str) -> Callable[[], None]:
+        left = checked_fields(own, name, ("left",))["left"]
+
+        def load() -> None:
+            self._left = left
+        return load
 
 
 def take(n: int) -> Stage:

@@ -69,8 +69,16 @@ def test_stream_sources_are_restored_from_their_own_state():
     second = make()
     second.load_state_dict(first.state_dict())
     assert got + second.pull(180) == whole
-    with pytest.raises(TypeError, match=r"sources that are sequences or have state_dict\(\)"):
-        fp.mix(iter([1, 2]), [3]).state_dict()
+    # an iterator is a stream that counts what it gave: a fresh one skips as many
+    whole = list(fp.mix(iter(range(20)), [30, 31, 32], seed=5, until="all"))
+    first = fp.mix(iter(range(20)), [30, 31, 32], seed=5, until="all")
+    got = [next(first) for _ in range(7)]
+    second = fp.mix(iter(range(20)), [30, 31, 32], seed=5, until="all")
+    second.load_state_dict(first.state_dict())
+    assert got + list(second) == whole
+    # work in threads cannot name its place: refused, naming the stage
+    with pytest.raises(TypeError, match=r"cannot save its place"):
+        fp.mix(fp.threads(abs)(range(3)), [3]).state_dict()
 
 
 def batch_iter(seed=4):
