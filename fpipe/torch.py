@@ -78,6 +78,7 @@ __all__ = [
     "dict2tuple",
     "get_worker_info",
     "no_rng",
+    "regrid_state",
     "worker_range",
 ]
 
@@ -985,8 +986,9 @@ class _Pass:
             check_state(state, _PASS_STATE, ("worker", "seed", "epoch", "start", "window", "done"),
                         self._settings(), name=name)
         except ValueError as error:
-            raise ValueError(f"{error}: a pass resumes on the dataset and grid of ranks and "
-                             "DataLoader workers that saved it") from None
+            raise ValueError(f"{error}: a pass resumes on the same dataset and grid of ranks "
+                             "and DataLoader workers; an elastic run moves to another grid with "
+                             "fpipe.torch.regrid_state") from None
         if state["worker"] != self._worker:
             raise ValueError(f"{name} is of DataLoader worker {state['worker']!r:.20}; this pass "
                              f"is worker {self._worker}'s")
@@ -1026,3 +1028,110 @@ class _Pass:
             raise ValueError(f"{name} = {window} is no shard of epoch {epoch} on this grid: "
                              f"{[[w.start, w.stop] for w in shards]}")
         return range(*window)
+
+
+def regrid_state(states: Any) -> dict[str, Any]:
+    """The elastic state of an epoch from the states of every rank of a run: for
+    :meth:`IterableDataset.load_state_dict` on another grid of ranks and DataLoader workers.
+
+    ``states`` holds, for every rank, what its loader or dataset saved: the ``state_dict()``
+    of a torchdata ``StatefulDataLoader`` over an ``IterableDataset(..., elastic=True)`` (or
+    over a dataset of yours that reads one), or the pass states of its workers, gathered (for
+    instance with ``torch.distributed.all_gather_object``) at the same step. The positions the
+    passes have handed out must make one run of the epoch's order from where they began: that
+    run's end is where the new grid carries on. Items that the pipelines hold (a packer's open
+    rows, a partial batch, items read ahead) would be lost or repeated on another grid, so a
+    state with any is refused with a ``ValueError`` that says where they are: resume those on
+    the same grid with ``StatefulDataLoader.load_state_dict``.
+
+    >>> from fpipe.storage import ListReader
+    >>> reader = ListReader([{"x": i} for i in range(10)])
+    >>> ranks = [IterableDataset(reader, batch_size=2, rank=r, world_size=2, elastic=True)
+    ...          for r in range(2)]
+    >>> passes = [iter(rank) for rank in ranks]
+    >>> [[next(p)["x"] for _ in range(2)] for p in passes]       # one step of each rank
+    [[0, 1], [2, 3]]
+    >>> regrid_state([p.state_dict() for p in passes])
+    {'type': 'ElasticEpoch', 'version': 1, 'length': 10, 'epoch': 0, 'position': 4}
+    """
+    passes: list = []
+    held: list[str] = []
+    _collect_states(states, "states", passes, held)
+    if not passes:
+        raise ValueError("states hold no pass of an fpipe IterableDataset: give the "
+                         "state_dict() of each rank's StatefulDataLoader (or of its passes)")
+    if held:
+        raise ValueError(f"the pipelines hold items that another grid cannot take over: "
+                         f"{'; '.join(held[:3])}{' ...' if len(held) > 3 else ''}; resume on the "
+                         "same grid (StatefulDataLoader.load_state_dict), or save at the end of "
+                         "an epoch")
+    first = passes[0]
+    for key in ("length", "epoch", "start", "batch_size", "world_size", "workers", "even"):
+        differ = {state[key] for state in passes}
+        if len(differ) > 1:
+            raise ValueError(f"the passes are of different {key}s: {sorted(differ, key=repr)}; "
+                             "give the states of one run, taken at the same step")
+    if not first["elastic"]:
+        raise ValueError("the passes are not elastic: only IterableDataset(..., elastic=True) "
+                         "deals the epoch out in one order that another grid can carry on")
+    n, start = first["length"], first["start"]
+    runs = sorted((run for state in passes for run in _handed_runs(state)), key=lambda r: r.start)
+    position = start
+    for run in runs:
+        if run.start > position:
+            raise ValueError(f"the passes handed out positions up to {run.start} of the epoch's "
+                             f"order but not those from {position}: they were saved at different "
+                             "steps (save every rank's state at the same step)")
+        position = max(position, run.stop)
+    grid = {(state["rank"], state["worker"]) for state in passes}
+    if len(grid) != first["world_size"] * first["workers"]:
+        raise ValueError(f"states hold the passes of {len(grid)} workers, but the run had "
+                         f"{first['world_size']} ranks of {first['workers']}: give them all")
+    return elastic_state_dict(first["epoch"], min(position, n), n)
+
+
+def _handed_runs(state: Mapping[str, Any]) -> list[range]:
+    """The runs of the epoch's order that a pass state has handed out (or skipped)."""
+    batches = elastic_batches(state["length"], state["start"], state["batch_size"], state["rank"],
+                              state["world_size"], state["worker"], state["workers"], state["even"])
+    runs, left = [], state["done"]
+    for batch in batches:
+        if left <= 0:
+            break
+        runs.append(range(batch.start, batch.start + min(left, len(batch))))
+        left -= len(batch)
+    return runs
+
+
+def _collect_states(value: Any, where: str, passes: list, held: list) -> None:
+    """Find the pass states in ``value`` (a loader's state, nested), and say where items are
+    held by fpipe streams along the way."""
+    if isinstance(value, Mapping):
+        kind = value.get("type")
+        if kind == _PASS_STATE:
+            passes.append(value)
+            return
+        if kind in ("Mix", "Sample"):
+            held.append(f"a {kind.lower()} at {where} draws from sources of its own")
+            return
+        if kind == "Stream":
+            holds = _held_by(value)
+            if holds:
+                held.append(f"{value.get('stream')} holds {holds} at {where}")
+        for key, inner in value.items():
+            _collect_states(inner, f"{where}[{key!r}]", passes, held)
+    elif isinstance(value, (list, tuple)):
+        for k, inner in enumerate(value):
+            _collect_states(inner, f"{where}[{k}]", passes, held)
+
+
+def _held_by(state: Mapping[str, Any]) -> int:
+    """How many items (or open groups) one stream's state holds."""
+    own = state.get("own")
+    count = len(state.get("held") or ())
+    if isinstance(own, Mapping):
+        for key in ("next", "rest", "open", "ready"):
+            count += len(own.get(key) or ())
+        if own.get("iterator", 0) is None and own.get("taken"):
+            count += own["taken"]  # a source of yours, counted: another grid cannot share it out
+    return count

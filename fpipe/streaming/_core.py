@@ -100,6 +100,9 @@ class Stream(abc.ABC):
     # whether a pull may wait: for other threads, or for the consumer (see the docstring)
     waits = False
     skips = None  # the SkipLog of a stage with on_error: the items it left out
+    # whether the source keeps its place (an fpipe dataset's pass): then next() reads no item
+    # ahead, so that the chain's state holds no items it read ahead, and moves to another grid
+    keeps_place = False
 
     def __init__(self, upstream: Stream | None, name: str) -> None:
         self.upstream, self.name = upstream, name
@@ -112,6 +115,7 @@ class Stream(abc.ABC):
         self._turn = threading.Lock()  # held by the thread that reads (several may)
         if upstream is not None:
             self.reads(upstream)
+            self.keeps_place = upstream.keeps_place
 
     def pull(self, n: int, *, full: bool = False) -> list:
         """The next items, at least one and at most ``n``; ``[]`` once the stream has ended.
@@ -235,7 +239,8 @@ class Stream(abc.ABC):
         if not items:
             raise StopIteration
         count = len(items)
-        self._read_size = next_chunk_size(count, seconds, READ_SECONDS, _READ_AHEAD)
+        if not self.keeps_place:
+            self._read_size = next_chunk_size(count, seconds, READ_SECONDS, _READ_AHEAD)
         if count == 1:  # from a source that may wait, every time
             return items[0]
         items.reverse()
@@ -495,6 +500,7 @@ class _Source(Stream):
         self._iterable, self._iterator = iterable, None
         self.waits = waits
         self._taken = 0  # items taken from the iterator
+        self.keeps_place = is_stateful(iterable) and hasattr(iterable, "__len__")
 
     def _pull(self, n: int) -> list:
         if not self.waits:
