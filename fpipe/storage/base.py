@@ -34,6 +34,13 @@ class Reader(abc.ABC):
     makes the next ``iter()`` without ``start`` begin at ``k`` (once; later passes start at 0).
     Iterators never move the cursor, so two iterators never interfere.
 
+    ``blocks`` says how costly random access is: None (the default) when a sample costs about
+    the same wherever it is read, or, for a reader that decodes its samples a block at a time
+    (the row groups of a Parquet file, the record batches of an Arrow file), the bounds of
+    those blocks: an int64 array of the first position of each block and the length at the
+    end. The shuffles follow it: :class:`~fpipe.storage.shuffling.BlockShuffler` reads each
+    block once an epoch.
+
     >>> from fpipe.storage import ListReader
     >>> reader = ListReader([{"key": "a"}, {"key": "b"}, {"key": "c"}])
     >>> reader.seek(1)
@@ -42,6 +49,7 @@ class Reader(abc.ABC):
     """
 
     _position = 0
+    blocks: np.ndarray | None = None
 
     @abc.abstractmethod
     def __len__(self) -> int:

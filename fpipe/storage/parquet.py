@@ -150,6 +150,13 @@ class _ArrowReader(Reader):
     def __len__(self) -> int:
         return int(self._part_starts[-1])
 
+    @property
+    def blocks(self) -> np.ndarray:
+        """The bounds of the row groups (record batches): the first row of each, and the
+        number of rows at the end. Reading a row decodes its whole row group, so the shuffles
+        walk them (see :class:`~fpipe.storage.shuffling.BlockShuffler`)."""
+        return self._part_starts
+
     # --- parts -----------------------------------------------------------------------------
 
     def _part(self, part: int, index: int, keep: bool = True) -> Any:

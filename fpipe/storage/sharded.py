@@ -110,6 +110,19 @@ class ShardedReader(Reader):
         return self._bounds[-1]
 
     @property
+    def blocks(self) -> np.ndarray | None:
+        """The bounds of the shards' blocks, one after the other, when every shard was given
+        as a reader that has them (the files of a
+        :class:`~fpipe.storage.parquet.ParquetReader`); else None (see
+        :class:`~fpipe.storage.base.Reader`). No shard is opened to find out."""
+        parts = [getattr(source, "blocks", None) if isinstance(source, Reader) else None
+                 for source in self._sources]
+        if not parts or any(part is None for part in parts):
+            return None
+        shifted = [np.asarray(part, dtype=np.int64) + start for part, start in zip(parts, self._bounds)]
+        return np.unique(np.concatenate(shifted))
+
+    @property
     def readers(self) -> list[Reader]:
         """The shards' readers (opening every shard)."""
         return [self._shard(shard) for shard in range(len(self._sources))]
