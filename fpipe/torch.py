@@ -62,7 +62,7 @@ from .sharding import (
     wrapped_runs,
 )
 from .skipping import OnError, TooManyErrors, check_max_errors, check_on_error, handle, read_on, read_or_each
-from .storage.order import Indexed, QuasiShuffler, Range
+from .storage.shuffling import shuffled_shard
 from .streaming._shm import register as share_type
 
 __all__ = [
@@ -780,14 +780,11 @@ it, or load a state of epoch 2
                 yield output
 
     def _shuffled(self, window: range, epoch: int, skip: int) -> Iterator[tuple[int, Any]]:
-        shard = Range(Indexed(self.reader), window.start, window.stop)
-        shuffler = QuasiShuffler(shard, buf_size=self.buf_size, chunk_size=self.chunk_size,
-                                 seed=shard_seed(self._shuffle_seed, window.start))
-        shuffler.set_epoch(epoch)
-        if skip and not callable(getattr(self.reader, "get", None)):
-            # refilling the buffer at `skip` takes random reads: without them, read up to it
-            return itertools.islice(shuffler.iter(copy=self.copy), skip, None)
-        return shuffler.iter(skip, copy=self.copy)
+        # the order the reader affords (row groups walked, a true permutation, or a buffer),
+        # keyed by (seed, epoch, shard)
+        return shuffled_shard(self.reader, window.start, window.stop, epoch=epoch, skip=skip,
+                              seed=shard_seed(self._shuffle_seed, window.start),
+                              buf_size=self.buf_size, chunk_size=self.chunk_size, copy=self.copy)
 
     def __repr__(self) -> str:
         options = [f"batch_size={self.batch_size}"] if self.batch_size is not None else []
