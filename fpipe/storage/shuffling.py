@@ -157,10 +157,11 @@ class BlockShuffler(SeededOrdering):
         self._hint(walk, group)
         while start < stop:
             low, high = walk.starts[group], walk.starts[group + 1]
-            samples = self._group(walk, group, epoch, options)
+            slots = _draws(self.seed, epoch, group).permutation(high - low)[
+                start - low:min(stop, high) - low]
+            samples = self._group(walk, group, epoch, slots, options)
             self._hint(walk, group + 1)
-            shuffle = _draws(self.seed, epoch, group).permutation(high - low)
-            for slot in shuffle[start - low:min(stop, high) - low].tolist():
+            for slot in slots.tolist():
                 # a sample gone out is not held here any longer
                 sample, samples[slot] = samples[slot], None
                 yield sample
@@ -171,10 +172,19 @@ class BlockShuffler(SeededOrdering):
         return [(int(bounds[block]), int(bounds[block + 1]))
                 for block in walk.order[walk.cuts[group]:walk.cuts[group + 1]].tolist()]
 
-    def _group(self, walk: _Walk, group: int, epoch: int, options: ReadOptions) -> list:
-        # each block in one read that does not keep it: it is not read again this epoch
-        return [sample for first, stop in self._pieces(walk, group)
-                for sample in read_source(self.reader, epoch, first, stop, options)]
+    def _group(self, walk: _Walk, group: int, epoch: int, slots: np.ndarray,
+               options: ReadOptions) -> list:
+        """The samples of group ``group``, in the order of its blocks; of the blocks that
+        hold none of ``slots`` (a pass that starts within the group), None."""
+        pieces = self._pieces(walk, group)
+        ends = np.cumsum([stop - first for first, stop in pieces])
+        wanted = set(np.searchsorted(ends, slots, side="right").tolist())
+        samples: list = []
+        for piece, (first, stop) in enumerate(pieces):
+            # each block in one read that does not keep it: it is not read again this epoch
+            samples += (read_source(self.reader, epoch, first, stop, options) if piece in wanted
+                        else itertools.repeat(None, stop - first))
+        return samples
 
     def _hint(self, walk: _Walk, group: int) -> None:
         """Tell a reader at a URL which blocks group ``group`` reads (a sample of each)."""
