@@ -123,6 +123,19 @@ class Reader(abc.ABC):
         start, stop, _ = slice(start, stop).indices(len(self))
         return [self.get(i, yield_key, raw, copy) for i in range(start, stop)]
 
+    def block_rows(self, start: int, stop: int) -> _HeldRows:
+        """Samples ``start`` to ``stop`` (within one of :attr:`blocks`) read at once and held,
+        as an object whose ``take(rows)`` gives the samples at ``rows`` (an int array, relative
+        to ``start``): how a shuffle of the blocks holds a few of them. Here a list of the
+        decoded samples; a reader of Arrow keeps its columns and makes the samples asked for.
+
+        >>> from fpipe.storage import ListReader
+        >>> import numpy as np
+        >>> ListReader([{"key": k} for k in "abcd"]).block_rows(1, 4).take(np.array([2, 0]))
+        [{'key': 'd'}, {'key': 'b'}]
+        """
+        return _HeldRows(self.get_slice(start, stop))
+
     def get_many(self, indices: Iterable[int], yield_key: bool = False, raw: bool = False,
                  copy: bool = True) -> list:
         """Samples at ``indices`` (any order, repeats allowed), reading each run of
@@ -272,3 +285,16 @@ class Reader(abc.ABC):
         sample = self.get(self._position, raw=raw)
         self._position += 1
         return sample
+
+
+class _HeldRows:
+    """Samples held by :meth:`Reader.block_rows`."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def take(self, rows: np.ndarray) -> list:
+        samples = self.samples
+        return [samples[row] for row in rows.tolist()]

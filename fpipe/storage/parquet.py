@@ -184,6 +184,15 @@ class _ArrowReader(Reader):
             _, oldest = self._parts.popitem(last=False)
             self._held -= oldest.nbytes
 
+    def block_rows(self, start: int, stop: int) -> _ArrowRows:
+        """Rows ``start`` to ``stop`` of one row group, decoded once (and not kept in the
+        cache) and held as Arrow columns; ``take(rows)`` makes the samples at ``rows``."""
+        part, row = self._locate(self._index(start))
+        table = self._part(part, start, keep=False)
+        if row + stop - start > table.num_rows:
+            raise ValueError(f"block_rows({start}, {stop}) reaches past {self._unit} {part}")
+        return _ArrowRows(table.slice(row, stop - start))
+
     def _locate(self, index: int) -> tuple[int, int]:
         part = bisect_right(self._part_starts, index) - 1
         return part, index - int(self._part_starts[part])
@@ -268,6 +277,27 @@ class _ArrowReader(Reader):
         if found < 0:
             raise KeyError(key)
         return found
+
+
+class _ArrowRows:
+    """Rows of a row group held by :meth:`_ArrowReader.block_rows`."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def take(self, rows: np.ndarray) -> list[dict]:
+        return _rows(self.table.take(rows))
+
+    def join(self, held: list) -> _ArrowRows | None:
+        """The rows of ``held`` (this and others) one after the other, in one table with
+        one chunk (so that a take does not combine them again), or None if they do not
+        join (rows of files whose columns differ)."""
+        tables = [rows.table for rows in held if isinstance(rows, _ArrowRows)]
+        if len(tables) < len(held) or any(not t.schema.equals(tables[0].schema) for t in tables):
+            return None
+        return _ArrowRows(_pyarrow().concat_tables(tables).combine_chunks())
 
 
 def _check_columns(columns: Any) -> list[str] | None:

@@ -174,6 +174,12 @@ class ShardedReader(Reader):
         reader, local = self._locate(index)
         return reader.get(local, yield_key, raw, copy)
 
+    def block_rows(self, start: int, stop: int) -> Any:
+        """The shard's :meth:`~fpipe.storage.base.Reader.block_rows` (a block lies in one
+        shard)."""
+        reader, local = self._locate(self._index(start))
+        return reader.block_rows(local, local + stop - start)
+
     def _pieces(self, start: int, stop: int) -> Iterator[tuple[Reader, int, int]]:
         first = int(np.searchsorted(self._starts, start, side="right")) - 1
         for shard in range(max(first, 0), len(self._sources)):

@@ -45,6 +45,7 @@ __all__ = ["BlockShuffler", "block_bounds", "shuffled_shard"]
 # the third number of the spawn keys of the block walk's draws: no other draw's (an item's
 # generator has 2 numbers, a shard's seed ends in 1, an IndexShuffler's round keys in 2)
 _WALK = 3
+_TAKE = 1024  # samples made from the held blocks at a time
 
 
 def block_bounds(source: Any) -> np.ndarray | None:
@@ -60,10 +61,8 @@ def block_bounds(source: Any) -> np.ndarray | None:
     >>> block_bounds(Range(reader, 2, 9)).tolist(), block_bounds(ListReader([{"key": 0}]))
     ([0, 2, 6, 7], None)
     """
-    offset, n = 0, len(source)
-    while isinstance(source, (Range, Indexed)):
-        offset += source.start if isinstance(source, Range) else 0
-        source = source.reader
+    n = len(source)
+    source, offset, _ = _unwrapped(source)
     bounds = getattr(source, "blocks", None)
     if bounds is None:
         return None
@@ -159,12 +158,10 @@ class BlockShuffler(SeededOrdering):
             low, high = walk.starts[group], walk.starts[group + 1]
             slots = _draws(self.seed, epoch, group).permutation(high - low)[
                 start - low:min(stop, high) - low]
-            samples = self._group(walk, group, epoch, slots, options)
+            held = self._group(self._pieces(walk, group), slots, epoch, options)
             self._hint(walk, group + 1)
-            for slot in slots.tolist():
-                # a sample gone out is not held here any longer
-                sample, samples[slot] = samples[slot], None
-                yield sample
+            for first in range(0, len(slots), _TAKE):
+                yield from held.take(slots[first:first + _TAKE])
             start, group = min(stop, high), group + 1
 
     def _pieces(self, walk: _Walk, group: int) -> list[tuple[int, int]]:
@@ -172,25 +169,88 @@ class BlockShuffler(SeededOrdering):
         return [(int(bounds[block]), int(bounds[block + 1]))
                 for block in walk.order[walk.cuts[group]:walk.cuts[group + 1]].tolist()]
 
-    def _group(self, walk: _Walk, group: int, epoch: int, slots: np.ndarray,
-               options: ReadOptions) -> list:
-        """The samples of group ``group``, in the order of its blocks; of the blocks that
-        hold none of ``slots`` (a pass that starts within the group), None."""
-        pieces = self._pieces(walk, group)
+    def _group(self, pieces: list[tuple[int, int]], slots: np.ndarray, epoch: int,
+               options: ReadOptions) -> _Group:
+        """The blocks ``pieces`` of a group, read and held; those that hold none of ``slots``
+        (a pass that starts within the group) are not read. Each block is read once, and not
+        kept by the reader: it is not read again this epoch."""
         ends = np.cumsum([stop - first for first, stop in pieces])
         wanted = set(np.searchsorted(ends, slots, side="right").tolist())
-        samples: list = []
+        reader, offset, indexed = _unwrapped(self.reader)
+        if indexed:  # an Indexed pairs samples, as they are, with their positions
+            options = options._replace(yield_key=False, raw=False)
+        block_rows = getattr(reader, "block_rows", None)
+        held: list = []
         for piece, (first, stop) in enumerate(pieces):
-            # each block in one read that does not keep it: it is not read again this epoch
-            samples += (read_source(self.reader, epoch, first, stop, options) if piece in wanted
-                        else itertools.repeat(None, stop - first))
-        return samples
+            if piece not in wanted:
+                held.append(None)
+            elif block_rows is None or options.yield_key or options.raw:
+                held.append(_Listed(list(read_source(reader, epoch, offset + first,
+                                                     offset + stop, options))))
+            else:  # held as the reader keeps it (Arrow columns), made samples when taken
+                held.append(block_rows(offset + first, offset + stop))
+        firsts = np.array([first for first, _ in pieces], dtype=np.int64) + offset
+        return _Group(held, firsts, ends, indexed)
 
     def _hint(self, walk: _Walk, group: int) -> None:
         """Tell a reader at a URL which blocks group ``group`` reads (a sample of each)."""
         if group < len(walk.cuts) - 1:
             firsts = [first for first, _ in self._pieces(walk, group)]
             prefetch_indices(self.reader, np.array(firsts, dtype=np.int64))
+
+
+def _unwrapped(source: Any) -> tuple[Any, int, bool]:
+    """The reader under the windows ``source`` (:class:`Range`, :class:`Indexed`), the
+    position in it of ``source``'s first, and whether an :class:`Indexed` pairs the samples
+    with their positions."""
+    offset, indexed = 0, False
+    while isinstance(source, (Range, Indexed)):
+        offset += source.start if isinstance(source, Range) else 0
+        indexed = indexed or isinstance(source, Indexed)
+        source = source.reader
+    return source, offset, indexed
+
+
+class _Listed:
+    """The samples of a block, held as a list."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def take(self, rows: np.ndarray) -> list:
+        samples = self.samples
+        return [samples[row] for row in rows.tolist()]
+
+
+class _Group:
+    """The blocks of a group, held (None for a block not read): ``take(slots)`` gives the
+    samples at positions ``slots`` of the blocks one after the other (with their positions
+    in the reader, if ``indexed``). Blocks that join (Arrow tables of one schema) are taken
+    from at once."""
+
+    def __init__(self, held: list, firsts: np.ndarray, ends: np.ndarray, indexed: bool) -> None:
+        self.held, self.firsts, self.ends, self.indexed = held, firsts, ends, indexed
+        self.starts = np.concatenate(([0], ends[:-1])).astype(np.int64)
+        join = getattr(held[0], "join", None) if held and None not in held else None
+        self.joined = join(held) if join is not None else None
+
+    def take(self, slots: np.ndarray) -> list:
+        blocks = np.searchsorted(self.ends, slots, side="right")
+        rows = slots - self.starts[blocks]
+        samples = self.joined.take(slots) if self.joined is not None else self._gathered(blocks, rows)
+        if not self.indexed:
+            return samples
+        return list(zip((self.firsts[blocks] + rows).tolist(), samples))
+
+    def _gathered(self, blocks: np.ndarray, rows: np.ndarray) -> list:
+        samples: list = [None] * len(rows)
+        for block in np.unique(blocks).tolist():
+            places = np.flatnonzero(blocks == block)
+            for place, sample in zip(places.tolist(), self.held[block].take(rows[places])):
+                samples[place] = sample
+        return samples
 
 
 def shuffled_shard(reader: Any, start: int, stop: int, *, seed: int, epoch: int, skip: int = 0,
@@ -221,9 +281,13 @@ def shuffled_shard(reader: Any, start: int, stop: int, *, seed: int, epoch: int,
     """
     shard = Range(Indexed(reader), start, stop)
     if block_bounds(shard) is not None:
-        order: SeededOrdering = BlockShuffler(shard, buf_size=buf_size, seed=seed)
-    elif random_access(reader):
-        order = IndexShuffler(shard, seed=seed)
+        walk = BlockShuffler(shard, buf_size=buf_size, seed=seed)
+        if skip >= len(walk):
+            return iter(())
+        # read straight from the walk: a generator less for every sample
+        return walk._read(epoch, skip, len(walk), ReadOptions(False, False, bool(copy), chunk_size))
+    if random_access(reader):
+        order: SeededOrdering = IndexShuffler(shard, seed=seed)
     else:
         order = QuasiShuffler(shard, buf_size=buf_size, chunk_size=chunk_size, seed=seed)
         order.set_epoch(epoch)

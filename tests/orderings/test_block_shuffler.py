@@ -30,9 +30,9 @@ class Blocked(ListReader):
         super().__init__(samples)
         self.reads = []
 
-    def iter(self, start=None, stop=None, yield_key=False, raw=False, copy=True, chunk_size=16):
+    def get_slice(self, start, stop, yield_key=False, raw=False, copy=True):
         self.reads.append((start, stop))
-        return super().iter(start, stop, yield_key, raw, copy, chunk_size)
+        return super().get_slice(start, stop, yield_key, raw, copy)
 
 
 def blocked() -> Blocked:
@@ -115,3 +115,18 @@ def test_a_block_shuffler_needs_blocks_and_checks_its_arguments():
     with pytest.raises(ValueError, match="buf_size"):
         BlockShuffler(blocked(), buf_size=1.5)
     assert repr(BlockShuffler(blocked(), seed=2)).endswith("blocks_held=4, seed=2)")
+
+
+def test_a_block_shuffler_mixes_the_row_groups_of_files_whose_columns_differ(tmp_path):
+    pq.write_table(pa.table({"n": list(range(6))}), tmp_path / "a.parquet", row_group_size=2)
+    pq.write_table(pa.table({"n": list(range(6, 9)), "extra": ["x"] * 3}), tmp_path / "b.parquet",
+                   row_group_size=2)
+    reader = ParquetReader([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+    shuffler = BlockShuffler(reader, blocks_held=5, seed=0)
+    samples = list(shuffler)
+    assert sorted(s["n"] for s in samples) == list(range(9))
+    assert all(("extra" in s) == (s["n"] >= 6) for s in samples)
+    shuffler.set_epoch(0)
+    keyed = list(shuffler.iter(yield_key=True))
+    assert [sample for _, sample in keyed] == samples
+    assert [key for key, _ in keyed] == [reader.find_key(s["n"]) for s in samples]
