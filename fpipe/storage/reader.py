@@ -344,6 +344,16 @@ class MsgpackReader(Reader):
         """The URL the reader reads, or None for a local file (then ``path`` is the file)."""
         return self._remote.url if self._remote is not None else None
 
+    @property
+    def blocks(self) -> np.ndarray | None:
+        """None for a local file (a sample costs one ``pread`` wherever it is); at a URL, the
+        bounds of the blocks of the cache (a random sample costs a block's fetch), so that
+        ``shuffle=True`` fetches each block once an epoch (see
+        :class:`~fpipe.storage.base.Reader`)."""
+        if self._remote is None:
+            return None
+        return (self._handle or self._open()).block_bounds()
+
     def close(self) -> None:
         """Let go of the open files (running iterators keep theirs); reopened when needed."""
         self._handle = None

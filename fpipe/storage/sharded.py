@@ -111,12 +111,13 @@ class ShardedReader(Reader):
 
     @property
     def blocks(self) -> np.ndarray | None:
-        """The bounds of the shards' blocks, one after the other, when every shard was given
-        as a reader that has them (the files of a
-        :class:`~fpipe.storage.parquet.ParquetReader`); else None (see
+        """The bounds of the shards' blocks, one after the other, when every shard is open
+        (given as a reader, or at a URL listed without an index) and has them (the files of a
+        :class:`~fpipe.storage.parquet.ParquetReader`, shards at URLs); else None (see
         :class:`~fpipe.storage.base.Reader`). No shard is opened to find out."""
-        parts = [getattr(source, "blocks", None) if isinstance(source, Reader) else None
-                 for source in self._sources]
+        readers = [source if isinstance(source, Reader) else self._opened.get(shard)
+                   for shard, source in enumerate(self._sources)]
+        parts = [getattr(reader, "blocks", None) for reader in readers]
         if not parts or any(part is None for part in parts):
             return None
         shifted = [np.asarray(part, dtype=np.int64) + start for part, start in zip(parts, self._bounds)]
