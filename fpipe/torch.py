@@ -486,28 +486,18 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     the same number of samples in the same pieces, so all make the same number of batches
     and ``DistributedDataParallel`` never waits for a rank that has run out.
 
-    ``shuffle=True`` shuffles each shard, differently every epoch, from ``(seed, epoch,
-    shard)``, as well as the reader affords (:func:`~fpipe.storage.shuffling.shuffled_shard`):
-
-    - a reader with cheap random access (``get``: packed datasets, lists, folders, tar and
-      TFRecord files) reads a true permutation of the shard
-      (:class:`~fpipe.storage.permutation.IndexShuffler`); ``buf_size`` does not apply;
-    - a reader that decodes blocks (its ``blocks``: Parquet row groups, Arrow record
-      batches, the cache blocks of a dataset at a URL) walks them in a random order, a group
-      of at least 4 blocks and ``buf_size`` samples at a time mixed whole, so each block is
-      read once an epoch (:class:`~fpipe.storage.shuffling.BlockShuffler`);
-    - an ordering without ``get`` (a ``Cycler``, a ``QuasiShuffler``) goes through a
-      QuasiShuffler's buffer of ``buf_size`` (a fraction of the shard or a number of samples)
-      in chunks of ``chunk_size``.
-
-    How often the next sample lies within 16 positions of the one before, for one shard
-    with the defaults (mean of seeds 0-4; a true shuffle gives 33 / n): of 2,000 samples,
-    1.6 % with random access, 1.6 % in Parquet row groups of 1,000 and 21 % through the
-    buffer; of 100,000 samples, 0.03 %, 0.8 % and 0.75 %. The shuffling guide shows how
-    they were measured. ``len()`` is what the calling process
-    yields in its next pass: the rank's samples in the main process, the worker's in a worker.
-    :meth:`resume` starts the next pass in the middle of an epoch, after the batches that a
-    DataLoader has already made.
+    ``shuffle=True`` shuffles each shard anew every epoch, from ``(seed, epoch, shard)``, as
+    well as the reader affords (:func:`~fpipe.storage.shuffling.shuffled_shard`): a true
+    permutation where random access is cheap (``get``: packed datasets, lists); for a reader
+    that decodes blocks (``blocks``: Parquet, Arrow, a dataset at a URL), the blocks in a
+    random order, each read once, in groups of at least 4 blocks and ``buf_size`` samples
+    mixed whole; for an ordering without ``get``, a QuasiShuffler's buffer of ``buf_size``.
+    The next sample lies within 16 positions of the one before (defaults, seeds 0-4; a true
+    shuffle: 33 / n) for 1.6 % of 2,000 samples with random access, 1.6 % in Parquet row
+    groups of 1,000, 21 % through the buffer; of 100,000: 0.03 %, 0.8 %, 0.75 % (see the
+    shuffling guide). ``len()`` is what the calling process yields in its next pass: the
+    rank's samples in the main process, the worker's in a worker. :meth:`resume` starts the
+    next pass in the middle of an epoch, after the batches that a DataLoader has already made.
 
     ``elastic=True`` (with ``batch_size``, and without ``shuffle``) lays the epoch out so that a
     run can carry on on another grid: one order for the epoch, the reader's positions, dealt out

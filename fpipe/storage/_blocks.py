@@ -557,14 +557,6 @@ class RemoteHandle:
         drops = np.flatnonzero(values[1:] < values[:-1])
         return struct.unpack(f">{count}Q", data), int(drops[0]) + 1 if drops.size else count
 
-    def block_bounds(self) -> np.ndarray:
-        """The first sample of each block that holds one, and the number of samples at the
-        end: the bounds of the runs of samples that a block fetch brings."""
-        starts = np.frombuffer(self.offsets, dtype=">u8")[:-1]
-        edges = np.arange(0, max(1, self.size), self.block_size, dtype=np.uint64)
-        firsts = np.searchsorted(starts, edges, side="left").astype(np.int64)
-        return np.unique(np.concatenate((firsts, [0, self.n])))
-
     def span(self, number: int) -> _Span | None:
         """Block ``number``: the samples whose first byte lies in
         ``[number * block_size, (number + 1) * block_size)``; None if no sample starts there."""

@@ -352,7 +352,11 @@ class MsgpackReader(Reader):
         :class:`~fpipe.storage.base.Reader`)."""
         if self._remote is None:
             return None
-        return (self._handle or self._open()).block_bounds()
+        handle = self._handle or self._open()  # a block holds the samples that begin in it
+        starts = np.frombuffer(handle.offsets, dtype=">u8")[:-1]
+        edges = np.arange(0, max(1, handle.size), handle.block_size, dtype=np.uint64)
+        firsts = np.searchsorted(starts, edges).astype(np.int64)
+        return np.unique(np.concatenate((firsts, [0, handle.n])))
 
     def close(self) -> None:
         """Let go of the open files (running iterators keep theirs); reopened when needed."""
