@@ -1,5 +1,5 @@
 """Workloads of the readers of other formats: X1-X6 against webdataset, wids, Hugging Face
-datasets, pyarrow and the tfrecord package.
+datasets, pyarrow and the tfrecord package; X7, a shuffled Parquet epoch against the in-order one.
 
 The data is written once into the benchmark cache folder (``benchmarks.data``), by the peers'
 own writers where they have one:
@@ -11,6 +11,8 @@ own writers where they have one:
                rows (pyarrow)
 ``tfrecord``   100,000 Examples ``{"image": 1-3 KB of bytes, "label": int, "text": bytes}``
                (the tfrecord package's writer)
+``grouped``    100,000 rows ``{"text": about 30 characters, "n": int}``, row groups of 1,000
+               rows (pyarrow), for X7
 =============  ===============================================================================
 """
 
@@ -31,6 +33,9 @@ from fpipe.storage import (
     FileWriter,
     MsgpackReader,
     ParquetFileReader,
+    ParquetReader,
+    QuasiShuffler,
+    Range,
     TFRecordFileReader,
     WebDatasetReader,
 )
@@ -209,6 +214,52 @@ def iterate_tfrecord() -> Pair:
     ours = TFRecordFileReader(path, cache_dir=cache)
     return Pair(fpipe=lambda: _drain(ours), reference=lambda: _drain(tfrecord_loader(path, None)),
                 items=len(ours), teardown=lambda: shutil.rmtree(cache, ignore_errors=True))
+
+
+# --- X7: a shuffled epoch of Parquet against the in-order epoch --------------------------------
+
+_GROUPED_ROWS, _GROUP_ROWS = 100_000, 1000
+
+
+def _write_grouped_parquet(folder: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [f"row {i} of the shuffled epoch" for i in range(_GROUPED_ROWS)]
+    table = pa.table({"text": texts, "n": np.arange(_GROUPED_ROWS, dtype=np.int64)})
+    pq.write_table(table, folder / "rows.parquet", row_group_size=_GROUP_ROWS)
+
+
+def grouped_parquet_path() -> str:
+    """100,000 rows ``{"text", "n"}`` in row groups of 1,000 (fpipe's writer's default)."""
+    return str(_folder("grouped", _write_grouped_parquet) / "rows.parquet")
+
+
+@workload("X7", description="a shuffled epoch (IterableDataset(ParquetReader, shuffle=True), seed "
+          "0, a new epoch each run) of 100,000 Parquet rows in row groups of 1,000",
+          reference="the in-order epoch of the same dataset", target=">= 0.5")
+def shuffled_parquet_epoch() -> Pair:
+    from fpipe.torch import IterableDataset
+
+    path = grouped_parquet_path()
+    shuffled = IterableDataset(ParquetReader(path), shuffle=True, seed=0)
+    in_order = IterableDataset(ParquetReader(path))
+    return Pair(fpipe=lambda: _drain(shuffled), reference=lambda: _drain(in_order),
+                items=len(in_order))
+
+
+@workload("X7q", description="an epoch of QuasiShuffler(Range(Indexed(ParquetReader))) (defaults, "
+          "seed 0) over the X7 rows: chunks of 16 through the row-group cache",
+          reference="the in-order epoch of the same dataset", target="-")
+def quasi_shuffled_parquet_epoch() -> Pair:
+    from fpipe.storage.order import Indexed
+
+    path = grouped_parquet_path()
+    reader = ParquetReader(path)
+    shuffler = QuasiShuffler(Range(Indexed(reader), 0, len(reader)), seed=0)
+    in_order = ParquetReader(path)
+    return Pair(fpipe=lambda: _drain(shuffler), reference=lambda: _drain(in_order),
+                items=len(reader))
 
 
 # --- X6: fpipe write from each format, then a DataLoader epoch --------------------------------

@@ -65,7 +65,7 @@ from .sharding import (
     wrapped_runs,
 )
 from .skipping import OnError, TooManyErrors, check_max_errors, check_on_error, handle, read_on, read_or_each
-from .storage.order import Indexed, QuasiShuffler, Range
+from .storage.shuffling import shuffled_shard
 from .streaming._shm import register as share_type
 
 __all__ = [
@@ -491,12 +491,18 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     the same number of samples in the same pieces, so all make the same number of batches
     and ``DistributedDataParallel`` never waits for a rank that has run out.
 
-    ``shuffle=True`` shuffles each shard QuasiShuffler-style (chunks of ``chunk_size`` in a
-    random order through a buffer of ``buf_size``, a fraction of the shard or a number of
-    samples), differently every epoch, from ``seed``. ``len()`` is what the calling process
-    yields in its next pass: the rank's samples in the main process, the worker's in a worker.
-    :meth:`resume` starts the next pass in the middle of an epoch, after the batches that a
-    DataLoader has already made.
+    ``shuffle=True`` shuffles each shard anew every epoch, from ``(seed, epoch, shard)``, as
+    well as the reader affords (:func:`~fpipe.storage.shuffling.shuffled_shard`): a true
+    permutation where random access is cheap (``get``: packed datasets, lists); for a reader
+    that decodes blocks (``blocks``: Parquet, Arrow, a dataset at a URL), the blocks in a
+    random order, each read once, in groups of at least 4 blocks and ``buf_size`` samples
+    mixed whole; for an ordering without ``get``, a QuasiShuffler's buffer of ``buf_size``.
+    The next sample lies within 16 positions of the one before (defaults, seeds 0-4; a true
+    shuffle: 33 / n) for 1.6 % of 2,000 samples with random access, 1.6 % in Parquet row
+    groups of 1,000, 21 % through the buffer; of 100,000: 0.03 %, 0.8 %, 0.75 % (see the
+    shuffling guide). ``len()`` is what the calling process yields in its next pass: the
+    rank's samples in the main process, the worker's in a worker. :meth:`resume` starts the
+    next pass in the middle of an epoch, after the batches that a DataLoader has already made.
 
     ``elastic=True`` (with ``batch_size``, and without ``shuffle``) lays the epoch out so that a
     run can carry on on another grid: one order for the epoch, the reader's positions, dealt out
@@ -859,14 +865,11 @@ it, or load a state of epoch 2
                 yield done, output
 
     def _shuffled(self, window: range, epoch: int, skip: int) -> Iterator[tuple[int, Any]]:
-        shard = Range(Indexed(self.reader), window.start, window.stop)
-        shuffler = QuasiShuffler(shard, buf_size=self.buf_size, chunk_size=self.chunk_size,
-                                 seed=shard_seed(self._shuffle_seed, window.start))
-        shuffler.set_epoch(epoch)
-        if skip and not callable(getattr(self.reader, "get", None)):
-            # refilling the buffer at `skip` takes random reads: without them, read up to it
-            return itertools.islice(shuffler.iter(copy=self.copy), skip, None)
-        return shuffler.iter(skip, copy=self.copy)
+        # the order the reader affords (row groups walked, a true permutation, or a buffer),
+        # keyed by (seed, epoch, shard)
+        return shuffled_shard(self.reader, window.start, window.stop, epoch=epoch, skip=skip,
+                              seed=shard_seed(self._shuffle_seed, window.start),
+                              buf_size=self.buf_size, chunk_size=self.chunk_size, copy=self.copy)
 
     def __repr__(self) -> str:
         options = [f"batch_size={self.batch_size}"] if self.batch_size is not None else []

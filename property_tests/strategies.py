@@ -133,6 +133,31 @@ class IndexReader:
         return list(self.iter(start, stop, yield_key, raw, copy))
 
 
+class BlockIndexReader(IndexReader):
+    """An :class:`IndexReader` that decodes blocks: its ``blocks`` are ``bounds``."""
+
+    def __init__(self, n: int, bounds: list[int]) -> None:
+        super().__init__(n)
+        self.blocks = np.array(bounds, dtype=np.int64)
+
+
+class SequentialIndexReader(IndexReader):
+    """An :class:`IndexReader` without random access (no ``get``)."""
+
+    get = None
+
+
+@st.composite
+def shuffle_readers(draw: st.DrawFn) -> IndexReader:
+    """A reader of 0 to 80 samples of each kind that ``shuffled_shard`` tells apart: blocks
+    (cut anywhere), random access, neither."""
+    n, kind = draw(st.integers(0, 80)), draw(st.sampled_from(["blocks", "get", "sequential"]))
+    if kind == "blocks":
+        cuts = draw(st.lists(st.integers(1, max(1, n - 1)), max_size=12)) if n > 1 else []
+        return BlockIndexReader(n, sorted({0, n, *cuts}))
+    return IndexReader(n) if kind == "get" else SequentialIndexReader(n)
+
+
 # An ordering spec is a list of layers, applied from the reader outwards; ``build`` makes it.
 _layers = st.one_of(
     st.tuples(st.just("range"), st.integers(-5, 30), st.one_of(st.none(), st.integers(-5, 60))),

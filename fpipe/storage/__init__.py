@@ -19,6 +19,7 @@ from . import (
     reader,
     recovery,
     sharded,
+    shuffling,
     tfrecord,
     unpacked,
     webdataset,
@@ -33,6 +34,7 @@ from .permutation import *
 from .reader import *
 from .recovery import *
 from .sharded import *
+from .shuffling import *
 from .tfrecord import *
 from .unpacked import *
 from .webdataset import *
@@ -40,5 +42,5 @@ from .writer import *
 
 __all__ = sorted({*base.__all__, *class_lists.__all__, *format.__all__,  # noqa: PLE0605
                   *order.__all__, *parquet.__all__, *permutation.__all__, *reader.__all__,
-                  *recovery.__all__, *sharded.__all__, *tfrecord.__all__, *unpacked.__all__,
-                  *webdataset.__all__, *writer.__all__})
+                  *recovery.__all__, *sharded.__all__, *shuffling.__all__, *tfrecord.__all__,
+                  *unpacked.__all__, *webdataset.__all__, *writer.__all__})

@@ -34,6 +34,13 @@ class Reader(abc.ABC):
     makes the next ``iter()`` without ``start`` begin at ``k`` (once; later passes start at 0).
     Iterators never move the cursor, so two iterators never interfere.
 
+    ``blocks`` says how costly random access is: None (the default) when a sample costs about
+    the same wherever it is read, or, for a reader that decodes its samples a block at a time
+    (the row groups of a Parquet file, the record batches of an Arrow file), the bounds of
+    those blocks: an int64 array of the first position of each block and the length at the
+    end. The shuffles follow it: :class:`~fpipe.storage.shuffling.BlockShuffler` reads each
+    block once an epoch.
+
     >>> from fpipe.storage import ListReader
     >>> reader = ListReader([{"key": "a"}, {"key": "b"}, {"key": "c"}])
     >>> reader.seek(1)
@@ -42,6 +49,7 @@ class Reader(abc.ABC):
     """
 
     _position = 0
+    blocks: np.ndarray | None = None
 
     @abc.abstractmethod
     def __len__(self) -> int:
@@ -114,6 +122,19 @@ class Reader(abc.ABC):
         """Samples ``start`` to ``stop`` (clamped like a Python slice), read at once, as a list."""
         start, stop, _ = slice(start, stop).indices(len(self))
         return [self.get(i, yield_key, raw, copy) for i in range(start, stop)]
+
+    def block_rows(self, start: int, stop: int) -> _HeldRows:
+        """Samples ``start`` to ``stop`` (within one of :attr:`blocks`) read at once and held,
+        as an object whose ``take(rows)`` gives the samples at ``rows`` (an int array, relative
+        to ``start``): how a shuffle of the blocks holds a few of them. Here a list of the
+        decoded samples; a reader of Arrow keeps its columns and makes the samples asked for.
+
+        >>> from fpipe.storage import ListReader
+        >>> import numpy as np
+        >>> ListReader([{"key": k} for k in "abcd"]).block_rows(1, 4).take(np.array([2, 0]))
+        [{'key': 'd'}, {'key': 'b'}]
+        """
+        return _HeldRows(self.get_slice(start, stop))
 
     def get_many(self, indices: Iterable[int], yield_key: bool = False, raw: bool = False,
                  copy: bool = True) -> list:
@@ -264,3 +285,16 @@ class Reader(abc.ABC):
         sample = self.get(self._position, raw=raw)
         self._position += 1
         return sample
+
+
+class _HeldRows:
+    """Samples held by :meth:`Reader.block_rows`."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def take(self, rows: np.ndarray) -> list:
+        samples = self.samples
+        return [samples[row] for row in rows.tolist()]

@@ -87,7 +87,7 @@ def _options(yield_key: bool, raw: bool, copy: bool, chunk_size: int) -> ReadOpt
     return ReadOptions(bool(yield_key), bool(raw), bool(copy), check_integer("chunk_size", chunk_size, 1))
 
 
-def _read_source(source: Any, epoch: int, start: int, stop: int, options: ReadOptions) -> Iterator:
+def read_source(source: Any, epoch: int, start: int, stop: int, options: ReadOptions) -> Iterator:
     """Positions ``[start, stop)`` of epoch ``epoch`` of a reader or ordering (``start < stop``)."""
     if isinstance(source, _Ordering):
         return source._read(epoch, start, stop, options)
@@ -96,13 +96,13 @@ def _read_source(source: Any, epoch: int, start: int, stop: int, options: ReadOp
 
 
 def _read_list(source: Any, epoch: int, start: int, stop: int, options: ReadOptions) -> list:
-    """Like :func:`_read_source`, as a list: one ``get_slice`` where the reader offers it
+    """Like :func:`read_source`, as a list: one ``get_slice`` where the reader offers it
     (a single contiguous read: one ``pread``)."""
     if isinstance(source, _Ordering):
         return source._read_list(epoch, start, stop, options)
     get_slice = getattr(source, "get_slice", None)
     if get_slice is None:
-        return list(_read_source(source, epoch, start, stop, options))
+        return list(read_source(source, epoch, start, stop, options))
     return get_slice(start, stop, yield_key=options.yield_key, raw=options.raw,
                      copy=options.copy)
 
@@ -461,7 +461,7 @@ class Range(IndexableOrdering):
         return self.stop - self.start
 
     def _read(self, epoch: int, start: int, stop: int, options: ReadOptions) -> Iterator:
-        return _read_source(self.reader, epoch, self.start + start, self.start + stop, options)
+        return read_source(self.reader, epoch, self.start + start, self.start + stop, options)
 
     def _read_list(self, epoch: int, start: int, stop: int, options: ReadOptions) -> list:
         return _read_list(self.reader, epoch, self.start + start, self.start + stop, options)
@@ -504,7 +504,7 @@ class Repeater(_Ordering):
         n = len(self.reader)
         for repetition in range(start // n, -(-stop // n)):
             low, high = max(start, repetition * n), min(stop, (repetition + 1) * n)
-            yield from _read_source(self.reader, epoch * self.times + repetition,
+            yield from read_source(self.reader, epoch * self.times + repetition,
                                     low - repetition * n, high - repetition * n, options)
 
     def _getter(self, epoch: int, options: ReadOptions) -> Callable[[int], Any]:
@@ -542,7 +542,7 @@ class Cycler(_Ordering):
         return len(self.reader)
 
     def _read(self, epoch: int, start: int, stop: int, options: ReadOptions) -> Iterator:
-        return _read_source(self.reader, epoch, start, stop, options)
+        return read_source(self.reader, epoch, start, stop, options)
 
     def _read_list(self, epoch: int, start: int, stop: int, options: ReadOptions) -> list:
         return _read_list(self.reader, epoch, start, stop, options)
@@ -760,6 +760,16 @@ class Indexed:
         window = range(len(self.reader))[start:stop]
         samples = self.reader.iter(window.start, window.stop, copy=copy, chunk_size=chunk_size)
         return zip(window, samples)
+
+    def get_slice(self, start: int, stop: int, yield_key: bool = False, raw: bool = False,
+                  copy: bool = True) -> list[tuple[int, Any]]:
+        # the reader's get_slice, so that a chunk of a shuffle goes through its cache (a
+        # Parquet reader's decoded row groups) where its iter would decode afresh
+        window = range(len(self.reader))[start:stop]
+        get_slice = getattr(self.reader, "get_slice", None)
+        if get_slice is None:
+            return list(self.iter(window.start, window.stop, copy=copy))
+        return list(zip(window, get_slice(window.start, window.stop, copy=copy)))
 
     def get(self, index: int, yield_key: bool = False, raw: bool = False,
             copy: bool = True) -> tuple[int, Any]:

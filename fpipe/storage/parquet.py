@@ -150,6 +150,13 @@ class _ArrowReader(Reader):
     def __len__(self) -> int:
         return int(self._part_starts[-1])
 
+    @property
+    def blocks(self) -> np.ndarray:
+        """The bounds of the row groups (record batches): the first row of each, and the
+        number of rows at the end. Reading a row decodes its whole row group, so the shuffles
+        walk them (see :class:`~fpipe.storage.shuffling.BlockShuffler`)."""
+        return self._part_starts
+
     # --- parts -----------------------------------------------------------------------------
 
     def _part(self, part: int, index: int, keep: bool = True) -> Any:
@@ -176,6 +183,15 @@ class _ArrowReader(Reader):
         while self._held > self.cache_bytes and len(self._parts) > 1:
             _, oldest = self._parts.popitem(last=False)
             self._held -= oldest.nbytes
+
+    def block_rows(self, start: int, stop: int) -> _ArrowRows:
+        """Rows ``start`` to ``stop`` of one row group, decoded once (and not kept in the
+        cache) and held as Arrow columns; ``take(rows)`` makes the samples at ``rows``."""
+        part, row = self._locate(self._index(start))
+        table = self._part(part, start, keep=False)
+        if row + stop - start > table.num_rows:
+            raise ValueError(f"block_rows({start}, {stop}) reaches past {self._unit} {part}")
+        return _ArrowRows(table.slice(row, stop - start))
 
     def _locate(self, index: int) -> tuple[int, int]:
         part = bisect_right(self._part_starts, index) - 1
@@ -261,6 +277,27 @@ class _ArrowReader(Reader):
         if found < 0:
             raise KeyError(key)
         return found
+
+
+class _ArrowRows:
+    """Rows of a row group held by :meth:`_ArrowReader.block_rows`."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def take(self, rows: np.ndarray) -> list[dict]:
+        return _rows(self.table.take(rows))
+
+    def join(self, held: list) -> _ArrowRows | None:
+        """The rows of ``held`` (this and others) one after the other, in one table with
+        one chunk (so that a take does not combine them again), or None if they do not
+        join (rows of files whose columns differ)."""
+        tables = [rows.table for rows in held if isinstance(rows, _ArrowRows)]
+        if len(tables) < len(held) or any(not t.schema.equals(tables[0].schema) for t in tables):
+            return None
+        return _ArrowRows(_pyarrow().concat_tables(tables).combine_chunks())
 
 
 def _check_columns(columns: Any) -> list[str] | None:

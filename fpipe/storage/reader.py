@@ -344,6 +344,20 @@ class MsgpackReader(Reader):
         """The URL the reader reads, or None for a local file (then ``path`` is the file)."""
         return self._remote.url if self._remote is not None else None
 
+    @property
+    def blocks(self) -> np.ndarray | None:
+        """None for a local file (a sample costs one ``pread`` wherever it is); at a URL, the
+        bounds of the blocks of the cache (a random sample costs a block's fetch), so that
+        ``shuffle=True`` fetches each block once an epoch (see
+        :class:`~fpipe.storage.base.Reader`)."""
+        if self._remote is None:
+            return None
+        handle = self._handle or self._open()  # a block holds the samples that begin in it
+        starts = np.frombuffer(handle.offsets, dtype=">u8")[:-1]
+        edges = np.arange(0, max(1, handle.size), handle.block_size, dtype=np.uint64)
+        firsts = np.searchsorted(starts, edges).astype(np.int64)
+        return np.unique(np.concatenate((firsts, [0, handle.n])))
+
     def close(self) -> None:
         """Let go of the open files (running iterators keep theirs); reopened when needed."""
         self._handle = None

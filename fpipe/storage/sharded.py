@@ -110,6 +110,20 @@ class ShardedReader(Reader):
         return self._bounds[-1]
 
     @property
+    def blocks(self) -> np.ndarray | None:
+        """The bounds of the shards' blocks, one after the other, when every shard is open
+        (given as a reader, or at a URL listed without an index) and has them (the files of a
+        :class:`~fpipe.storage.parquet.ParquetReader`, shards at URLs); else None (see
+        :class:`~fpipe.storage.base.Reader`). No shard is opened to find out."""
+        readers = [source if isinstance(source, Reader) else self._opened.get(shard)
+                   for shard, source in enumerate(self._sources)]
+        parts = [getattr(reader, "blocks", None) for reader in readers]
+        if not parts or any(part is None for part in parts):
+            return None
+        shifted = [np.asarray(part, dtype=np.int64) + start for part, start in zip(parts, self._bounds)]
+        return np.unique(np.concatenate(shifted))
+
+    @property
     def readers(self) -> list[Reader]:
         """The shards' readers (opening every shard)."""
         return [self._shard(shard) for shard in range(len(self._sources))]
@@ -160,6 +174,12 @@ class ShardedReader(Reader):
             index = self._index(index)
         reader, local = self._locate(index)
         return reader.get(local, yield_key, raw, copy)
+
+    def block_rows(self, start: int, stop: int) -> Any:
+        """The shard's :meth:`~fpipe.storage.base.Reader.block_rows` (a block lies in one
+        shard)."""
+        reader, local = self._locate(self._index(start))
+        return reader.block_rows(local, local + stop - start)
 
     def _pieces(self, start: int, stop: int) -> Iterator[tuple[Reader, int, int]]:
         first = int(np.searchsorted(self._starts, start, side="right")) - 1
