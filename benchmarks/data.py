@@ -1,15 +1,16 @@
 """The benchmark datasets (``../shared/BENCHMARKS.md``), written once and cached.
 
-``small_path()``, ``large_path()``, ``images_path()`` and ``tiny_path()`` return the path of a
-packed dataset, writing it on first use into ``$FPIPE_BENCH_DATA`` (default: a folder in the
-system's temporary directory). Each dataset is built in a private folder and renamed into
-place, so concurrent benchmark runs never see a half-written one. ``small_samples()`` gives
-the samples of ``small`` in memory (for write benchmarks).
+``small_path()``, ``large_path()``, ``compact_path()``, ``images_path()`` and ``tiny_path()``
+return the path of a packed dataset, writing it on first use into ``$FPIPE_BENCH_DATA``
+(default: a folder in the system's temporary directory). Each dataset is built in a private
+folder and renamed into place, so concurrent benchmark runs never see a half-written one.
+``small_samples()`` gives the samples of ``small`` in memory (for write benchmarks).
 
 =========  ==========================================================================
 ``small``  100,000 samples ``{"key": f"{i:08d}", "data": 1,024 random bytes, "label": i % 1000}``
 ``large``  10,000 samples like ``small`` with 102,400 random bytes
 ``images`` 2,000 labelled JPEGs (about 500 px long side, quality 90) of smooth random fields
+``compact`` 100,000 samples like ``small`` with 100 random bytes (the resume workloads C2, C4)
 ``tiny``   2,000,000 samples ``{"key": f"{i:08d}", "data": 16 random bytes}`` (workload M1)
 ``photos`` 2,000 labelled JPEGs cut from scikit-image's nine sample photographs (300-500 px
            long side, quality 90), for the image recipes (workloads I1-I5)
@@ -32,7 +33,7 @@ import numpy as np
 
 from fpipe.storage import FileWriter
 
-__all__ = ["cache_folder", "images_path", "large_path", "photographs", "photos6mp_path",
+__all__ = ["cache_folder", "compact_path", "images_path", "large_path", "photographs", "photos6mp_path",
            "photos_path", "small_path", "small_samples", "tiny_path"]
 
 # Bump when a dataset's definition changes, so stale caches are not reused.
@@ -87,6 +88,11 @@ def small_path() -> str:
 def large_path() -> str:
     """Path of ``large`` (about 1 GB)."""
     return _cached("large", lambda: _random_samples(10_000, 102_400, seed=1))
+
+
+def compact_path() -> str:
+    """``compact``: 100,000 samples of a key, 100 random bytes and a label."""
+    return _cached("compact", lambda: _random_samples(100_000, 100, seed=3))
 
 
 def tiny_path() -> str:
