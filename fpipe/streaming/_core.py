@@ -499,7 +499,7 @@ class _Source(Stream):
         super().__init__(None, f"source({type(iterable).__name__})")
         self._iterable, self._iterator = iterable, None
         self.waits = waits
-        self._taken = 0  # items taken from the iterator
+        self._given = 0  # items given by the iterator
         self.keeps_place = is_stateful(iterable) and hasattr(iterable, "__len__")
 
     def _pull(self, n: int) -> list:
@@ -512,7 +512,7 @@ class _Source(Stream):
             item = next(self._iterator)
         except StopIteration:
             return []
-        self._taken += 1
+        self._given += 1
         return [item]
 
     def _pull_full(self, n: int) -> list:
@@ -525,7 +525,7 @@ class _Source(Stream):
             if not self.defer_error(error, items):
                 raise
         finally:
-            self._taken += len(items)
+            self._given += len(items)
         return items
 
     def _own_state(self) -> dict:
@@ -533,7 +533,7 @@ class _Source(Stream):
         # source is taken again from its start, up to the items taken
         iterator = self._iterator
         saved = iterator.state_dict() if iterator is not None and is_stateful(iterator) else None
-        return {"taken": self._taken, "iterator": saved}
+        return {"taken": self._given, "iterator": saved}
 
     def _own_loader(self, own: Any, name: str) -> Callable[[], None]:
         if not isinstance(own, dict) or set(own) != {"taken", "iterator"}:
@@ -554,7 +554,7 @@ class _Source(Stream):
                 if skipped < taken:
                     raise ValueError(f"the source ended after {skipped} items, before the "
                                      f"{taken} that the state had taken")
-            self._iterator, self._taken = iterator, taken
+            self._iterator, self._given = iterator, taken
         return load
 
     def _close(self) -> None:
