@@ -524,6 +524,8 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     True
     """
 
+    keeps_place = True  # its passes know where they stand: fpipe streams over it read no item ahead
+
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
                  rng: Callable[[Any], Mapping] | None = None, batch_size: int | None = None,
                  epoch: int = 0, copy: bool = True, chunk_size: int = 16, group: Any = None, *,

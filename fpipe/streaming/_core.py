@@ -500,7 +500,7 @@ class _Source(Stream):
         self._iterable, self._iterator = iterable, None
         self.waits = waits
         self._given = 0  # items given by the iterator
-        self.keeps_place = is_stateful(iterable) and hasattr(iterable, "__len__")
+        self.keeps_place = getattr(iterable, "keeps_place", False) is True
 
     def _pull(self, n: int) -> list:
         if not self.waits:
