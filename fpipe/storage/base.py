@@ -123,7 +123,7 @@ class Reader(abc.ABC):
         start, stop, _ = slice(start, stop).indices(len(self))
         return [self.get(i, yield_key, raw, copy) for i in range(start, stop)]
 
-    def block_rows(self, start: int, stop: int) -> _HeldRows:
+    def block_rows(self, start: int, stop: int) -> HeldRows:
         """Samples ``start`` to ``stop`` (within one of :attr:`blocks`) read at once and held,
         as an object whose ``take(rows)`` gives the samples at ``rows`` (an int array, relative
         to ``start``): how a shuffle of the blocks holds a few of them. Here a list of the
@@ -134,7 +134,7 @@ class Reader(abc.ABC):
         >>> ListReader([{"key": k} for k in "abcd"]).block_rows(1, 4).take(np.array([2, 0]))
         [{'key': 'd'}, {'key': 'b'}]
         """
-        return _HeldRows(self.get_slice(start, stop))
+        return HeldRows(self.get_slice(start, stop))
 
     def get_many(self, indices: Iterable[int], yield_key: bool = False, raw: bool = False,
                  copy: bool = True) -> list:
@@ -287,8 +287,9 @@ class Reader(abc.ABC):
         return sample
 
 
-class _HeldRows:
-    """Samples held by :meth:`Reader.block_rows`."""
+class HeldRows:
+    """Samples held as a list (what :meth:`Reader.block_rows` gives by default): ``take(rows)``
+    gives those at ``rows``. Not in ``__all__``: the orderings hold blocks with it."""
 
     __slots__ = ("samples",)
 

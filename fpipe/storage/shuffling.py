@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import check_integer
 from ..random import Seed
 from ._plans import buffer_samples
+from .base import HeldRows
 from .order import (
     Indexed,
     QuasiShuffler,
@@ -185,7 +186,7 @@ class BlockShuffler(SeededOrdering):
             if piece not in wanted:
                 held.append(None)
             elif block_rows is None or options.yield_key or options.raw:
-                held.append(_Listed(list(read_source(reader, epoch, offset + first,
+                held.append(HeldRows(list(read_source(reader, epoch, offset + first,
                                                      offset + stop, options))))
             else:  # held as the reader keeps it (Arrow columns), made samples when taken
                 held.append(block_rows(offset + first, offset + stop))
@@ -209,19 +210,6 @@ def _unwrapped(source: Any) -> tuple[Any, int, bool]:
         indexed = indexed or isinstance(source, Indexed)
         source = source.reader
     return source, offset, indexed
-
-
-class _Listed:
-    """The samples of a block, held as a list."""
-
-    __slots__ = ("samples",)
-
-    def __init__(self, samples: list) -> None:
-        self.samples = samples
-
-    def take(self, rows: np.ndarray) -> list:
-        samples = self.samples
-        return [samples[row] for row in rows.tolist()]
 
 
 class _Group:

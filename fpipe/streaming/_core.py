@@ -353,16 +353,19 @@ class Stream(abc.ABC):
 
     def _own_state(self) -> Any:
         """What this stream holds or has counted, for :meth:`state_dict`: stream kinds that
-        keep their place say it here."""
-        raise TypeError(f"{self.name} cannot save its place: its items are made in the "
-                        "background (threads, processes) or by code fpipe cannot see into; "
-                        "keep such stages out of a pipeline whose state you save, or save "
-                        "states only at the end of an epoch")
+        keep their place say it here; the others refuse."""
+        raise self._no_place()
 
     def _own_loader(self, own: Any, name: str) -> Callable[[], None]:
-        """Check ``own`` (of :meth:`_own_state`) and return what restores it."""
-        self._own_state()  # a stream without a place refuses its state too
-        raise NotImplementedError  # pragma: no cover - _own_state raised
+        """Check ``own`` (of :meth:`_own_state`) and return what restores it; a stream kind
+        without a place refuses its state too."""
+        raise self._no_place()
+
+    def _no_place(self) -> TypeError:
+        return TypeError(f"{self.name} cannot save its place: its items are made in the "
+                         "background (threads, processes) or by code fpipe cannot see into; "
+                         "keep such stages out of a pipeline whose state you save, or save "
+                         "states only at the end of an epoch")
 
     # --- for the authors of streams (see the class docstring) ---
 
