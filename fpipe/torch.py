@@ -36,6 +36,7 @@ except ImportError as error:  # pragma: no cover - torch is in the test extra
 
 import numpy as np
 
+from ._torch_loaders import asked_length
 from ._torch_shared import EpochClock, Resume, SkipBoard, current_worker
 from .errors import (
     check_bool,
@@ -480,11 +481,11 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     So calling ``set_epoch(e)`` before each epoch reads epoch ``e``, and not calling it
     advances one epoch per pass — with persistent DataLoader workers or without.
 
-    ``batch_size`` (the DataLoader's) turns on datadings's guard: a ``RuntimeError`` when
-    ``0 < len(shard) % batch_size < 1``, that is when workers may make different numbers
-    of batches. ``even="drop"`` or ``"pad"`` removes the problem instead: every rank reads
-    the same number of samples in the same pieces, so all make the same number of batches
-    and ``DistributedDataParallel`` never waits for a rank that has run out.
+    ``batch_size`` (the DataLoader's) cuts the workers' shards on whole batches (:func:`worker_range`),
+    where datadings raises a ``RuntimeError`` for shards that make uneven batch counts; with it or
+    not, ``len(DataLoader)`` is the batches it yields (:func:`asked_length`). ``even="drop"`` or
+    ``"pad"`` gives every rank the same samples in the same pieces, so all make the same number
+    of batches.
 
     ``shuffle=True`` shuffles each shard QuasiShuffler-style (chunks of ``chunk_size`` in a
     random order through a buffer of ``buf_size``, a fraction of the shard or a number of
@@ -543,13 +544,18 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                 f"batch smaller); got on_error={self.on_error!r}")
 
     def __len__(self) -> int:
-        worker, workers = current_worker()
+        """The samples that the calling process yields in its next pass (the rank's in the main
+        process, the worker's in a worker; elastic, in the pass under way); to a DataLoader with
+        workers, the length that makes its ``len`` the batches they make (:func:`asked_length`)."""
+        return asked_length(self, self._length)
+
+    def _length(self, worker: int, workers: int) -> int:
         epoch, resume = self._clock.peek(worker)
         if self.elastic:
             running = self._clock.running()
             position = running if running is not None else 0 if resume is None else resume.position
             return sum(map(len, self._elastic_batches(position, worker, workers)))
-        shard = self._shard(epoch, resume, worker, workers, guard=False)
+        shard = self._shard(epoch, resume, worker, workers)
         return len(shard.window) - shard.skip
 
     def __iter__(self) -> Iterator[Any]:
@@ -557,7 +563,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
         if self.elastic:
             return self._elastic_pass(worker, workers)
         epoch, resume = self._clock.begin(worker, workers)
-        shard = self._shard(epoch, resume, worker, workers, guard=True)
+        shard = self._shard(epoch, resume, worker, workers)
         if shard.made and self._may_skip():
             return self._replayed(shard, epoch, resume)
         return self._stream(shard.window, epoch, shard.skip)
@@ -729,36 +735,28 @@ it, or load a state of epoch 2
                     if output is not _SKIP:
                         yield output
 
-    def _shard(self, epoch: int, resume: Resume | None, worker: int, workers: int,
-               guard: bool) -> _Shard:
+    def _shard(self, epoch: int, resume: Resume | None, worker: int, workers: int) -> _Shard:
         """The positions that worker ``worker`` reads in a pass, and how many it skips.
 
         A DataLoader begins every pass with worker 0, so in a resumed pass the workers trade
         shards in turn: worker 0 takes the shard whose batch comes next, and the others
         follow in the original order."""
         if resume is None:
-            return _Shard(self._window(epoch, worker, workers, guard), 0)
+            return _Shard(self._window(epoch, worker, workers), 0)
         batches, size, drop_last, _ = resume
-        lengths = [len(self._window(epoch, w, workers, guard)) for w in range(workers)]
+        lengths = [len(self._window(epoch, w, workers)) for w in range(workers)]
         counts = [n // size if drop_last else -(-n // size) for n in lengths]
         made, first = resume_plan(counts, batches)
         shard = (first + worker) % workers
-        window = self._window(epoch, shard, workers, False)
+        window = self._window(epoch, shard, workers)
         # every batch of every shard made: an empty pass, whatever failed in it
         return _Shard(window, min(lengths[shard], size * made[shard]),
                       0 if made == counts else made[shard])
 
-    def _window(self, epoch: int, worker: int, workers: int, guard: bool) -> range:
-        n = len(self.reader)
-        if guard and self.batch_size is not None and self.even is None:
-            overhang = n / (self.world_size * workers) % self.batch_size
-            if 0 < overhang < 1:
-                raise RuntimeError(
-                    f"len(shard) % batch_size = {overhang}: with {n} samples in "
-                    f"{self.world_size * workers} shards and batch_size={self.batch_size}, workers "
-                    "make different numbers of batches; change num_workers, batch_size or "
-                    "world_size, or pass even='drop' or even='pad'")
-        return worker_range(n, self.rank, self.world_size, worker, workers, epoch, self.even)
+    def _window(self, epoch: int, worker: int, workers: int) -> range:
+        # with batch_size, the workers' shards are cut on whole batches (see worker_range)
+        return worker_range(len(self.reader), self.rank, self.world_size, worker, workers, epoch,
+                            self.even, self.batch_size)
 
     def _stream(self, window: range, epoch: int, skip: int) -> Iterator[Any]:
         if skip >= len(window):
