@@ -36,7 +36,7 @@ except ImportError as error:  # pragma: no cover - torch is in the test extra
 
 import numpy as np
 
-from ._torch_loaders import asked_length
+from ._torch_loaders import EvenBatches, asked_length, even_batches
 from ._torch_shared import EpochClock, Resume, SkipBoard, current_worker
 from .errors import (
     check_bool,
@@ -72,8 +72,10 @@ __all__ = [
     "Dataset",
     "DatasetBase",
     "ElasticBatchSampler",
+    "EvenBatches",
     "IterableDataset",
     "dict2tuple",
+    "even_batches",
     "get_worker_info",
     "no_rng",
     "worker_range",
@@ -485,7 +487,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     where datadings raises a ``RuntimeError`` for shards that make uneven batch counts; with it or
     not, ``len(DataLoader)`` is the batches it yields (:func:`asked_length`). ``even="drop"`` or
     ``"pad"`` gives every rank the same samples in the same pieces, so all make the same number
-    of batches.
+    of batches; after a stage that packs or filters them, :func:`even_batches` evens the batches.
 
     ``shuffle=True`` shuffles each shard QuasiShuffler-style (chunks of ``chunk_size`` in a
     random order through a buffer of ``buf_size``, a fraction of the shard or a number of
