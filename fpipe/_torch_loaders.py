@@ -192,8 +192,9 @@ def even_batches(loader: Iterable[Any], group: Any = None, *, even: str = "drop"
       either; for an exact evaluation, gather every rank's results instead.
 
     Each step costs one ``all_reduce`` of four integers (on CPU, or on the current CUDA device
-    for NCCL; or on ``device``), made before the batch is handed out, so a rank asks for a
-    batch, learns whether all have one, and only then yields it. An error in one rank's
+    for NCCL — reading it then waits for the device, so prefer a gloo group of the same ranks,
+    ``dist.new_group(backend="gloo")`` — or on ``device``), made before the batch is handed out:
+    a rank asks for a batch, learns whether all have one, and only then yields it. An error in one rank's
     loader stops every rank at that step: the rank raises its error, the others a
     ``RuntimeError`` — never a hang. Without ``torch.distributed`` initialised, or with one
     rank, the batches come as they are, and ``len()`` is ``len(loader)``; with more ranks the
