@@ -39,7 +39,8 @@ from typing import Any
 
 from .errors import check_bool, check_choice, check_integer, check_state, state_header
 
-__all__ = ["elastic_batches", "elastic_position", "shard", "shard_range", "worker_range"]
+__all__ = ["elastic_batches", "elastic_position", "loader_batches", "loader_length", "shard",
+           "shard_range", "worker_range"]
 
 _EVEN = (None, "drop", "pad")
 _ROUNDING = ("balanced", "datadings")
@@ -205,7 +206,8 @@ def _round_half_even(numerator: int, denominator: int) -> int:
 
 
 def worker_range(n: int, rank: int = 0, world_size: int = 1, worker: int = 0,
-                 num_workers: int = 1, epoch: int = 0, even: str | None = None) -> range:
+                 num_workers: int = 1, epoch: int = 0, even: str | None = None,
+                 batch_size: int | None = None) -> range:
     """The positions that DataLoader worker ``worker`` of rank ``rank`` reads in ``epoch``.
 
     ``range(n)`` is cut into ``S = world_size * num_workers`` contiguous shards as datadings
@@ -218,12 +220,22 @@ def worker_range(n: int, rank: int = 0, world_size: int = 1, worker: int = 0,
     the workers, so that every rank reads the same number of samples in the same pieces and
     makes the same number of batches.
 
+    ``batch_size`` (the DataLoader's) splits a rank's range among its workers on whole batches
+    instead: the range is cut into batches (the last may be short), and worker ``w`` takes
+    batches ``[b·w/W, b·(w+1)/W)`` of the ``b``, rounded half to even. So only one worker
+    ends on a short batch, and the workers together make ``ceil(len / batch_size)`` batches (or
+    ``len // batch_size`` without the short one) — what ``len(DataLoader)`` computes from the
+    rank's length, whatever ``num_workers`` (:func:`loader_batches` counts them). The rank's
+    range is the same with and without ``batch_size``.
+
     >>> [worker_range(10, r, 2, w, 2) for r in range(2) for w in range(2)]
     [range(0, 2), range(2, 5), range(5, 8), range(8, 10)]
     >>> [worker_range(10, r, 2, w, 2, epoch=1) for r in range(2) for w in range(2)]
     [range(5, 8), range(8, 10), range(0, 2), range(2, 5)]
     >>> [worker_range(11, r, 2, w, 2, even="drop") for r in range(2) for w in range(2)]
     [range(0, 2), range(2, 5), range(6, 8), range(8, 11)]
+    >>> [worker_range(10, 0, 1, w, 3, batch_size=3) for w in range(3)]   # batches 3 3 3 1
+    [range(0, 3), range(3, 9), range(9, 10)]
     """
     n = check_integer("n", n, 0)
     world_size = check_integer("world_size", world_size, 1)
@@ -233,14 +245,55 @@ def worker_range(n: int, rank: int = 0, world_size: int = 1, worker: int = 0,
         raise ValueError(f"need rank < world_size and worker < num_workers; got rank={rank}, "
                          f"world_size={world_size}, worker={worker}, num_workers={num_workers}")
     check_even(even)
+    batch_size = None if batch_size is None else check_integer("batch_size", batch_size, 1)
     slot = (rank + check_integer("epoch", epoch, 0)) % world_size
-    if even is None:
+    if even is None and batch_size is None:
         shards, shard = world_size * num_workers, slot * num_workers + worker
         return range(_round_half_even(n * shard, shards), _round_half_even(n * (shard + 1), shards))
-    outer = shard_range(n, slot, world_size, even=even, rounding="datadings")
-    size = len(outer)
-    return range(outer.start + _round_half_even(size * worker, num_workers),
-                 outer.start + _round_half_even(size * (worker + 1), num_workers))
+    if even is None:  # the rank's block of the shards above
+        outer = range(_round_half_even(n * slot, world_size), _round_half_even(n * (slot + 1), world_size))
+    else:
+        outer = shard_range(n, slot, world_size, even=even, rounding="datadings")
+    return _split(outer, worker, num_workers, batch_size or 1)
+
+
+def _split(outer: range, worker: int, num_workers: int, unit: int) -> range:
+    """Piece ``worker`` of ``num_workers`` of ``outer``, cut between units of ``unit``
+    positions (the last unit may be short)."""
+    units = -(-len(outer) // unit)
+    start, stop = (outer.start + unit * _round_half_even(units * w, num_workers)
+                   for w in (worker, worker + 1))
+    return range(min(start, outer.stop), min(stop, outer.stop))
+
+
+def loader_batches(lengths: Iterable[int], batch_size: int, drop_last: bool = False) -> int:
+    """How many batches a DataLoader makes of workers that yield ``lengths`` samples each:
+    every worker batches its own samples, so each may end on a short batch (dropped with
+    ``drop_last``).
+
+    >>> loader_batches([5, 5], 4), loader_batches([8, 2], 4), loader_batches([5, 5], 4, drop_last=True)
+    (4, 3, 2)
+    """
+    batch_size = check_integer("batch_size", batch_size, 1)
+    if check_bool("drop_last", drop_last):
+        return sum(length // batch_size for length in lengths)
+    return sum(-(-length // batch_size) for length in lengths)
+
+
+def loader_length(lengths: list[int], batch_size: int, drop_last: bool = False) -> int:
+    """The length a dataset whose workers yield ``lengths`` samples each reports to a
+    DataLoader, so that the DataLoader's ``len`` — the length divided by its batch size, as if
+    one worker batched every sample — is the number of batches the workers make
+    (:func:`loader_batches`): the number of samples where that division is already exact, else
+    that number of batches times ``batch_size``.
+
+    >>> loader_length([5, 5], 4), loader_length([8, 2], 4)   # 4 batches, not ceil(10 / 4) = 3
+    (16, 10)
+    """
+    batches = loader_batches(lengths, batch_size, drop_last)
+    total = sum(lengths)
+    exact = total // batch_size if drop_last else -(-total // batch_size)
+    return total if exact == batches else batches * batch_size
 
 
 def resume_plan(counts: list[int], done: int) -> tuple[list[int], int]:

@@ -37,6 +37,7 @@ except ImportError as error:  # pragma: no cover - torch is in the test extra
 
 import numpy as np
 
+from ._torch_loaders import EvenBatches, asked_length, even_batches
 from ._torch_shared import EpochClock, Resume, SkipBoard, current_worker
 from .errors import (
     check_bool,
@@ -74,8 +75,10 @@ __all__ = [
     "Dataset",
     "DatasetBase",
     "ElasticBatchSampler",
+    "EvenBatches",
     "IterableDataset",
     "dict2tuple",
+    "even_batches",
     "get_worker_info",
     "no_rng",
     "regrid_state",
@@ -485,11 +488,11 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     So calling ``set_epoch(e)`` before each epoch reads epoch ``e``, and not calling it
     advances one epoch per pass — with persistent DataLoader workers or without.
 
-    ``batch_size`` (the DataLoader's) turns on datadings's guard: a ``RuntimeError`` when
-    ``0 < len(shard) % batch_size < 1``, that is when workers may make different numbers
-    of batches. ``even="drop"`` or ``"pad"`` removes the problem instead: every rank reads
-    the same number of samples in the same pieces, so all make the same number of batches
-    and ``DistributedDataParallel`` never waits for a rank that has run out.
+    ``batch_size`` (the DataLoader's) cuts the workers' shards on whole batches (:func:`worker_range`),
+    where datadings raises a ``RuntimeError`` for shards that make uneven batch counts; with it or
+    not, ``len(DataLoader)`` is the batches it yields (:func:`asked_length`). ``even="drop"`` or
+    ``"pad"`` gives every rank the same samples in the same pieces, so all make the same number
+    of batches; after a stage that packs or filters them, :func:`even_batches` evens the batches.
 
     ``shuffle=True`` shuffles each shard anew every epoch, from ``(seed, epoch, shard)``, as
     well as the reader affords (:func:`~fpipe.storage.shuffling.shuffled_shard`): a true
@@ -558,13 +561,18 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                 f"batch smaller); got on_error={self.on_error!r}")
 
     def __len__(self) -> int:
-        worker, workers = current_worker()
+        """The samples that the calling process yields in its next pass (the rank's in the main
+        process, the worker's in a worker; elastic, in the pass under way); to a DataLoader with
+        workers, the length that makes its ``len`` the batches they make (:func:`asked_length`)."""
+        return asked_length(self, self._length)
+
+    def _length(self, worker: int, workers: int) -> int:
         epoch, resume = self._clock.peek(worker)
         if self.elastic:
             running = self._clock.running()
             position = running if running is not None else 0 if resume is None else resume.position
             return sum(map(len, self._elastic_batches(position, worker, workers)))
-        shard = self._shard(epoch, resume, worker, workers, guard=False)
+        shard = self._shard(epoch, resume, worker, workers)
         return len(shard.window) - shard.skip
 
     def __iter__(self) -> _Pass:
@@ -811,36 +819,28 @@ it, or load a state of epoch 2
                     if output is not _SKIP:
                         yield done, output
 
-    def _shard(self, epoch: int, resume: Resume | None, worker: int, workers: int,
-               guard: bool) -> _Shard:
+    def _shard(self, epoch: int, resume: Resume | None, worker: int, workers: int) -> _Shard:
         """The positions that worker ``worker`` reads in a pass, and how many it skips.
 
         A DataLoader begins every pass with worker 0, so in a resumed pass the workers trade
         shards in turn: worker 0 takes the shard whose batch comes next, and the others
         follow in the original order."""
         if resume is None:
-            return _Shard(self._window(epoch, worker, workers, guard), 0)
+            return _Shard(self._window(epoch, worker, workers), 0)
         batches, size, drop_last, _ = resume
-        lengths = [len(self._window(epoch, w, workers, guard)) for w in range(workers)]
+        lengths = [len(self._window(epoch, w, workers)) for w in range(workers)]
         counts = [n // size if drop_last else -(-n // size) for n in lengths]
         made, first = resume_plan(counts, batches)
         shard = (first + worker) % workers
-        window = self._window(epoch, shard, workers, False)
+        window = self._window(epoch, shard, workers)
         # every batch of every shard made: an empty pass, whatever failed in it
         return _Shard(window, min(lengths[shard], size * made[shard]),
                       0 if made == counts else made[shard])
 
-    def _window(self, epoch: int, worker: int, workers: int, guard: bool) -> range:
-        n = len(self.reader)
-        if guard and self.batch_size is not None and self.even is None:
-            overhang = n / (self.world_size * workers) % self.batch_size
-            if 0 < overhang < 1:
-                raise RuntimeError(
-                    f"len(shard) % batch_size = {overhang}: with {n} samples in "
-                    f"{self.world_size * workers} shards and batch_size={self.batch_size}, workers "
-                    "make different numbers of batches; change num_workers, batch_size or "
-                    "world_size, or pass even='drop' or even='pad'")
-        return worker_range(n, self.rank, self.world_size, worker, workers, epoch, self.even)
+    def _window(self, epoch: int, worker: int, workers: int) -> range:
+        # with batch_size, the workers' shards are cut on whole batches (see worker_range)
+        return worker_range(len(self.reader), self.rank, self.world_size, worker, workers, epoch,
+                            self.even, self.batch_size)
 
     def _stream(self, window: range, epoch: int, skip: int) -> Iterator[tuple[int, Any]]:
         """``(done, output)`` of the shard ``window`` in ``epoch`` from its position ``skip``
@@ -916,7 +916,7 @@ class _Pass:
         if data.elastic:
             self._start = 0 if resume is None else resume.position
         else:
-            shard = data._shard(self._epoch, resume, worker, workers, guard=begin)
+            shard = data._shard(self._epoch, resume, worker, workers)
             self._window, self._done = shard.window, shard.skip
             if shard.made and data._may_skip():
                 self._replay, self._done = (shard, resume), None
@@ -1028,7 +1028,7 @@ class _Pass:
             return None
         if not (isinstance(window, list) and len(window) == 2 and all(type(i) is int for i in window)):
             raise TypeError(f"{name} must be [start, stop]; got {window!r:.40}")
-        shards = [data._window(epoch, w, self._workers, False) for w in range(self._workers)]
+        shards = [data._window(epoch, w, self._workers) for w in range(self._workers)]
         if range(*window) not in shards:
             raise ValueError(f"{name} = {window} is no shard of epoch {epoch} on this grid: "
                              f"{[[w.start, w.stop] for w in shards]}")

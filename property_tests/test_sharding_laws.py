@@ -6,7 +6,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fpipe.sharding import resume_plan, shard, shard_range, worker_range
+from fpipe.sharding import loader_batches, loader_length, resume_plan, shard, shard_range, worker_range
 from property_tests.strategies import (
     batch_counts,
     evens,
@@ -135,6 +135,27 @@ def test_even_splits_every_rank_into_the_same_pieces(n, world_size, workers, epo
         assert len(covered) == len(set(covered)) == n - n % world_size
     else:
         assert set(covered) == set(range(n)) and len(covered) == -(-n // world_size) * world_size
+
+
+@given(sizes, world_sizes, worker_counts, worker_epochs, all_evens, st.integers(1, 9), st.booleans())
+def test_batch_size_cuts_a_ranks_block_into_whole_batches_for_its_workers(
+        n, world_size, workers, epoch, even, batch_size, drop_last):
+    for rank in range(world_size):
+        shards = [worker_range(n, rank, world_size, w, workers, epoch, even, batch_size)
+                  for w in range(workers)]
+        block = [i for shard in shards for i in shard]
+        assert block == [i for i in worker_range(n, rank, world_size, 0, 1, epoch, even)]
+        assert all(len(shard) % batch_size == 0 for shard in shards if shard.stop != shards[-1].stop)
+        whole = len(block) // batch_size if drop_last else -(-len(block) // batch_size)
+        assert loader_batches(map(len, shards), batch_size, drop_last) == whole
+        assert loader_length(list(map(len, shards)), batch_size, drop_last) == len(block)
+
+
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=6), st.integers(1, 9), st.booleans())
+def test_the_length_told_to_a_loader_divides_into_its_workers_batches(lengths, batch_size, drop_last):
+    told = loader_length(lengths, batch_size, drop_last)
+    division = told // batch_size if drop_last else -(-told // batch_size)
+    assert division == loader_batches(lengths, batch_size, drop_last)
 
 
 # --- resuming a pass: the schedule of a DataLoader's round-robin over its workers ---

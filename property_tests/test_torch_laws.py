@@ -58,3 +58,42 @@ def test_a_resumed_pass_is_the_rest_of_the_simulated_loaders_epoch(
     dataset.set_epoch(0)
     dataset.resume(done, batch_size, drop_last)
     assert _loader_batches(dataset, workers, batch_size, drop_last) == original[done:]
+
+
+# --- len(DataLoader): the batches the DataLoader yields, whatever the workers ---
+
+_LAYOUTS = st.sampled_from([{}, {"shuffle": True}, {"even": "drop"}, {"even": "pad"},
+                            {"elastic": True}, {"elastic": True, "even": "pad"}])
+
+
+@st.composite
+def _loaded_datasets(draw, max_workers: int = 3) -> tuple[IterableDataset, int, int, bool]:
+    """A dataset of a random layout on a random rank, and the DataLoader's workers, batch size
+    and drop_last; the dataset knows the batch size (always in elastic layouts) or not."""
+    layout, batch_size = draw(_LAYOUTS), draw(st.integers(1, 7))
+    world_size = draw(st.integers(1, 3))
+    known = "elastic" in layout or draw(st.booleans())
+    dataset = IterableDataset(ListReader([{"x": i} for i in range(draw(st.integers(0, 60)))]),
+                              batch_size=batch_size if known else None, seed=1, buf_size=3,
+                              chunk_size=2, rank=draw(st.integers(0, world_size - 1)),
+                              world_size=world_size, epoch=draw(worker_epochs), **layout)
+    return dataset, draw(st.integers(0, max_workers)), batch_size, draw(st.booleans())
+
+
+@settings(max_examples=60)
+@given(_loaded_datasets(max_workers=5))
+def test_len_of_a_loader_is_the_number_of_batches_its_workers_make(case):
+    dataset, workers, batch_size, drop_last = case
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers,
+                                         drop_last=drop_last)
+    assert len(loader) == len(_loader_batches(dataset, max(1, workers), batch_size, drop_last))
+
+
+@settings(max_examples=6)
+@given(_loaded_datasets())
+def test_len_of_a_real_loader_is_the_number_of_batches_it_yields(case):
+    dataset, workers, batch_size, drop_last = case
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers,
+                                         drop_last=drop_last,
+                                         multiprocessing_context="fork" if workers else None)
+    assert len(loader) == sum(1 for _ in loader)

@@ -114,7 +114,7 @@ def test_command_without_subcommand_is_a_usage_error():
 
 CORE = {"errors", "functional", "random", "sharding", "skipping", "stateful", "_version"}
 ADAPTERS = {"infinite", "_infinite_pipeline", "torch", "image", "_image", "_lightning",
-            "_torch_shared"}  # and their helpers
+            "_torch_shared", "_torch_loaders"}  # and their helpers
 
 
 def _layer(module: str) -> tuple[int, str]:

@@ -200,6 +200,30 @@ def check_distributed(printed: dict[str, str]) -> None:
     assert sorted(r[2:4] for r in pad[0]) == [(0, 512), (512, 1024)]
     alone = _ranks(_only(printed, "python train.py --epochs 1"))
     assert [r[:4] for r in alone[0]] == [(33, 1025, 0, 1024)]
+    _check_packed(printed)
+
+
+def _packed(output: str) -> dict[int, list[tuple[int, ...]]]:
+    """``{epoch: [(batches packed, steps, repeated) of each rank]}`` as pack.py prints them."""
+    epochs: dict[int, list[tuple[int, ...]]] = {}
+    for epoch, *figures in re.findall(r"epoch (\d+), rank \d+: (\d+) batches packed, (\d+) "
+                                      r"steps trained \((\d+) repeated\)", output):
+        epochs.setdefault(int(epoch), []).append(tuple(map(int, figures)))
+    return epochs
+
+
+def _check_packed(printed: dict[str, str]) -> None:
+    drop = _packed(_only(printed, "torchrun --nproc_per_node 2 pack.py"))
+    pad = _packed(_only(printed, "torchrun --nproc_per_node 2 pack.py --pad"))
+    assert sorted(drop) == sorted(pad) == [0, 1]
+    assert any(len({made for made, _, _ in ranks}) > 1 for ranks in drop.values())  # uneven
+    for epoch, ranks in drop.items():
+        made = [r[0] for r in ranks]
+        assert [r[1:] for r in ranks] == [(min(made), 0)] * 2  # every rank: the shortest count
+        assert [r[0] for r in pad[epoch]] == made  # the same epochs, packed the same way
+        assert [r[1:] for r in pad[epoch]] == [(max(made), max(made) - m) for m in made]
+    alone = _packed(_only(printed, "python pack.py"))
+    assert all(made == steps and not repeated for [(made, steps, repeated)] in alone.values())
 
 
 def check_object_storage(printed: dict[str, str]) -> None:

@@ -38,8 +38,10 @@ def test_two_gloo_ranks_with_two_workers_each(tmp_path):
             seen = [report[f"{mode}/{epoch}"] for report in reports]
             assert sorted(seen[0] + seen[1]) == list(range(N)), (mode, epoch)
             assert [sorted(s) for s in seen] == [_rank_positions(r, epoch) for r in range(2)]
-    # equal batch counts: drop keeps 21 samples a rank (10 + 11), pad 22 (11 + 11)
-    for even, batches in (("drop", 11), ("pad", 12)):
+    # equal batch counts: drop keeps 21 samples a rank, pad 22; the dataset knows the batch size
+    # (2), so the workers' shards are whole batches but one: ceil(21 / 2) and 22 / 2 batches
+    # (shards of 11 + 11 would make 6 + 6 with a short batch each)
+    for even, batches in (("drop", 11), ("pad", 11)):
         for epoch in (0, 1):
             assert [report[f"{even}/{epoch}"] for report in reports] == [batches, batches]
         assert reports[0][f"{even}/weight"] == reports[1][f"{even}/weight"]
