@@ -739,8 +739,6 @@ it, or load a state of epoch 2
                 for w in range(workers)]
         wanted = [sum(map(len, itertools.islice(self._elastic_batches(position, w, workers),
                                                 made[w]))) for w in range(workers)]
-        if sum(made) < batches and batches:
-            pass  # the epoch ended before: the position is its end, whatever the count
         short = [w for w in range(workers) if handed[w] < wanted[w] and any(handed)]
         surplus = workers == 1 and any(handed) and handed[0] > wanted[0] and sum(made) == batches
         if short or surplus:

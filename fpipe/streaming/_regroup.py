@@ -29,6 +29,7 @@ __all__ = ["Grouper", "RegroupStage", "Regrouped", "length_of"]
 
 _CHUNK = 64  # input items read at a time
 _SKIP_CHUNK = 1024  # input items read at a time while a resumed stream finds its place
+_PRUNE_AT = 256  # input items a stream keeps at least before it forgets those it no longer needs
 _STATE_KEYS = frozenset({"type", "seed", "epoch", "settings", "position", "consumed", "open",
                          "ready"})
 
@@ -79,6 +80,7 @@ class Regrouped(Stream):
         self._pulled: list = []  # the recipes of the last pull, for the items next() holds
         self._ended = False
         self._kept: dict = {}  # the input items that what is held or made is made of, by index
+        self._prune_at = _PRUNE_AT  # how many kept items make _forget prune them
 
     def _pull(self, n: int) -> list:
         if self._resume is not None:
@@ -111,15 +113,18 @@ class Regrouped(Stream):
             self._ended = True  # the error is raised after the outputs made before it
             return
         self._made.extend(out)
-        self._forget()
+        if len(self._kept) > self._prune_at:
+            self._forget()
 
     def _forget(self) -> None:
-        """Keep only the input items of what is held and made (the chain's state holds them)."""
+        """Keep only the input items of what is held and made (the chain's state holds them),
+        and prune again once twice as many are kept: a constant cost per item."""
         indices = self._grouper.indices
         needed = {i for recipe in self._grouper.open_recipes() for i in indices(recipe)}
         needed.update(i for recipe, _ in self._made for i in indices(recipe))
         kept = self._kept
         self._kept = {i: kept[i] for i in needed if i in kept}
+        self._prune_at = max(_PRUNE_AT, 2 * len(self._kept))
 
     def _own_state(self) -> dict:
         # next()'s read-ahead is held by the base class; the outputs made and the open groups
@@ -127,6 +132,7 @@ class Regrouped(Stream):
         if self._resume is not None:
             raise TypeError(f"{self.name} was resumed from a stage's state and has not found its "
                             "place yet: save its state after its first item")
+        self._forget()
         opened = self._grouper.open_recipes()
         ready = [recipe for recipe, _ in self._made]
         return copy.deepcopy({**self._place, "index": self._index, "ended": self._ended,

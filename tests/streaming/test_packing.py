@@ -537,3 +537,17 @@ def test_infinite_resumes_a_packing_pipeline_exactly():
     second.load_state_dict(state)
     with second:
         assert [list(map(np.ndarray.tolist, batch)) for batch in second()] == expected
+
+
+def test_a_streams_state_holds_the_items_of_its_open_and_made_rows_and_no_others():
+    docs = [{"tokens": np.arange(1 + i % 13)} for i in range(600)]
+    stream = fp.pack(16, buffer_size=3)(docs)
+    for _ in range(200):
+        next(stream)
+    own = stream.state_dict()["own"]
+    held = {i for i, _ in own["items"]}
+    named = {piece[0] for row in own["open"] + own["ready"] for piece in row}
+    assert held == named and 0 < len(held) < 64
+    again = fp.pack(16, buffer_size=3)(docs)
+    again.load_state_dict(stream.state_dict())
+    assert [r["tokens"].tolist() for r in again] == [r["tokens"].tolist() for r in stream]
