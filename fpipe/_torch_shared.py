@@ -10,6 +10,7 @@ imports torch only where it makes a tensor.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ _RUNNING, _LOADED = _LATEST + 3, _LATEST + 4
 _HANDED = _LOADED + 1
 _WORKERS, _WRAPPED = _HANDED + _SLOTS, _HANDED + _SLOTS + 1
 _KEPT_INDICES = 32  # indices of skipped samples recorded per worker id (the count is exact)
+_ADDING = threading.Lock()  # the threads of one process add their skips in turn
 
 
 class Resume(NamedTuple):
@@ -192,11 +194,12 @@ class SkipBoard:
     def add(self, index: int) -> int:
         """Record sample ``index`` as skipped by this worker; the count over every worker."""
         row = self._rows[current_worker()[0]]
-        kept = row[1]
-        if kept < _KEPT_INDICES and index not in row[2:2 + kept]:  # once, whatever the epochs
-            row[2 + kept] = index
-            row[1] += 1
-        row[0] += 1
+        with _ADDING:  # a worker's transforms may run in threads (IterableDataset(threads=))
+            kept = row[1]
+            if kept < _KEPT_INDICES and index not in row[2:2 + kept]:  # once, whatever the epochs
+                row[2 + kept] = index
+                row[1] += 1
+            row[0] += 1
         return self.count
 
     @property

@@ -40,6 +40,7 @@ import numpy as np
 from ._torch_loaders import EvenBatches, asked_length, even_batches
 from ._torch_shared import EpochClock, Resume, SkipBoard, current_worker
 from .errors import (
+    check_auto,
     check_bool,
     check_callable,
     check_fraction_or_count,
@@ -68,6 +69,7 @@ from .sharding import (
 from .skipping import OnError, TooManyErrors, check_max_errors, check_on_error, handle, read_on, read_or_each
 from .storage.shuffling import shuffled_shard
 from .streaming._shm import register as share_type
+from .streaming.parallel import threads as parallel_threads
 
 __all__ = [
     "Compose",
@@ -507,6 +509,14 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     rank's samples in the main process, the worker's in a worker. :meth:`resume` starts the
     next pass in the middle of an epoch, after the batches that a DataLoader has already made.
 
+    ``threads`` runs ``rng`` and the transforms of each process's pass in that many threads
+    (:func:`fpipe.threads`, ordered), or ``"auto"``: as many as keep up with the DataLoader,
+    chosen while the pass runs, with a buffer that grows as it needs (see the tuning page).
+    It pays for transforms that release the GIL (decoding images with Pillow or simplejpeg,
+    NumPy, IO): each DataLoader worker then keeps more than one core busy. Outputs keep their
+    order and their per-sample randomness, so they do not depend on the number of threads,
+    and each carries the place of the pass, so a state stays exact.
+
     ``elastic=True`` (with ``batch_size``, and without ``shuffle``) lays the epoch out so that a
     run can carry on on another grid: one order for the epoch, the reader's positions, dealt out
     in global batches of ``world_size * batch_size`` (:func:`fpipe.elastic_batches`), rank
@@ -535,9 +545,11 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                  even: str | None = None, shuffle: bool = False, buf_size: float = 0.01,
                  seed: Seed = None, rank: int | None = None, world_size: int | None = None,
                  elastic: bool = False, on_error: OnError = "raise",
-                 max_errors: int | None = None) -> None:
+                 max_errors: int | None = None, threads: int | str | None = None) -> None:
         super().__init__(reader, transforms, rng, seed=seed, epoch=epoch, on_error=on_error,
                          max_errors=max_errors)
+        self.threads = None if threads is None else check_auto(
+            "threads", threads, lambda value: check_integer("threads", value, 1))
         if not callable(getattr(reader, "iter", None)):
             raise TypeError(f"reader must be a reader or an ordering (with iter); got reader={reader!r:.80}")
         self.batch_size = None if batch_size is None else check_integer("batch_size", batch_size, 1)
@@ -801,7 +813,12 @@ it, or load a state of epoch 2
     def _elastic_stream(self, batches: Iterator[range], epoch: int,
                         skip: int) -> Iterator[tuple[int, Any]]:
         self._follow(epoch)
-        n, reader, apply = len(self.reader), self.reader, self._apply_or_skip
+        return self._transformed(self._elastic_read(batches, skip), epoch)
+
+    def _elastic_read(self, batches: Iterator[range], skip: int) -> Iterator[tuple[int, int, Any]]:
+        """``(done, index, sample)`` of the worker's elastic ``batches`` after the first
+        ``skip`` of their positions."""
+        n, reader = len(self.reader), self.reader
         done = 0  # positions of this worker's batches passed
         for batch in batches:
             if done + len(batch) <= skip:
@@ -813,9 +830,7 @@ it, or load a state of epoch 2
                 for index, sample in read_on(reader, run.start, run.stop, self._skip,
                                              copy=self.copy, chunk_size=self.chunk_size):
                     done += 1
-                    output = apply(sample, index, epoch)
-                    if output is not _SKIP:
-                        yield done, output
+                    yield done, index, sample
 
     def _shard(self, epoch: int, resume: Resume | None, worker: int, workers: int) -> _Shard:
         """The positions that worker ``worker`` reads in a pass, and how many it skips.
@@ -854,15 +869,34 @@ it, or load a state of epoch 2
             triples = ((index - before, index, sample) for index, sample in read_on(
                 self.reader, window.start + skip, window.stop, self._skip, copy=self.copy,
                 chunk_size=self.chunk_size))
+        yield from self._transformed(triples, epoch)
+
+    def _transformed(self, triples: Iterator[tuple[int, int, Any]],
+                     epoch: int) -> Iterator[tuple[int, Any]]:
+        """``(done, output)`` of ``(done, index, sample)``: the samples transformed here, or in
+        ``threads`` threads (ordered, each sample with its ``done``, so the pass's place is
+        that of the output handed out, whatever is in the threads)."""
         if self._transform is None:
             for done, _, sample in triples:
                 yield done, sample
             return
-        apply = self._apply_or_skip
-        for done, index, sample in triples:
-            output = apply(sample, index, epoch)
-            if output is not _SKIP:
-                yield done, output
+        if self.threads is None:
+            apply = self._apply_or_skip
+            for done, index, sample in triples:
+                output = apply(sample, index, epoch)
+                if output is not _SKIP:
+                    yield done, output
+            return
+        stage = parallel_threads(self._apply_triple, epoch, n_workers=self.threads,
+                                 buffer_size="auto" if self.threads == "auto" else 2)
+        with stage(triples) as outputs:
+            for done, output in outputs:
+                if output is not _SKIP:
+                    yield done, output
+
+    def _apply_triple(self, triple: tuple[int, int, Any], epoch: int) -> tuple[int, Any]:
+        done, index, sample = triple
+        return done, self._apply_or_skip(sample, index, epoch)
 
     def _shuffled(self, window: range, epoch: int, skip: int) -> Iterator[tuple[int, Any]]:
         # the order the reader affords (row groups walked, a true permutation, or a buffer),

@@ -136,6 +136,7 @@ compositions = st.fixed_dictionaries({
     "workers": st.sampled_from([0, 0, 1, 2]),
     "ranks": st.integers(1, 3),
     "elastic": st.booleans(),
+    "threads": st.sampled_from([None, None, 2, "auto"]),  # the dataset's transforms in threads
     "stop": st.integers(0, 8),
     "new_ranks": st.integers(1, 3),
 })
@@ -144,7 +145,9 @@ compositions = st.fixed_dictionaries({
 def dataset(folder, composition: dict, rank: int, ranks: int):
     ordering = composition["ordering"]
     elastic = composition["elastic"] and ordering != "shuffle=True"
+    threads = composition["threads"]
     inner = IterableDataset(ordered(reader_of(composition["source"], folder), ordering),
+                            dict if threads else None, threads=threads,
                             shuffle=ordering == "shuffle=True", seed=7, rank=rank,
                             world_size=ranks, batch_size=12 // ranks if elastic else None,
                             elastic=elastic)

@@ -220,3 +220,38 @@ def test_the_state_of_a_shuffled_pass_is_a_few_numbers_whatever_the_samples(work
     batches = iter(loader)
     next(batches)
     assert len(pickle.dumps(loader.state_dict())) < 8 * 1024  # a sample alone is 50 kB
+
+
+def noisy(sample: dict) -> dict:
+    if int(sample["key"]) % 17 == 5:
+        raise ValueError("a damaged sample")
+    return {"key": sample["key"], "noise": int(fpipe.current_rng().integers(0, 10 ** 6))}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("threads", [2, "auto"])
+def test_transforms_in_threads_give_the_same_samples_and_resume_exactly(workers, threads):
+    def make(threads=threads):
+        data = IterableDataset(ListReader(DOCS), noisy, seed=3, shuffle=True, threads=threads,
+                               on_error="skip")
+        return loader_of(data, workers, collate=lambda samples: [(s["key"], s["noise"])
+                                                                 for s in samples])
+
+    assert list(make(None)) == list(make())  # whatever the threads, the same samples
+    for stop in (1, 6):
+        whole, head, rest = resumed_after(make, stop)
+        assert head + rest == whole
+
+
+def test_threads_are_checked_when_the_dataset_is_built():
+    with pytest.raises(ValueError, match="threads must be an integer or 'auto'; got threads='many'"):
+        IterableDataset(ListReader(DOCS), threads="many")
+    with pytest.raises(ValueError, match="threads"):
+        IterableDataset(ListReader(DOCS), threads=0)
+
+
+def test_skips_counted_from_threads_are_all_counted():
+    data = IterableDataset(ListReader(DOCS), noisy, seed=0, threads=4, on_error="skip")
+    kept = sum(1 for _ in data)
+    assert kept + data.skipped == len(DOCS) and data.skipped == sum(
+        1 for d in DOCS if int(d["key"]) % 17 == 5)
