@@ -255,3 +255,20 @@ def test_skips_counted_from_threads_are_all_counted():
     kept = sum(1 for _ in data)
     assert kept + data.skipped == len(DOCS) and data.skipped == sum(
         1 for d in DOCS if int(d["key"]) % 17 == 5)
+
+
+def test_an_abandoned_pass_stops_its_threads():
+    import gc
+    import threading
+    import time
+
+    before = threading.active_count()
+    passes = iter(IterableDataset(ListReader(DOCS), noisy, seed=0, threads=3, on_error="skip"))
+    next(passes)
+    assert threading.active_count() > before
+    del passes
+    gc.collect()
+    deadline = time.monotonic() + 30  # generous: a loaded machine joins threads late
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before
