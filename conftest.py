@@ -1,4 +1,36 @@
 """Loaded for every test under the repository (tests, property tests, doctests): the guard that
-fails a test which leaves the test process handling a signal differently (``tests/signals.py``)."""
+fails a test which leaves the test process handling a signal differently (``tests/signals.py``),
+and one temporary folder for the whole run, removed at its end.
+
+Doctests make folders with ``tempfile.mkdtemp()``, servers put their sockets in the temporary
+folder, and worker processes make theirs: each run of the suite used to leave a hundred entries
+in ``/tmp``. So the run sets ``TMPDIR`` (inherited by every process it starts) and
+``tempfile.tempdir`` to a folder of its own, and removes it when the run is over.
+"""
+
+import os
+import shutil
+import tempfile
 
 pytest_plugins = ["pytester", "tests.signals"]
+
+_SAVED = "_fpipe_saved_tmpdir"
+
+
+def pytest_configure(config):
+    folder = tempfile.mkdtemp(prefix="fpipe-tests-")
+    setattr(config, _SAVED, (folder, os.environ.get("TMPDIR"), tempfile.tempdir))
+    os.environ["TMPDIR"] = tempfile.tempdir = folder
+
+
+def pytest_unconfigure(config):
+    saved = getattr(config, _SAVED, None)
+    if saved is None:
+        return
+    folder, environ, tempdir = saved
+    if environ is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = environ
+    tempfile.tempdir = tempdir
+    shutil.rmtree(folder, ignore_errors=True)

@@ -76,7 +76,9 @@ class SeaweedS3:
                    f"-master.port={self.master}", f"-volume.port={self.volume}",
                    f"-filer.port={self.filer}", "-s3", f"-s3.port={self.port}",
                    f"-s3.config={self.config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                   "-master.telemetry=false", "-volume.max=0", "-master.volumeSizeLimitMB=64"]
+                   "-master.telemetry=false", "-volume.max=0", "-master.volumeSizeLimitMB=64",
+                   f"-s3.localSocket={self.folder / 's3.sock'}",
+                   f"-filer.localSocket={self.folder / 'filer.sock'}"]
         log = open(self.folder / "weed.log", "ab")  # the server's, for its whole life
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
@@ -109,6 +111,14 @@ class SeaweedS3:
                 self.process.kill()
                 self.process.wait(30)
         self.process = None
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        """Remove the gRPC sockets weed makes in /tmp whatever it is told (named by the ports of
+        this server, gRPC's being 10000 above each): they outlive it, and nothing else is ours."""
+        for port in (self.master, self.volume, self.filer, self.port):
+            for path in Path("/tmp").glob(f"seaweedfs-*-{port + 10000}.sock"):
+                path.unlink(missing_ok=True)
 
 
 class DelayProxy:
