@@ -103,6 +103,8 @@ class Pipeline(torch.utils.data.IterableDataset):
                 made.append(fpipe.filter(keep))
             elif name == "map":
                 made.append(fpipe.map(tokens))
+            elif name == "pool":
+                made.append(fpipe.pool(3, 2, seed=5))
             elif name == "pack":
                 made += [] if "map" in self.stages else [fpipe.map(tokens)]
                 made.append(fpipe.pack(8, buffer_size=3))
@@ -130,9 +132,9 @@ compositions = st.fixed_dictionaries({
     "source": st.sampled_from(["list", "msgpack", "parquet", "webdataset"]),
     "ordering": st.sampled_from(["in order", "Shuffler", "IndexShuffler", "QuasiShuffler",
                                  "shuffle=True"]),
-    "stages": st.lists(st.sampled_from(["filter", "map", "pack", "batch", "mix"]),
-                       max_size=3, unique=True).map(lambda names: tuple(
-                           sorted(names, key=["mix", "filter", "map", "pack", "batch"].index))),
+    "stages": st.lists(st.sampled_from(["filter", "map", "pool", "pack", "batch", "mix"]),
+                       max_size=3, unique=True).map(lambda names: tuple(sorted(
+                           names, key=["mix", "filter", "map", "pool", "pack", "batch"].index))),
     "workers": st.sampled_from([0, 0, 1, 2]),
     "ranks": st.integers(1, 3),
     "elastic": st.booleans(),

@@ -3,7 +3,6 @@
 
 from collections import Counter
 
-import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,7 +20,7 @@ def test_every_item_comes_out_exactly_repetitions_times(xs, size, reps, iters, s
 
 @given(items, pool_sizes, repetitions, iterations)
 def test_the_pool_never_holds_more_than_pool_size_items(xs, size, reps, iters):
-    # the pool's own loop, fed one item at a time, so that "read" means "in the pool"
+    # the pool fed one item at a time (a generator), so that "read" means "in the pool"
     read, used = [0], Counter()
 
     def source():
@@ -29,11 +28,12 @@ def test_the_pool_never_holds_more_than_pool_size_items(xs, size, reps, iters):
             read[0] += 1
             yield x
 
-    stage = fp.pool(size, reps, iters, seed=0)
-    for x in stage._draws(source(), np.random.default_rng(0)):
+    stream = fp.pool(size, reps, iters, seed=0)(source())
+    for x in stream:
         used[x] += 1
         expired = sum(count == reps for count in used.values())
         assert read[0] - expired + (used[x] == reps) <= size
+        assert len(stream.state_dict()["own"]["live"]) <= size  # what its state says it holds
 
 
 @given(items, pool_sizes, repetitions, st.integers(0, 2**32))

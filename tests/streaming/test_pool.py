@@ -62,3 +62,24 @@ def test_the_pool_reads_no_further_than_it_must_from_an_expensive_upstream():
 def test_bad_arguments(args, message):
     with pytest.raises(ValueError, match=message):
         fp.pool(*args)
+
+
+@pytest.mark.parametrize("seed", [3, None])
+def test_a_pool_stream_resumes_from_its_state_after_any_output(seed):
+    import pickle
+
+    def make(state=None):
+        stream = fp.pool(4, 3, iterations=2, seed=seed)(range(40))
+        if state is not None:
+            stream.load_state_dict(state)
+        return stream
+
+    for stop in (0, 1, 7, 50, 119):
+        first = make()
+        head = [next(first) for _ in range(stop)]
+        state = pickle.loads(pickle.dumps(first.state_dict()))
+        rest = list(make(state))
+        assert head + rest == head + list(first)  # unseeded too: the state holds the generator
+        assert sorted(head + rest) == sorted(list(range(40)) * 3)
+    with pytest.raises(ValueError, match=r"state\['own'\]\['live'\] must be at most 5"):
+        make({**state, "own": {**state["own"], "live": [[0, 1]] * 9}})
