@@ -404,15 +404,17 @@ class ElasticBatchSampler(torch.utils.data.Sampler):
         self._latest: int | None = None  # where the latest pass of this epoch began
         self._loaded = False  # whether _position is a loaded state's, that no pass has read
         self._running: tuple[object, int] | None = None  # the pass under way: (token, start)
+        self._yielded = 0  # the batches the latest pass has yielded
 
     def __iter__(self) -> Iterator[list[int]]:
         position, self._position, self._loaded = self._position, 0, False
         self._latest, token = position, object()
-        self._running = (token, position)
+        self._running, self._yielded = (token, position), 0
         n = self.length
         try:
             for batch in elastic_batches(n, position, self.batch_size, self.rank,
                                          self.world_size, even=self.even):
+                self._yielded += 1
                 yield [index % n for index in batch]
         finally:
             if self._running is not None and self._running[0] is token:
@@ -438,11 +440,16 @@ class ElasticBatchSampler(torch.utils.data.Sampler):
         if not stands:
             self._position, self._loaded = 0, False
 
-    def state_dict(self, batches: int) -> dict[str, int]:
+    def state_dict(self, batches: int | None = None) -> dict[str, int]:
         """Where the epoch stands once the DataLoader has handed out ``batches`` batches of the
         latest pass (of the next one, if none has begun since the epoch or the state was set):
-        as :meth:`IterableDataset.state_dict`."""
+        as :meth:`IterableDataset.state_dict`. Without ``batches``, after the batches this
+        sampler has yielded in that pass: the state torchdata's ``StatefulDataLoader`` takes
+        from it when it hands out the batch of those indices, and loads into the sampler of a
+        fresh loader."""
         start = self._position if self._latest is None else self._latest
+        if batches is None:
+            batches = 0 if self._latest is None else self._yielded
         return elastic_state_dict(self.epoch, elastic_position(
             self.length, start, batches, self.batch_size, self.world_size), self.length)
 

@@ -272,3 +272,23 @@ def test_an_abandoned_pass_stops_its_threads():
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("sampler", ["elastic", "shuffle"])
+def test_a_map_style_dataset_resumes_exactly_under_a_stateful_loader(workers, sampler):
+    from fpipe.storage import Shuffler
+    from fpipe.torch import Dataset, ElasticBatchSampler
+
+    def make():
+        data = Dataset(Shuffler(ListReader(DOCS), seed=1), noisy, seed=2, on_error="skip")
+        keys = lambda samples: [(s["key"], s["noise"]) for s in samples]  # noqa: E731
+        if sampler == "elastic":  # its state_dict() without batches is the loader's to take
+            return StatefulDataLoader(data, batch_sampler=ElasticBatchSampler(data, batch_size=8),
+                                      num_workers=workers, collate_fn=keys)
+        return StatefulDataLoader(data, batch_size=8, shuffle=True, num_workers=workers,
+                                  collate_fn=keys, generator=torch.Generator().manual_seed(4))
+
+    for stop in (1, 5):
+        whole, head, rest = resumed_after(make, stop)
+        assert head + rest == whole
