@@ -89,8 +89,10 @@ class SeaweedS3:
 
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.process.returncode}; see "
-                                   f"{self.folder / 'weed.log'}")
+                self._remove_sockets()
+                log = (self.folder / "weed.log").read_text(errors="replace").splitlines()[-8:]
+                raise RuntimeError(f"weed exited with {self.process.returncode}; the end of "
+                                   f"{self.folder / 'weed.log'}:\n" + "\n".join(log))
             try:
                 fs = s3fs.S3FileSystem(**self.storage_options, skip_instance_cache=True)
                 fs.pipe("ready-probe/probe", b"ok")
