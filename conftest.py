@@ -5,22 +5,29 @@ and one temporary folder for the whole run, removed at its end.
 Doctests make folders with ``tempfile.mkdtemp()``, servers put their sockets in the temporary
 folder, and worker processes make theirs: each run of the suite used to leave a hundred entries
 in ``/tmp``. So the run sets ``TMPDIR`` (inherited by every process it starts) and
-``tempfile.tempdir`` to a folder of its own, and removes it when the run is over.
+``tempfile.tempdir`` to a folder of its own, with pytest's ``tmp_path`` folders in it (paths
+short enough for the sockets of worker processes), and removes it when the run is over.
 """
 
 import os
 import shutil
 import tempfile
 
+import pytest
+
 pytest_plugins = ["pytester", "tests.signals"]
 
 _SAVED = "_fpipe_saved_tmpdir"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmp_path factory reads --basetemp
 def pytest_configure(config):
-    folder = tempfile.mkdtemp(prefix="fpipe-tests-")
+    folder = tempfile.mkdtemp(prefix="fp-")
     setattr(config, _SAVED, (folder, os.environ.get("TMPDIR"), tempfile.tempdir))
     os.environ["TMPDIR"] = tempfile.tempdir = folder
+    if config.option.basetemp is None:
+        # short paths: a worker's socket under a test's tmp_path must fit in 108 bytes
+        config.option.basetemp = os.path.join(folder, "t")
 
 
 def pytest_unconfigure(config):
