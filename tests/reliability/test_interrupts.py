@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TARGET = 2.0  # seconds from SIGINT until the victim and its children have exited
 HANG = 20.0
 
+# every victim dumps all its threads' stacks on SIGUSR1, so that a hang shows where it hangs
+STACKS_ON_SIGUSR1 = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1)\n"
+
 INFINITE = """
 import itertools
 import fpipe as fp
@@ -81,9 +84,9 @@ for item in fp.processes(announced_sleep, n_workers=2)(range(10)):
 
 def interrupt(code: str, args: list[str], group: bool) -> dict:
     """Start ``code``, wait until it prints "running", send SIGINT; measure the exit."""
-    victim = start_interruptible([sys.executable, "-c", textwrap.dedent(code), *args], cwd=ROOT,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 start_new_session=True)
+    victim = start_interruptible([sys.executable, "-c", STACKS_ON_SIGUSR1 + textwrap.dedent(code),
+                                  *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert victim.stdout.readline().strip() == "running", victim.stderr.read()
         check_interruptible(victim.pid)
@@ -94,9 +97,16 @@ def interrupt(code: str, args: list[str], group: bool) -> dict:
             os.killpg(victim.pid, signal.SIGINT)
         else:
             victim.send_signal(signal.SIGINT)
-        victim.wait(timeout=60)
+        try:
+            victim.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the victim still ran 60 s after SIGINT; its stacks:\n"
+                        f"{_stacks(victim, descendants)}")
         exited = time.monotonic() - sent
         alive = _wait_dead(descendants, sent + HANG)
+        if alive:
+            pytest.fail(f"processes still ran {HANG:.0f} s after SIGINT; their stacks:\n"
+                        f"{_stacks(victim, alive)}")
         all_gone = time.monotonic() - sent
         stderr = victim.stderr.read()
     finally:
@@ -105,6 +115,28 @@ def interrupt(code: str, args: list[str], group: bool) -> dict:
             victim.wait()
     return {"exit": exited, "all_gone": all_gone, "strays": [p.pid for p in alive],
             "children": len(descendants), "returncode": victim.returncode, "stderr": stderr}
+
+
+def _stacks(victim: subprocess.Popen, processes: list) -> str:
+    """Every thread's stack of the victim and of ``processes`` (forked workers keep the
+    victim's SIGUSR1 handler), read from the victim's stderr after it is killed."""
+    pids = [victim.pid, *(process.pid for process in processes)]
+    for pid in pids:
+        _send(pid, signal.SIGUSR1)
+    try:
+        victim.wait(timeout=5)  # the dumps are written at once; this only lets them land
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in pids:
+        _send(pid, signal.SIGKILL)
+    return victim.communicate(timeout=60)[1]
+
+
+def _send(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def _dead(process) -> bool:
