@@ -275,6 +275,48 @@ def check_callable(name: str, value: Any) -> Callable:
     return value
 
 
+def keyword_names(func: Callable) -> frozenset[str] | None:
+    """The names that ``func`` takes as keyword arguments; None when it takes any
+    (``**kwargs``) or its signature cannot be read (some built-ins), which leaves the check
+    to its call.
+
+    >>> sorted(keyword_names(lambda x, *, scale=1: x))
+    ['scale', 'x']
+    >>> keyword_names(lambda x, **options: x) is None
+    True
+    """
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        return None
+    return frozenset(parameter.name for parameter in parameters
+                     if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY))
+
+
+def check_keywords(owner: str, given: Iterable[str], accepted: Iterable[str] | None,
+                   target: str = "") -> None:
+    """A ``TypeError`` naming the first of the keyword arguments ``given`` to ``owner`` that
+    is not among ``accepted`` (None accepts any), before anything is built or created;
+    ``target`` says where the keyword arguments go, for the message.
+
+    >>> check_keywords("FileWriter", ["desc", "overwirte"], ["desc", "total"], "tqdm")
+    Traceback (most recent call last):
+    ...
+    TypeError: FileWriter got an unexpected keyword argument 'overwirte' (its other keyword \
+arguments go to tqdm, which takes no keyword of that name)
+    """
+    if accepted is None:
+        return
+    accepted = set(accepted)
+    unknown = [name for name in given if name not in accepted]
+    if unknown:
+        where = f" (its other keyword arguments go to {target}, which takes no keyword of that name)" \
+            if target else ""
+        raise TypeError(f"{owner} got an unexpected keyword argument {unknown[0]!r}{where}")
+
+
 def check_not_path(kind: str, reader: Any) -> None:
     """A ``TypeError`` for a path where a ``kind`` takes a reader, saying which reader to make.
 

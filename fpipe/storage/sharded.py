@@ -29,7 +29,7 @@ from ..errors import FormatError, check_integer, redacted_url
 from .base import Reader
 from .format import DatasetFiles, PathLike
 from .reader import MsgpackReader, refuse_remote_options
-from .writer import FileWriter
+from .writer import FileWriter, check_progress_options
 
 __all__ = ["ShardedReader", "ShardedWriter", "write_shard_index"]
 
@@ -211,13 +211,18 @@ class ShardedReader(Reader):
             self._shard(shard).prefetch(mine - self._starts[shard])
 
 
+# what ShardedWriter passes on to each shard's FileWriter besides tqdm's options
+_SHARD_WRITER_OPTIONS = ("buffering", "progress")
+
+
 class ShardedWriter:
     """Write samples into shards of ``shard_size`` samples each, ``{prefix}-00000.msgpack``,
     ``{prefix}-00001.msgpack`` ..., and at :meth:`close` their shard index
     ``{prefix}.shards``, from which :class:`ShardedReader` opens them lazily. Each shard is a
     dataset of its own (a :class:`FileWriter`: ``write`` takes dict samples, ``write_packed``
     packed ones); keys are checked within each shard. Local paths only: upload the folder to
-    object storage afterwards. ``overwrite`` and the writers' other options go to every shard;
+    object storage afterwards. ``overwrite`` and the writers' other options (``buffering``,
+    ``progress`` and tqdm's; another keyword is a :class:`TypeError` at once) go to every shard;
     an existing shard index is replaced only with ``overwrite=True``.
 
     >>> import os, tempfile
@@ -238,6 +243,9 @@ class ShardedWriter:
             raise ValueError(f"ShardedWriter writes local shards; got the URL {redacted_url(prefix)!r} "
                              "(write them here, then upload the folder)")
         self.prefix, self.shard_size = Path(prefix), check_integer("shard_size", shard_size, 1)
+        # now, not at the first shard: a misspelled option is refused before anything exists
+        check_progress_options("ShardedWriter", {name: value for name, value in writer_options.items()
+                                                 if name not in _SHARD_WRITER_OPTIONS})
         self.index = Path(f"{self.prefix}{SHARD_INDEX_SUFFIX}")
         if self.index.exists() and not overwrite:
             raise FileExistsError(errno.EEXIST, "shard index exists (pass overwrite=True to "

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import inspect
 import os
 import queue
 import shutil
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import FormatError, check_integer, redacted_url
+from ..errors import FormatError, check_integer, check_keywords, redacted_url
 from ._indexing import IndexBuilder, array_length, without_samples
 from .format import (
     DatasetFiles,
@@ -71,7 +72,8 @@ class Writer:
     files) raises :class:`FileExistsError` unless ``overwrite=True``, which removes the old
     files first (a reader that has them open keeps reading the old data). ``progress=True``,
     or any tqdm option such as ``desc=`` or ``total=``, shows a progress bar
-    (``disable=True`` hides it). ``outfile`` may be a URL of object storage (``s3://``,
+    (``disable=True`` hides it); a keyword that tqdm does not take either is a
+    :class:`TypeError` that names it, before any file is created. ``outfile`` may be a URL of object storage (``s3://``,
     ``gs://``; ``storage_options`` go to fsspec): the dataset is written to a local staging
     folder and uploaded at :meth:`close`, ``.offsets`` last, so that it appears only when whole
     (see :class:`fpipe.storage.transfer.Upload`). Hashing and writing run in a background thread when
@@ -109,6 +111,8 @@ class Writer:
     def __init__(self, outfile: PathLike, buffering: int = _DEFAULT_BUFFER, overwrite: bool = False,
                  *, append: bool = False, progress: bool = False,
                  storage_options: dict | None = None, **tqdm_kwargs: Any) -> None:
+        # first: a misspelled option must not leave a data file and a staging folder behind
+        check_progress_options(type(self).__name__, tqdm_kwargs)
         buffering = check_integer("buffering", buffering, 0)
         if append and overwrite:
             raise ValueError("pass append=True or overwrite=True, not both; got both")
@@ -584,6 +588,31 @@ def _write_all(fd: int, block: bytes) -> None:
     view = memoryview(block)
     while view:
         view = view[os.write(fd, view):]
+
+
+def check_progress_options(owner: str, options: dict) -> None:
+    """A TypeError naming the first of ``options`` (keyword arguments given to ``owner``, a
+    writer) that tqdm's progress bar does not take.
+
+    >>> check_progress_options("FileWriter", {"desc": "train", "overwirte": True})
+    Traceback (most recent call last):
+    ...
+    TypeError: FileWriter got an unexpected keyword argument 'overwirte' (its other keyword \
+arguments go to tqdm, which takes no keyword of that name)
+    """
+    if options:
+        check_keywords(owner, options, _tqdm_options(), "tqdm")
+
+
+def _tqdm_options() -> frozenset[str]:
+    """What tqdm's bar takes by name (its ``**kwargs`` only raise ``TqdmKeyError``); the
+    iterable is the writer's, not an option."""
+    from tqdm import tqdm  # imported only when options are given
+
+    parameters = inspect.signature(tqdm.__init__).parameters.values()
+    return frozenset(parameter.name for parameter in parameters
+                     if parameter.kind is parameter.POSITIONAL_OR_KEYWORD
+                     and parameter.name not in ("self", "iterable"))
 
 
 def _progress_bar(path: Path, progress: bool, tqdm_kwargs: dict) -> Any:
