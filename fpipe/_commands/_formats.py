@@ -14,6 +14,7 @@ import argparse
 import os
 import struct
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,8 @@ def _sniffed(path: str) -> str | None:
 
 
 def _format_of(source: str) -> str | None:
-    if "://" in source:
-        return _format_of_name(source)
+    if "://" in source:  # by the path: a query (a presigned URL's signature) says nothing
+        return _format_of_name(urllib.parse.urlsplit(source).path)
     if os.path.isdir(source):
         folder = Path(source)
         if (folder / "state.json").is_file() and any(folder.glob("*.arrow")):

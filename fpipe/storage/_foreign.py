@@ -20,6 +20,7 @@ import json
 import os
 import re
 import struct
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Union
@@ -154,8 +155,10 @@ class ByteSource:
 
     @property
     def name(self) -> str:
-        """The file's name (the last part of its path or URL)."""
-        return self.path.rstrip("/").rsplit("/", 1)[-1]
+        """The file's name (the last part of its path, or of its URL's path: a query, such as a
+        presigned URL's signature, is not part of it)."""
+        path = urllib.parse.urlsplit(self.path).path if self.remote else self.path
+        return path.rstrip("/").rsplit("/", 1)[-1]
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_fd": None, "_handle": None, "_pid": -1}

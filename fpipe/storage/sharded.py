@@ -18,6 +18,7 @@ import errno
 import glob
 import json
 import os
+import urllib.parse
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -70,7 +71,7 @@ class ShardedReader(Reader):
                          "cache_limit": cache_limit, "block_size": block_size,
                          "read_ahead": read_ahead, "retries": retries, "timeout": timeout}
         lengths: list[int | None]
-        if isinstance(shards, (str, os.PathLike)) and os.fspath(shards).endswith(SHARD_INDEX_SUFFIX):
+        if isinstance(shards, (str, os.PathLike)) and _names_shard_index(os.fspath(shards)):
             self._sources, lengths = _read_shard_index(os.fspath(shards), storage_options)
         else:
             if isinstance(shards, (str, os.PathLike)):
@@ -335,12 +336,18 @@ def _write_index(index: Path, names: list[str], counts: list[int]) -> None:
     os.replace(staged, index)
 
 
+def _names_shard_index(location: str) -> bool:
+    """Whether ``location`` names a shard index: by its path (a URL's query says nothing)."""
+    path = urllib.parse.urlsplit(location).path if "://" in location else location
+    return path.endswith(SHARD_INDEX_SUFFIX)
+
+
 def _read_shard_index(location: str, storage_options: dict | None) -> tuple[list[str], list]:
     """The shards a shard index names (paths or URLs beside it) and their lengths."""
     if "://" in location:
         from .remote import read_whole  # not at import: most readers are local
 
-        data, base = read_whole(location, storage_options, _INDEX_LIMIT), location.rsplit("/", 1)[0]
+        data, base = read_whole(location, storage_options, _INDEX_LIMIT), location
         shown = redacted_url(location)
     else:
         data, base, shown = Path(location).read_bytes(), str(Path(location).parent), location
@@ -359,11 +366,16 @@ def _read_shard_index(location: str, storage_options: dict | None) -> tuple[list
 
 
 def _beside(base: str, name: Any, url: bool) -> str:
+    """Shard ``name`` in folder ``base``, or for a URL, beside the index at URL ``base``."""
     parts = name.split("/") if isinstance(name, str) else None
     if not parts or any(part in ("", ".", "..") for part in parts) or "\\" in name:
         raise ValueError(f"a shard's name is a relative path within the index's folder; got "
                          f"{name!r:.80}")
-    return f"{base}/{name}" if url else os.path.join(base, *parts)
+    if url:
+        from .remote import beside_url  # not at import: most readers are local
+
+        return beside_url(base, name)
+    return os.path.join(base, *parts)
 
 
 def _checked_source(shard: Any) -> Any:
