@@ -14,7 +14,6 @@ import argparse
 import os
 import struct
 import sys
-import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,7 +64,9 @@ def _sniffed(path: str) -> str | None:
 
 def _format_of(source: str) -> str | None:
     if "://" in source:  # by the path: a query (a presigned URL's signature) says nothing
-        return _format_of_name(urllib.parse.urlsplit(source).path)
+        from ..storage.remote import split_query
+
+        return _format_of_name(split_query(source)[0])
     if os.path.isdir(source):
         folder = Path(source)
         if (folder / "state.json").is_file() and any(folder.glob("*.arrow")):

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import struct
-import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Union
@@ -157,7 +156,11 @@ class ByteSource:
     def name(self) -> str:
         """The file's name (the last part of its path, or of its URL's path: a query, such as a
         presigned URL's signature, is not part of it)."""
-        path = urllib.parse.urlsplit(self.path).path if self.remote else self.path
+        path = self.path
+        if self.remote:
+            from .remote import split_query
+
+            path = split_query(path)[0]
         return path.rstrip("/").rsplit("/", 1)[-1]
 
     def __getstate__(self) -> dict:

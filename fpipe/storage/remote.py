@@ -68,7 +68,7 @@ from ._blocks import Budget, FileLock, RemoteHandle, dataset_folder, replacing, 
 from .format import read_md5
 
 __all__ = ["RemoteError", "beside_url", "default_cache_dir", "glob_urls", "is_url", "read_whole",
-           "sibling_url", "size_bound"]
+           "sibling_url", "size_bound", "split_query"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _ONE = struct.Struct(">Q").unpack_from
@@ -144,20 +144,34 @@ def is_url(path: Any) -> bool:
     return isinstance(path, str) and bool(_URL.match(path))
 
 
+def split_query(url: str) -> tuple[str, str]:
+    """``url`` without its query and fragment, and them (``?...#...``, or ``""``). Only an
+    http(s) URL has a query: in the others (``s3://`` ...) a ``?`` or ``#`` is part of an
+    object's name.
+
+    >>> split_query("https://example.org/x.msgpack?token=abc#top")
+    ('https://example.org/x.msgpack', '?token=abc#top')
+    >>> split_query("s3://bucket/what?.msgpack")
+    ('s3://bucket/what?.msgpack', '')
+    """
+    if _family(url) != "http":
+        return url, ""
+    cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=len(url))
+    return url[:cut], url[cut:]
+
+
 def sibling_url(url: str, suffix: str) -> str:
     """The URL of the file beside the data file at ``url`` whose name adds ``suffix``: the
     suffix goes at the end of the path, before any query (a presigned URL's signature, a
-    token) or fragment, which stay as they are.
+    token), which stays as it is.
 
     >>> sibling_url("https://example.org/x.msgpack?token=abc&v=2", ".offsets")
     'https://example.org/x.msgpack.offsets?token=abc&v=2'
     >>> sibling_url("s3://bucket/x.msgpack", ".md5")
     's3://bucket/x.msgpack.md5'
     """
-    parts = urllib.parse.urlsplit(url)
-    if not (parts.query or parts.fragment or url.endswith(("?", "#"))):
-        return url + suffix  # as given: urlunsplit would tidy what it does not need to
-    return urllib.parse.urlunsplit(parts._replace(path=parts.path + suffix))
+    path, query = split_query(url)
+    return path + suffix + query
 
 
 def beside_url(url: str, name: str) -> str:
@@ -167,9 +181,8 @@ def beside_url(url: str, name: str) -> str:
     >>> beside_url("https://example.org/data/train.shards?token=abc", "train-00000.msgpack")
     'https://example.org/data/train-00000.msgpack?token=abc'
     """
-    parts = urllib.parse.urlsplit(url)
-    folder = parts.path.rpartition("/")[0]
-    return urllib.parse.urlunsplit(parts._replace(path=f"{folder}/{name}"))
+    path, query = split_query(url)
+    return f"{path.rpartition('/')[0]}/{name}{query}"
 
 
 def default_cache_dir() -> Path:

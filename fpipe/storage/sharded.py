@@ -18,7 +18,6 @@ import errno
 import glob
 import json
 import os
-import urllib.parse
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -338,8 +337,11 @@ def _write_index(index: Path, names: list[str], counts: list[int]) -> None:
 
 def _names_shard_index(location: str) -> bool:
     """Whether ``location`` names a shard index: by its path (a URL's query says nothing)."""
-    path = urllib.parse.urlsplit(location).path if "://" in location else location
-    return path.endswith(SHARD_INDEX_SUFFIX)
+    if "://" in location:
+        from .remote import split_query  # not at import: most readers are local
+
+        location = split_query(location)[0]
+    return location.endswith(SHARD_INDEX_SUFFIX)
 
 
 def _read_shard_index(location: str, storage_options: dict | None) -> tuple[list[str], list]:

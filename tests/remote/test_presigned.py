@@ -81,6 +81,8 @@ def test_side_files_go_into_the_path_before_the_query():
     assert sibling_url(url, ".offsets") == url.replace(".msgpack?", ".msgpack.offsets?")
     assert sibling_url("http://h/x.msgpack#part", ".md5") == "http://h/x.msgpack.md5#part"
     assert sibling_url("http://h/x.msgpack", ".md5") == "http://h/x.msgpack.md5"
+    # only http(s) URLs have a query: an object storage key may hold a "?"
+    assert sibling_url("s3://b/what?.msgpack", ".md5") == "s3://b/what?.msgpack.md5"
 
 
 def presigned_url_on(port: int) -> str:
