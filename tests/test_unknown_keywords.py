@@ -40,6 +40,15 @@ def test_a_misspelled_writer_option_creates_nothing(name, tmp_path):
             writer.write({"key": "a"})
 
 
+@pytest.mark.parametrize("options", [{"ncols": "wide"}, {"file": 3}])
+def test_a_bad_progress_bar_value_creates_nothing(options, tmp_path, capsys):
+    before = _tree(tmp_path)
+    name = next(iter(options))
+    with pytest.raises(TypeError, match=rf"tqdm refused the progress bar options {name}="):
+        FileWriter(tmp_path / "x.msgpack", **options)
+    assert _tree(tmp_path) == before
+
+
 def test_tqdm_options_still_reach_the_bar(tmp_path, capsys):
     with FileWriter(tmp_path / "x.msgpack", 0, False, desc="packing", total=2, ncols=60) as writer:
         writer.write({"key": "a"})

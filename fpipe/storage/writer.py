@@ -73,7 +73,8 @@ class Writer:
     files first (a reader that has them open keeps reading the old data). ``progress=True``,
     or any tqdm option such as ``desc=`` or ``total=``, shows a progress bar
     (``disable=True`` hides it); a keyword that tqdm does not take either is a
-    :class:`TypeError` that names it, before any file is created. ``outfile`` may be a URL of object storage (``s3://``,
+    :class:`TypeError` that names it, and the bar is made (so tqdm checks its values) before
+    any file is created. ``outfile`` may be a URL of object storage (``s3://``,
     ``gs://``; ``storage_options`` go to fsspec): the dataset is written to a local staging
     folder and uploaded at :meth:`close`, ``.offsets`` last, so that it appears only when whole
     (see :class:`fpipe.storage.transfer.Upload`). Hashing and writing run in a background thread when
@@ -126,6 +127,19 @@ class Writer:
         self.path = Path(outfile).absolute() if self._upload is None else self._upload.path
         self._files = DatasetFiles(self.path)
         self._buffering = buffering
+        # before any file is made: tqdm refuses a bad value (ncols="x") when the bar is built
+        self._bar = _progress_bar(self.path, progress, tqdm_kwargs)
+        try:
+            self._open(append, overwrite)
+        except BaseException:
+            if self._bar is not None:
+                self._bar.leave = False
+                self._bar.close()
+            raise
+
+    def _open(self, append: bool, overwrite: bool) -> None:
+        """Open the data file (a new one, or the end of the dataset to append to) and the
+        staging folder of the index."""
         self._base = _Base.read(self._files) if append and self.path.exists() else _Base.empty()
         self._keys: dict[str, None] | _ClosedKeys = dict.fromkeys(self._base.window)
         self._written = 0
@@ -135,12 +149,11 @@ class Writer:
         self._failure: OSError | None = None
         fd = _open_end(self._files) if self._base.existing else _create(self._files, overwrite)
         # the MD5 before this writer's data: the sink's runs on with it
-        self._sink: _Sink | None = _Sink(fd, buffering >= _THREAD_MIN, self._base.md5.copy())
+        self._sink: _Sink | None = _Sink(fd, self._buffering >= _THREAD_MIN, self._base.md5.copy())
         self._staging = Path(tempfile.mkdtemp(prefix=".fpipe-", dir=self.path.parent))
         self._builder = IndexBuilder(self._staging, self.path.name)
         if self._base.existing:
             self._builder.add_dataset(self._files)
-        self._bar = _progress_bar(self.path, progress, tqdm_kwargs)
         # A writer dropped without close() still stops its thread, closes its file and
         # removes its staging folder.
         self._finalizer = weakref.finalize(self, _forget, self._sink, self._staging)
@@ -622,7 +635,13 @@ def _progress_bar(path: Path, progress: bool, tqdm_kwargs: dict) -> Any:
     from tqdm import tqdm  # imported only when a bar is shown
 
     options = {"desc": path.name, "unit": " samples", "mininterval": 0.5, **tqdm_kwargs}
-    return tqdm(**options)
+    try:
+        return tqdm(**options)
+    except (TypeError, ValueError, AttributeError) as error:  # tqdm's own, on a bad value
+        kind = ValueError if isinstance(error, ValueError) else TypeError
+        shown = ", ".join(f"{name}={value!r:.40}" for name, value in tqdm_kwargs.items())
+        raise kind(f"tqdm refused the progress bar options {shown} "
+                   f"({type(error).__name__}: {error})") from error
 
 
 def index_keys(path: PathLike) -> None:
