@@ -275,6 +275,48 @@ def check_callable(name: str, value: Any) -> Callable:
     return value
 
 
+def keyword_names(func: Callable) -> frozenset[str] | None:
+    """The names that ``func`` takes as keyword arguments; None when it takes any
+    (``**kwargs``) or its signature cannot be read (some built-ins), which leaves the check
+    to its call.
+
+    >>> sorted(keyword_names(lambda x, *, scale=1: x))
+    ['scale', 'x']
+    >>> keyword_names(lambda x, **options: x) is None
+    True
+    """
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        return None
+    return frozenset(parameter.name for parameter in parameters
+                     if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY))
+
+
+def check_keywords(owner: str, given: Iterable[str], accepted: Iterable[str] | None,
+                   target: str = "") -> None:
+    """A ``TypeError`` naming the first of the keyword arguments ``given`` to ``owner`` that
+    is not among ``accepted`` (None accepts any), before anything is built or created;
+    ``target`` says where the keyword arguments go, for the message.
+
+    >>> check_keywords("FileWriter", ["desc", "overwirte"], ["desc", "total"], "tqdm")
+    Traceback (most recent call last):
+    ...
+    TypeError: FileWriter got an unexpected keyword argument 'overwirte' (its other keyword \
+arguments go to tqdm, which takes no keyword of that name)
+    """
+    if accepted is None:
+        return
+    accepted = set(accepted)
+    unknown = [name for name in given if name not in accepted]
+    if unknown:
+        where = f" (its other keyword arguments go to {target}, which takes no keyword of that name)" \
+            if target else ""
+        raise TypeError(f"{owner} got an unexpected keyword argument {unknown[0]!r}{where}")
+
+
 def check_not_path(kind: str, reader: Any) -> None:
     """A ``TypeError`` for a path where a ``kind`` takes a reader, saying which reader to make.
 
@@ -429,19 +471,65 @@ def check_interval(name: str, value: Any, *, positive: bool = False) -> tuple[fl
 # a URL's scheme and user information; greedy up to the last "@" before the path, as
 # urllib.parse splits it, so that a password holding "@" goes whole
 _USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+# a URL within a message: up to the first space, quote or angle bracket
+_URL_IN_TEXT = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*")
+# one name=value of a query; the value stops before punctuation that ends the URL in a
+# message ("...?sig=abc: HTTP 403")
+_PARAMETER = re.compile(r"(?:^|(?<=&))([^=&]+)=([^&]*?)(?=[:,.;)\]]*(?:&|$))")
+# query parameters whose values are credentials: presigned URLs (AWS's X-Amz-*, Google's
+# X-Goog-*, CloudFront's Signature, Policy and Key-Pair-Id, Azure's sig), tokens, keys,
+# passwords; a harmless parameter hidden by mistake costs less than a secret shown
+_SECRET_PARAMETER = re.compile(r"x-(amz|goog)-.*|.*(sig|token|secret|passw|credential|auth|key"
+                               r"|policy|session).*", re.IGNORECASE)
 _HIDDEN = "***"
 _SHORTEST_SECRET = 3  # shorter strings are too common to scrub from a message
 
 
 def redacted_url(text: str) -> str:
-    """``text`` with the user information (``user:password@``) of every URL in it hidden.
+    """``text`` with the secrets of every URL in it hidden: the user information
+    (``user:password@``) and the values of query parameters that carry credentials (those of
+    presigned URLs such as ``X-Amz-Signature``, ``X-Amz-Credential``, ``Signature``, ``sig``,
+    and any ``token``, ``key``, ``secret`` or ``password``).
 
     >>> redacted_url("https://ann:p%40ss@example.org/x.msgpack")
     'https://***@example.org/x.msgpack'
-    >>> redacted_url("no URL here, s3://bucket/x")
-    'no URL here, s3://bucket/x'
+    >>> redacted_url("https://b.s3.amazonaws.com/x.msgpack?X-Amz-Credential=AKIA%2F1&"
+    ...              "X-Amz-Signature=5eb1&v=2: HTTP 403")
+    'https://b.s3.amazonaws.com/x.msgpack?X-Amz-Credential=***&X-Amz-Signature=***&v=2: HTTP 403'
+    >>> redacted_url("no URL here, s3://bucket/x, token=abc")
+    'no URL here, s3://bucket/x, token=abc'
     """
-    return _USERINFO.sub(rf"\1{_HIDDEN}@", text)
+    return _URL_IN_TEXT.sub(lambda match: _redacted_one(match[0]), text)
+
+
+def _redacted_one(url: str) -> str:
+    url = _USERINFO.sub(rf"\1{_HIDDEN}@", url)
+    head, mark, rest = url.partition("?")
+    if not mark:
+        return url
+    query, hash_mark, fragment = rest.partition("#")
+    return head + mark + _PARAMETER.sub(_hidden_value, query) + hash_mark + fragment
+
+
+def _hidden_value(match: re.Match) -> str:
+    name, value = match[1], match[2]
+    if value and _SECRET_PARAMETER.fullmatch(urllib.parse.unquote(name)):
+        return f"{name}={_HIDDEN}"
+    return match[0]
+
+
+def query_secrets(url: str) -> list[str]:
+    """The values of ``url``'s query parameters that carry credentials, as given and decoded.
+
+    >>> query_secrets("https://example.org/x.msgpack?sig=a%2Bb&v=2")
+    ['a+b', 'a%2Bb']
+    """
+    query = urllib.parse.urlsplit(url).query if "://" in url else ""
+    values = [value for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True)
+              if _SECRET_PARAMETER.fullmatch(name)]
+    raw = [match[2] for match in _PARAMETER.finditer(query)
+           if _SECRET_PARAMETER.fullmatch(urllib.parse.unquote(match[1]))]
+    return values + raw
 
 
 def redacted_options(options: Any) -> str:
@@ -461,8 +549,9 @@ def redacted_options(options: Any) -> str:
 
 
 class Secrets:
-    """The secrets that come with a URL: its user information and every string among the
-    values of its ``storage_options``. :meth:`scrub` takes them out of a text, such as the
+    """The secrets that come with a URL: its user information, the values of its query
+    parameters that carry credentials, and every string among the values of its
+    ``storage_options``. :meth:`scrub` takes them out of a text, such as the
     message of a library's exception, which may quote them.
 
     >>> secrets = Secrets("s3://AKIA42:s3cr3t@bucket/x", {"secret": "s3cr3t", "anon": False})
@@ -471,7 +560,7 @@ class Secrets:
     """
 
     def __init__(self, url: str = "", options: Any = None) -> None:
-        found = set(_userinfo_parts(url)) | set(_strings(options))
+        found = set(_userinfo_parts(url)) | set(query_secrets(url)) | set(_strings(options))
         self.texts = sorted((text for text in found if len(text) >= _SHORTEST_SECRET),
                             key=len, reverse=True)
 

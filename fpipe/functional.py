@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .errors import MissingParameterError, check_callable, check_probability
+from .errors import MissingParameterError, check_callable, check_keywords, check_probability, keyword_names
 from .random import (
     current_rng,
     draw_sample,
@@ -80,6 +80,7 @@ class _Bound:
 
     def __init__(self, func: Callable, *args: Any, **kwargs: Any) -> None:
         self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
+        _check_forwarded(self.factory, func, kwargs)
 
     def __reduce__(self):
         return _rebuild, (type(self), (self.func, *self.args), self.kwargs)
@@ -93,6 +94,12 @@ class _Bound:
     def __repr__(self) -> str:
         _, (_, positional, keywords) = self.__reduce__()
         return call_repr(self.factory, positional, keywords)
+
+
+def _check_forwarded(factory: str, func: Callable, kwargs: dict) -> None:
+    """A TypeError now, not at the first call, when ``func`` takes no keyword argument of the
+    name of one of ``kwargs`` (those that ``factory`` passes on to it)."""
+    check_keywords(factory, kwargs, keyword_names(func), func_name(func))
 
 
 def _rebuild(cls: type, args: tuple, kwargs: dict) -> Any:
@@ -216,6 +223,7 @@ class _ZipApply:
     def __init__(self, *functions: Callable, **kwargs: Any) -> None:
         for position, func in enumerate(functions):
             check_callable(f"functions[{position}]", func)
+            _check_forwarded(self.factory, func, kwargs)
         self.functions, self.kwargs = functions, kwargs
 
     def __call__(self, xs: Iterable, **kwargs: Any) -> tuple:
@@ -304,11 +312,11 @@ class _SampleArgs(_Bound):
 
     def __init__(self, func: Callable, *args: Callable, random_state: Any = None,
                  **kwargs: Callable) -> None:
-        super().__init__(func, *args, **kwargs)
         for position, sampler in enumerate(args):
             check_callable(f"args[{position}]", sampler)
         for name, sampler in kwargs.items():
             check_callable(name, sampler)
+        super().__init__(func, *args, **kwargs)
         self.random_state = legacy_state(random_state)
 
     def __reduce__(self):

@@ -37,7 +37,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from .errors import check_callable
+from .errors import check_callable, check_keywords, keyword_names
 
 __all__ = [
     "Sampler",
@@ -210,6 +210,7 @@ class Sampler:
 
     def __init__(self, draw: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self.draw, self.args, self.kwargs = check_callable("draw", draw), args, kwargs
+        check_keywords("Sampler", kwargs, keyword_names(draw), getattr(draw, "__name__", repr(draw)))
 
     def __call__(self, rng: np.random.Generator | None = None) -> Any:
         return self.draw(rng if rng is not None else current_rng(), *self.args, **self.kwargs)

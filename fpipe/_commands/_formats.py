@@ -63,8 +63,10 @@ def _sniffed(path: str) -> str | None:
 
 
 def _format_of(source: str) -> str | None:
-    if "://" in source:
-        return _format_of_name(source)
+    if "://" in source:  # by the path: a query (a presigned URL's signature) says nothing
+        from ..storage.remote import split_query
+
+        return _format_of_name(split_query(source)[0])
     if os.path.isdir(source):
         folder = Path(source)
         if (folder / "state.json").is_file() and any(folder.glob("*.arrow")):

@@ -154,8 +154,14 @@ class ByteSource:
 
     @property
     def name(self) -> str:
-        """The file's name (the last part of its path or URL)."""
-        return self.path.rstrip("/").rsplit("/", 1)[-1]
+        """The file's name (the last part of its path, or of its URL's path: a query, such as a
+        presigned URL's signature, is not part of it)."""
+        path = self.path
+        if self.remote:
+            from .remote import split_query
+
+            path = split_query(path)[0]
+        return path.rstrip("/").rsplit("/", 1)[-1]
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_fd": None, "_handle": None, "_pid": -1}

@@ -55,11 +55,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import FormatError, FpipeError, Secrets, check_integer, redacted_options, redacted_url
+from ..errors import (
+    FormatError,
+    FpipeError,
+    Secrets,
+    check_integer,
+    query_secrets,
+    redacted_options,
+    redacted_url,
+)
 from ._blocks import Budget, FileLock, RemoteHandle, dataset_folder, replacing, write_atomically
 from .format import read_md5
 
-__all__ = ["RemoteError", "default_cache_dir", "glob_urls", "is_url", "read_whole", "size_bound"]
+__all__ = ["RemoteError", "beside_url", "default_cache_dir", "glob_urls", "is_url", "read_whole",
+           "sibling_url", "size_bound", "split_query"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _ONE = struct.Struct(">Q").unpack_from
@@ -135,6 +144,47 @@ def is_url(path: Any) -> bool:
     return isinstance(path, str) and bool(_URL.match(path))
 
 
+def split_query(url: str) -> tuple[str, str]:
+    """``url`` without its query and fragment, and them (``?...#...``, or ``""``). Only an
+    http(s) URL has a query: in the others (``s3://`` ...) a ``?`` or ``#`` is part of an
+    object's name.
+
+    >>> split_query("https://example.org/x.msgpack?token=abc#top")
+    ('https://example.org/x.msgpack', '?token=abc#top')
+    >>> split_query("s3://bucket/what?.msgpack")
+    ('s3://bucket/what?.msgpack', '')
+    """
+    if _family(url) != "http":
+        return url, ""
+    cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=len(url))
+    return url[:cut], url[cut:]
+
+
+def sibling_url(url: str, suffix: str) -> str:
+    """The URL of the file beside the data file at ``url`` whose name adds ``suffix``: the
+    suffix goes at the end of the path, before any query (a presigned URL's signature, a
+    token), which stays as it is.
+
+    >>> sibling_url("https://example.org/x.msgpack?token=abc&v=2", ".offsets")
+    'https://example.org/x.msgpack.offsets?token=abc&v=2'
+    >>> sibling_url("s3://bucket/x.msgpack", ".md5")
+    's3://bucket/x.msgpack.md5'
+    """
+    path, query = split_query(url)
+    return path + suffix + query
+
+
+def beside_url(url: str, name: str) -> str:
+    """The URL of file ``name`` (a relative path) in the folder of the file at ``url``, with
+    the query of ``url`` (a token that opens the folder).
+
+    >>> beside_url("https://example.org/data/train.shards?token=abc", "train-00000.msgpack")
+    'https://example.org/data/train-00000.msgpack?token=abc'
+    """
+    path, query = split_query(url)
+    return f"{path.rpartition('/')[0]}/{name}{query}"
+
+
 def default_cache_dir() -> Path:
     """``$FPIPE_CACHE_DIR``, else ``fpipe/blocks`` in ``$XDG_CACHE_HOME`` (``~/.cache``).
 
@@ -183,6 +233,9 @@ def _family(url: str) -> str:
 
 
 def _credentials_hint(url: str) -> str:
+    if query_secrets(url):
+        return ("the credentials in the URL's query (a presigned URL) were refused: it may have "
+                "expired, or be signed for another object; sign it again")
     return _CREDENTIALS_HINTS.get(_family(url), "pass the credentials that fsspec's filesystem "
                                   f"for {_family(url)}:// takes in storage_options")
 
@@ -533,8 +586,9 @@ class RemoteDataset:
         self.size, tag = self.source.stat()
         root = Path(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir()
         self.budget = Budget(root, limit)
-        # the same cache for any credentials: they open the door, they do not change the data
-        located = f"{_without_userinfo(url)[0]}\0{self.size}\0{tag}"
+        # the same cache for any credentials (a user's password, a presigned URL's signature,
+        # which changes at each signing): they open the door, they do not change the data
+        located = f"{redacted_url(_without_userinfo(url)[0])}\0{self.size}\0{tag}"
         self.folder = dataset_folder(self.budget.root, hashlib.sha256(located.encode()).hexdigest()[:32])
         self.path = self.folder / name
         self._fetch_index()
@@ -543,7 +597,7 @@ class RemoteDataset:
         return f"RemoteDataset({self.url!r})"
 
     def sibling(self, suffix: str) -> Retrying:
-        return Retrying(self.source.url + suffix, self.source.options, self.source.timeout,
+        return Retrying(sibling_url(self.source.url, suffix), self.source.options, self.source.timeout,
                         self.source.retries)
 
     def _fetch_index(self) -> None:
@@ -559,7 +613,7 @@ class RemoteDataset:
                 if not bad:
                     break
                 if attempt:
-                    sibling = self.url + bad[len(self.path.name):]
+                    sibling = sibling_url(self.url, bad[len(self.path.name):])
                     raise FormatError(f"{bad} does not match the md5 file", path=sibling)
             write_atomically(complete, b"")
 
@@ -570,7 +624,7 @@ class RemoteDataset:
         if ".offsets" not in fetched:  # a legacy .index needs the data file's size to be read
             raise FileNotFoundError(2, "dataset offsets not found (a URL needs the .offsets file; "
                                     "datasets with only a legacy .index are read locally)",
-                                    self.url + ".offsets")
+                                    sibling_url(self.url, ".offsets"))
         samples = max(0, self._local(".offsets").stat().st_size // 8 - 1)
         fetched += self._fetch_siblings((".keys", ".key_hashes", ".filter"), samples)
         return [self.path.name + suffix for suffix in fetched]

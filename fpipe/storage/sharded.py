@@ -29,7 +29,7 @@ from ..errors import FormatError, check_integer, redacted_url
 from .base import Reader
 from .format import DatasetFiles, PathLike
 from .reader import MsgpackReader, refuse_remote_options
-from .writer import FileWriter
+from .writer import FileWriter, check_progress_options
 
 __all__ = ["ShardedReader", "ShardedWriter", "write_shard_index"]
 
@@ -70,7 +70,7 @@ class ShardedReader(Reader):
                          "cache_limit": cache_limit, "block_size": block_size,
                          "read_ahead": read_ahead, "retries": retries, "timeout": timeout}
         lengths: list[int | None]
-        if isinstance(shards, (str, os.PathLike)) and os.fspath(shards).endswith(SHARD_INDEX_SUFFIX):
+        if isinstance(shards, (str, os.PathLike)) and _names_shard_index(os.fspath(shards)):
             self._sources, lengths = _read_shard_index(os.fspath(shards), storage_options)
         else:
             if isinstance(shards, (str, os.PathLike)):
@@ -211,13 +211,18 @@ class ShardedReader(Reader):
             self._shard(shard).prefetch(mine - self._starts[shard])
 
 
+# what ShardedWriter passes on to each shard's FileWriter besides tqdm's options
+_SHARD_WRITER_OPTIONS = ("buffering", "progress")
+
+
 class ShardedWriter:
     """Write samples into shards of ``shard_size`` samples each, ``{prefix}-00000.msgpack``,
     ``{prefix}-00001.msgpack`` ..., and at :meth:`close` their shard index
     ``{prefix}.shards``, from which :class:`ShardedReader` opens them lazily. Each shard is a
     dataset of its own (a :class:`FileWriter`: ``write`` takes dict samples, ``write_packed``
     packed ones); keys are checked within each shard. Local paths only: upload the folder to
-    object storage afterwards. ``overwrite`` and the writers' other options go to every shard;
+    object storage afterwards. ``overwrite`` and the writers' other options (``buffering``,
+    ``progress`` and tqdm's; another keyword is a :class:`TypeError` at once) go to every shard;
     an existing shard index is replaced only with ``overwrite=True``.
 
     >>> import os, tempfile
@@ -238,6 +243,9 @@ class ShardedWriter:
             raise ValueError(f"ShardedWriter writes local shards; got the URL {redacted_url(prefix)!r} "
                              "(write them here, then upload the folder)")
         self.prefix, self.shard_size = Path(prefix), check_integer("shard_size", shard_size, 1)
+        # now, not at the first shard: a misspelled option is refused before anything exists
+        check_progress_options("ShardedWriter", {name: value for name, value in writer_options.items()
+                                                 if name not in _SHARD_WRITER_OPTIONS})
         self.index = Path(f"{self.prefix}{SHARD_INDEX_SUFFIX}")
         if self.index.exists() and not overwrite:
             raise FileExistsError(errno.EEXIST, "shard index exists (pass overwrite=True to "
@@ -327,12 +335,21 @@ def _write_index(index: Path, names: list[str], counts: list[int]) -> None:
     os.replace(staged, index)
 
 
+def _names_shard_index(location: str) -> bool:
+    """Whether ``location`` names a shard index: by its path (a URL's query says nothing)."""
+    if "://" in location:
+        from .remote import split_query  # not at import: most readers are local
+
+        location = split_query(location)[0]
+    return location.endswith(SHARD_INDEX_SUFFIX)
+
+
 def _read_shard_index(location: str, storage_options: dict | None) -> tuple[list[str], list]:
     """The shards a shard index names (paths or URLs beside it) and their lengths."""
     if "://" in location:
         from .remote import read_whole  # not at import: most readers are local
 
-        data, base = read_whole(location, storage_options, _INDEX_LIMIT), location.rsplit("/", 1)[0]
+        data, base = read_whole(location, storage_options, _INDEX_LIMIT), location
         shown = redacted_url(location)
     else:
         data, base, shown = Path(location).read_bytes(), str(Path(location).parent), location
@@ -351,11 +368,16 @@ def _read_shard_index(location: str, storage_options: dict | None) -> tuple[list
 
 
 def _beside(base: str, name: Any, url: bool) -> str:
+    """Shard ``name`` in folder ``base``, or for a URL, beside the index at URL ``base``."""
     parts = name.split("/") if isinstance(name, str) else None
     if not parts or any(part in ("", ".", "..") for part in parts) or "\\" in name:
         raise ValueError(f"a shard's name is a relative path within the index's folder; got "
                          f"{name!r:.80}")
-    return f"{base}/{name}" if url else os.path.join(base, *parts)
+    if url:
+        from .remote import beside_url  # not at import: most readers are local
+
+        return beside_url(base, name)
+    return os.path.join(base, *parts)
 
 
 def _checked_source(shard: Any) -> Any:

@@ -37,6 +37,7 @@ from .remote import (
     check_options,
     failure,
     filesystem,
+    sibling_url,
     size_bound,
 )
 
@@ -77,7 +78,7 @@ class Upload:
                     if self._retry(self.fs.exists, self._remote + suffix)]
         if existing and not overwrite:
             raise FileExistsError(17, "dataset exists (pass overwrite=True to replace it)",
-                                  self.url + existing[0])
+                                  sibling_url(self.url, existing[0]))
         self.folder = Path(tempfile.mkdtemp(prefix="fpipe-upload-"))
         self.path = self.folder / name
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, True)
@@ -151,7 +152,7 @@ def download_dataset(url: str, path: Path, storage_options: dict | None = None,
     from tqdm import tqdm
 
     options = check_options(storage_options)
-    sources = [(suffix, Retrying(url + suffix, options, DEFAULT_TIMEOUT, DEFAULT_RETRIES))
+    sources = [(suffix, Retrying(sibling_url(url, suffix), options, DEFAULT_TIMEOUT, DEFAULT_RETRIES))
                for suffix in ("", *SIBLINGS)]
     sizes = _sizes(url, sources)
     written = []
@@ -175,12 +176,12 @@ def _sizes(url: str, sources: list[tuple[str, Retrying]]) -> dict[str, int]:
         except FileNotFoundError:
             if suffix in ("", ".offsets"):
                 raise FileNotFoundError(2, "no dataset at the URL (need the data file and "
-                                        ".offsets)", redacted_url(url) + suffix) from None
+                                        ".offsets)", redacted_url(sibling_url(url, suffix))) from None
     samples = min(sizes[".offsets"], size_bound(".offsets", sizes[""])) // 8 - 1
     for suffix, size in sizes.items():
         bound = size_bound(suffix, sizes[""], None if suffix == ".offsets" else max(samples, 0))
         if size > bound:
-            raise RemoteError(url + suffix, None, None, f"the server claims {size} bytes; the "
+            raise RemoteError(sibling_url(url, suffix), None, None, f"the server claims {size} bytes; the "
                               f"format allows at most {bound} here")
     return sizes
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import inspect
 import os
 import queue
 import shutil
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import FormatError, check_integer, redacted_url
+from ..errors import FormatError, check_integer, check_keywords, redacted_url
 from ._indexing import IndexBuilder, array_length, without_samples
 from .format import (
     DatasetFiles,
@@ -71,7 +72,9 @@ class Writer:
     files) raises :class:`FileExistsError` unless ``overwrite=True``, which removes the old
     files first (a reader that has them open keeps reading the old data). ``progress=True``,
     or any tqdm option such as ``desc=`` or ``total=``, shows a progress bar
-    (``disable=True`` hides it). ``outfile`` may be a URL of object storage (``s3://``,
+    (``disable=True`` hides it); a keyword that tqdm does not take either is a
+    :class:`TypeError` that names it, and the bar is made (so tqdm checks its values) before
+    any file is created. ``outfile`` may be a URL of object storage (``s3://``,
     ``gs://``; ``storage_options`` go to fsspec): the dataset is written to a local staging
     folder and uploaded at :meth:`close`, ``.offsets`` last, so that it appears only when whole
     (see :class:`fpipe.storage.transfer.Upload`). Hashing and writing run in a background thread when
@@ -109,6 +112,8 @@ class Writer:
     def __init__(self, outfile: PathLike, buffering: int = _DEFAULT_BUFFER, overwrite: bool = False,
                  *, append: bool = False, progress: bool = False,
                  storage_options: dict | None = None, **tqdm_kwargs: Any) -> None:
+        # first: a misspelled option must not leave a data file and a staging folder behind
+        check_progress_options(type(self).__name__, tqdm_kwargs)
         buffering = check_integer("buffering", buffering, 0)
         if append and overwrite:
             raise ValueError("pass append=True or overwrite=True, not both; got both")
@@ -122,6 +127,19 @@ class Writer:
         self.path = Path(outfile).absolute() if self._upload is None else self._upload.path
         self._files = DatasetFiles(self.path)
         self._buffering = buffering
+        # before any file is made: tqdm refuses a bad value (ncols="x") when the bar is built
+        self._bar = _progress_bar(self.path, progress, tqdm_kwargs)
+        try:
+            self._open(append, overwrite)
+        except BaseException:
+            if self._bar is not None:
+                self._bar.leave = False
+                self._bar.close()
+            raise
+
+    def _open(self, append: bool, overwrite: bool) -> None:
+        """Open the data file (a new one, or the end of the dataset to append to) and the
+        staging folder of the index."""
         self._base = _Base.read(self._files) if append and self.path.exists() else _Base.empty()
         self._keys: dict[str, None] | _ClosedKeys = dict.fromkeys(self._base.window)
         self._written = 0
@@ -131,12 +149,11 @@ class Writer:
         self._failure: OSError | None = None
         fd = _open_end(self._files) if self._base.existing else _create(self._files, overwrite)
         # the MD5 before this writer's data: the sink's runs on with it
-        self._sink: _Sink | None = _Sink(fd, buffering >= _THREAD_MIN, self._base.md5.copy())
+        self._sink: _Sink | None = _Sink(fd, self._buffering >= _THREAD_MIN, self._base.md5.copy())
         self._staging = Path(tempfile.mkdtemp(prefix=".fpipe-", dir=self.path.parent))
         self._builder = IndexBuilder(self._staging, self.path.name)
         if self._base.existing:
             self._builder.add_dataset(self._files)
-        self._bar = _progress_bar(self.path, progress, tqdm_kwargs)
         # A writer dropped without close() still stops its thread, closes its file and
         # removes its staging folder.
         self._finalizer = weakref.finalize(self, _forget, self._sink, self._staging)
@@ -586,6 +603,31 @@ def _write_all(fd: int, block: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def check_progress_options(owner: str, options: dict) -> None:
+    """A TypeError naming the first of ``options`` (keyword arguments given to ``owner``, a
+    writer) that tqdm's progress bar does not take.
+
+    >>> check_progress_options("FileWriter", {"desc": "train", "overwirte": True})
+    Traceback (most recent call last):
+    ...
+    TypeError: FileWriter got an unexpected keyword argument 'overwirte' (its other keyword \
+arguments go to tqdm, which takes no keyword of that name)
+    """
+    if options:
+        check_keywords(owner, options, _tqdm_options(), "tqdm")
+
+
+def _tqdm_options() -> frozenset[str]:
+    """What tqdm's bar takes by name (its ``**kwargs`` only raise ``TqdmKeyError``); the
+    iterable is the writer's, not an option."""
+    from tqdm import tqdm  # imported only when options are given
+
+    parameters = inspect.signature(tqdm.__init__).parameters.values()
+    return frozenset(parameter.name for parameter in parameters
+                     if parameter.kind is parameter.POSITIONAL_OR_KEYWORD
+                     and parameter.name not in ("self", "iterable"))
+
+
 def _progress_bar(path: Path, progress: bool, tqdm_kwargs: dict) -> Any:
     wanted = progress or bool(tqdm_kwargs)
     if not wanted or tqdm_kwargs.get("disable", False):
@@ -593,7 +635,13 @@ def _progress_bar(path: Path, progress: bool, tqdm_kwargs: dict) -> Any:
     from tqdm import tqdm  # imported only when a bar is shown
 
     options = {"desc": path.name, "unit": " samples", "mininterval": 0.5, **tqdm_kwargs}
-    return tqdm(**options)
+    try:
+        return tqdm(**options)
+    except (TypeError, ValueError, AttributeError) as error:  # tqdm's own, on a bad value
+        kind = ValueError if isinstance(error, ValueError) else TypeError
+        shown = ", ".join(f"{name}={value!r:.40}" for name, value in tqdm_kwargs.items())
+        raise kind(f"tqdm refused the progress bar options {shown} "
+                   f"({type(error).__name__}: {error})") from error
 
 
 def index_keys(path: PathLike) -> None:
