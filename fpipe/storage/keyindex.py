@@ -60,7 +60,7 @@ import numpy as np
 from ..errors import FormatError
 from .format import DECODE_ERRORS, DatasetFiles, hash_key, read_md5
 
-__all__ = ["KeyIndex", "key_index_size"]
+__all__ = ["KeyIndex", "StaleKeyIndex", "key_index_size"]
 
 MAGIC = b"FPKEYIDX"
 VERSION = 2  # version 1 has no checksums
@@ -114,6 +114,12 @@ def _slot_sum(directory: bytes, bucket: bytes) -> int:
     return zlib.crc32(bucket, zlib.crc32(directory))
 
 
+class StaleKeyIndex(FormatError):
+    """A key index built for other keys than the dataset's ``.keys`` holds (the dataset was
+    rewritten by a program that knows no key index, such as datadings, which rewrote its
+    ``.key_hashes`` too)."""
+
+
 class KeyIndex:
     """An open key index of a dataset of ``n`` samples: :meth:`find` a key's index, ``index[i]``
     the key of sample ``i``, :meth:`keys` of a range. Reads with ``pread``, so it is thread- and
@@ -148,9 +154,8 @@ class KeyIndex:
     @classmethod
     def open(cls, files: DatasetFiles, n: int) -> KeyIndex | None:
         """The key index of the dataset of ``files`` (of ``n`` samples), or None if it has
-        none; :class:`~fpipe.errors.FormatError` naming it if it fails its header's checks or
-        was built for other keys (the dataset was rewritten by a program that knows no key
-        index, such as datadings)."""
+        none; :class:`~fpipe.errors.FormatError` naming it if it fails its header's checks, or
+        :class:`StaleKeyIndex` if it was built for other keys."""
         try:
             with open(files.key_index, "rb") as file:
                 head, size = file.read(HEADER.size), os.fstat(file.fileno()).st_size
@@ -159,7 +164,7 @@ class KeyIndex:
         header = _checked_header(files.key_index, head, size, n)
         stale = _stale(files, header)
         if stale:
-            raise FormatError(stale, path=files.key_index)
+            raise StaleKeyIndex(stale, path=files.key_index)
         return cls(files, n, header)
 
     def __len__(self) -> int:

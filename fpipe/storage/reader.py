@@ -61,7 +61,7 @@ from .format import (
 )
 from .format import decode_numpy as _decode_numpy
 from .format import decode_numpy_copy as _decode_numpy_copy
-from .keyindex import KeyIndex
+from .keyindex import KeyIndex, StaleKeyIndex
 
 __all__ = ["MsgpackReader"]
 
@@ -307,7 +307,7 @@ class MsgpackReader(Reader):
         self._key_table: KeyTable | KeyIndex | None = None
         self._hash_index: HashIndex | KeyIndex | None = None
         self._key_index: KeyIndex | bool | None = None
-        self._keys_only = False  # the key index failed a check: .key_hashes is not trusted either
+        self._keys_only = False  # a key index failed a check: .key_hashes is not trusted either
         self._bloom: BloomFilter | bool | None = None
 
     def _offsets_length(self) -> int:
@@ -406,17 +406,20 @@ class MsgpackReader(Reader):
         return self._key_index or None
 
     def _leave_key_index_aside(self, error: FormatError) -> None:
-        """Look keys up in the tables made from ``.keys`` from now on (its hashes computed
-        anew: ``.key_hashes`` may be as old as the key index): the key index failed a check
-        (``error``), and answers from it could be wrong."""
-        warnings.warn(f"{error}; the key index is left aside and keys are looked up in "
-                      f"{self._files.keys.name}, in memory ('fpipe index --keys "
-                      f"{self.path}' writes it anew)", stacklevel=4)
+        """Look keys up in the tables made from ``.keys`` from now on: the key index failed a
+        check (``error``), and answers from it could be wrong. The hashes are computed anew
+        from ``.keys`` (``.key_hashes`` may be as old as a damaged key index), or read from
+        ``.key_hashes`` for a stale one (the program that rewrote the keys wrote them)."""
+        self._keys_only = not isinstance(error, StaleKeyIndex)
+        where = (f"in {self._files.keys.name}, in memory" if self._keys_only else
+                 "in memory, as for a dataset without one")
+        warnings.warn(f"{error}; the key index is left aside and keys are looked up {where} "
+                      f"('fpipe index --keys {self.path}' writes it anew)", stacklevel=4)
         if self._key_table is self._key_index:
             self._key_table = None
         if self._hash_index is self._key_index:
             self._hash_index = None
-        self._key_index, self._keys_only = False, True
+        self._key_index = False
 
     def _asked(self, table: Callable[[], Any], question: Callable[[Any], Any]) -> Any:
         """``question`` asked of ``table()`` (:meth:`_keys` or :meth:`_hashes`); when the key
