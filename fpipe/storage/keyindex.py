@@ -231,8 +231,19 @@ class KeyIndex:
 
     def _span(self, start: int, stop: int) -> tuple[int, int]:
         """Where the keys of samples ``start`` to ``stop`` (``start < stop <= n``) lie in
-        ``.keys``: key places ``start`` and ``stop``, read with the rest of their blocks and
-        checked against the blocks' checksums, and within ``.keys``."""
+        ``.keys``: key places ``start`` and ``stop``, checked, and within ``.keys``."""
+        first_place, places = self._places_around(start, stop)
+        first, last = (int.from_bytes(places[8 * (at - first_place):8 * (at - first_place + 1)],
+                                      "big") for at in (start, stop))
+        if not first <= last <= self._keys_size:
+            raise FormatError(f"the keys of samples {start} to {stop} are said to lie at bytes "
+                              f"{first} to {last} of {self.keys_path.name}, which has "
+                              f"{self._keys_size}", path=self.path)
+        return first, last
+
+    def _places_around(self, start: int, stop: int) -> tuple[int, bytes]:
+        """The blocks of key places that hold places ``start`` to ``stop``, checked against
+        their checksums (version 2), and the number of the first place they hold."""
         low, high = start // _BLOCK, (stop - 1) // _BLOCK
         first_place = low * _BLOCK
         places = self._read(self._fd, self._places + 8 * first_place,
@@ -240,18 +251,13 @@ class KeyIndex:
         if self.version > 1:
             sums = self._read(self._fd, self._blocks + 4 * low, 4 * (high - low + 1), self.path)
             for block in range(high - low + 1):
-                if zlib.crc32(places[8 * _BLOCK * block:8 * _BLOCK * (block + 1) + 8]) != \
+                at = 8 * _BLOCK * block
+                if zlib.crc32(places[at:at + 8 * (_BLOCK + 1)]) != \
                         int.from_bytes(sums[4 * block:4 * block + 4], "big"):
                     raise FormatError(f"the places of keys {(low + block) * _BLOCK} to "
                                       f"{(low + block + 1) * _BLOCK} fail their checksum",
                                       path=self.path)
-        first = int.from_bytes(places[8 * (start - first_place):8 * (start - first_place + 1)], "big")
-        last = int.from_bytes(places[8 * (stop - first_place):8 * (stop - first_place + 1)], "big")
-        if not first <= last <= self._keys_size:
-            raise FormatError(f"the keys of samples {start} to {stop} are said to lie at bytes "
-                              f"{first} to {last} of {self.keys_path.name}, which has "
-                              f"{self._keys_size}", path=self.path)
-        return first, last
+        return first_place, places
 
     def _check(self, offset: int, computed: int, what: str) -> None:
         """Raise if the checksum at ``offset`` is not ``computed``, the sum of ``what``."""
