@@ -474,8 +474,8 @@ class KeyIndexWriter:
         MD5."""
         tail = np.full((1 << self.bits) - self._filled, self.n, dtype=">u8")
         _pwrite_all(self._file.fileno(), tail.tobytes(), HEADER.size + 8 * self._filled)
-        _pwrite_all(self._file.fileno(), self._slot_sums(), self._slots)
-        _pwrite_all(self._file.fileno(), self._block_sums(), self._blocks)
+        self._write_slot_sums()
+        self._write_block_sums()
         self._file.flush()
         self._file.seek(0)
         md5 = hashlib.md5()
@@ -484,28 +484,29 @@ class KeyIndexWriter:
         self._file.close()
         return md5.hexdigest()
 
-    def _slot_sums(self) -> bytes:
-        """The checksums of the directory's slots, read back a few thousand slots at a time
-        (about 128 entries each)."""
-        fd, slots, sums = self._file.fileno(), 1 << self.bits, []
+    def _write_slot_sums(self) -> None:
+        """Write the checksums of the directory's slots, read back a few thousand slots at a
+        time (about 128 entries each)."""
+        fd, slots = self._file.fileno(), 1 << self.bits
         for low in range(0, slots, _SUM_SLOTS):
             count = min(_SUM_SLOTS, slots - low)
             directory = os.pread(fd, 8 * (count + 1), HEADER.size + 8 * low)
             starts = np.frombuffer(directory, dtype=">u8").tolist()
             entries = os.pread(fd, 16 * (starts[-1] - starts[0]), self._entries + 16 * starts[0])
-            sums += [_slot_sum(directory[8 * j:8 * j + 16],
-                               entries[16 * (starts[j] - starts[0]):16 * (starts[j + 1] - starts[0])])
-                     for j in range(count)]
-        return np.array(sums, dtype=">u4").tobytes()
+            sums = [_slot_sum(directory[8 * j:8 * j + 16],
+                              entries[16 * (starts[j] - starts[0]):16 * (starts[j + 1] - starts[0])])
+                    for j in range(count)]
+            _pwrite_all(fd, np.array(sums, dtype=">u4").tobytes(), self._slots + 4 * low)
 
-    def _block_sums(self) -> bytes:
-        """The checksums of the blocks of key places, read back 4,096 blocks at a time."""
-        fd, sums, step = self._file.fileno(), [], _SUM_SLOTS * _BLOCK
+    def _write_block_sums(self) -> None:
+        """Write the checksums of the blocks of key places, read back 4,096 blocks at a
+        time."""
+        fd, step = self._file.fileno(), _SUM_SLOTS * _BLOCK
         for low in range(0, self.n, step):
             places = os.pread(fd, 8 * (min(step, self.n - low) + 1), self._key_offsets + 8 * low)
-            sums += [zlib.crc32(places[at:at + 8 * (_BLOCK + 1)])
-                     for at in range(0, len(places) - 8, 8 * _BLOCK)]
-        return np.array(sums, dtype=">u4").tobytes()
+            sums = [zlib.crc32(places[at:at + 8 * (_BLOCK + 1)])
+                    for at in range(0, len(places) - 8, 8 * _BLOCK)]
+            _pwrite_all(fd, np.array(sums, dtype=">u4").tobytes(), self._blocks + 4 * (low // _BLOCK))
 
     def abandon(self) -> None:
         self._file.close()

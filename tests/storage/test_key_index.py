@@ -302,3 +302,17 @@ def test_the_writers_filter_is_sized_before_it_is_made(monkeypatch):
     monkeypatch.setattr(hashing.BloomFilter, "__init__", recording)
     bloom = hashing.BloomFilter.for_count(20_000_000)  # past the bound: 87 MB uncapped
     assert made == [bloom.num_bits // 8] and made[0] <= hashing.BLOOM_MAX_BYTES
+
+
+def test_the_checksums_are_written_a_chunk_at_a_time(tmp_path, monkeypatch):
+    """The writer reads the file back in chunks of slots and of blocks of key places (at a
+    billion samples a list of every checksum would take hundreds of MB): chunks of 3 here,
+    and every lookup passes its checks."""
+    monkeypatch.setattr(keyindex, "_SUM_SLOTS", 3)
+    keys = keys_of(2000)
+    reader = MsgpackReader(write(tmp_path / "x.msgpack", keys))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [reader.find_index(key) for key in keys] == list(range(2000))
+        assert [reader.find_key(i) for i in range(2000)] == keys
+    assert reader._on_disk().bits == 4  # 16 slots: 6 chunks
