@@ -39,19 +39,24 @@ def campaign(kind: str, folder: Path) -> tuple[dict[int, str], dict[int, str]]:
                    str(first), str(BATCH)]
         try:
             done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-            output, ending = done.stdout, done.returncode
-        except subprocess.TimeoutExpired as expired:
-            output, ending = expired.stdout or "", "a hang"
-            output = output.decode() if isinstance(output, bytes) else output
-        for line in output.splitlines():
-            row = json.loads(line)
-            (damages if "damage" in row else outcomes)[row["mutant"]] = row.get("damage", row.get("outcome"))
+            output, errors, ending = done.stdout, done.stderr, done.returncode
+        except subprocess.TimeoutExpired as expired:  # the child's own 60 s did not end it
+            output, errors, ending = _text(expired.stdout), _text(expired.stderr), "a hang"
+        for row in map(json.loads, output.splitlines()):
+            if "damage" in row:
+                damages[row["mutant"]] = row["damage"]
+            else:
+                outcomes[row["mutant"]] = row["outcome"]
         if ending != 0:
-            last = max(damages)
             died = signal.Signals(-ending).name if isinstance(ending, int) and ending < 0 else ending
-            pytest.fail(f"{kind} mutant {last} ({damages[last]}) ended its process "
-                        f"({died}): {done.stderr[-2000:] if ending != 'a hang' else ''}")
+            last = max((m for m in damages if m >= first), default=None)
+            named = f"mutant {last} ({damages[last]})" if last is not None else "the process"
+            pytest.fail(f"{kind} {named} ended its batch ({died}): {errors[-2000:]}")
     return damages, outcomes
+
+
+def _text(output: bytes | str | None) -> str:
+    return output.decode() if isinstance(output, bytes) else output or ""
 
 
 def failures(damages: dict[int, str], outcomes: dict[int, str]) -> list[str]:
