@@ -77,11 +77,11 @@ class ShardedReader(Reader):
         self._options = {"storage_options": storage_options, "cache_dir": cache_dir,
                          "cache_limit": cache_limit, "block_size": block_size,
                          "read_ahead": read_ahead, "retries": retries, "timeout": timeout}
-        lengths: list[int | None]
         self._shard_index: str | None = None  # the shard index read, as shown in messages
+        lengths: list[int | None]
         if isinstance(shards, (str, os.PathLike)) and os.fspath(shards).endswith(SHARD_INDEX_SUFFIX):
-            self._shard_index = redacted_url(os.fspath(shards))
-            self._sources, listed = _read_shard_index(os.fspath(shards), storage_options)
+            self._sources, lengths = _read_shard_index(os.fspath(shards), storage_options)
+            self._shard_index, listed = redacted_url(os.fspath(shards)), list(lengths)
             lengths = _own_lengths(self._sources, listed)
         else:
             if isinstance(shards, (str, os.PathLike)):
