@@ -13,16 +13,24 @@ the writers write it with the dataset (see :mod:`fpipe.storage.writer`), and
 Layout (integers big-endian, like the rest of the format)::
 
     0    8 bytes  magic  b"FPKEYIDX"
-    8    u32      version (1)
+    8    u32      version (2; version 1, without the checksums, is still read)
     12   u32      d: the directory's bits
     16   u64      n: samples
     24   8 bytes  the salt of the hashes (the .key_hashes salt)
     32   u64      the size of the .keys file it indexes
     40   16 bytes the MD5 of that .keys file
-    56   8 bytes  zero
+    56   u32      the CRC-32 of bytes 0 to 55 (version 1: zero)
+    60   4 bytes  zero
     64   2**d + 1 u64: entry number where each directory slot begins (the last is n)
          n × (u64 hash, u64 index): the hashes sorted; slot j holds those whose top d bits are j
          n + 1 u64: where each key's msgpack string begins in .keys (the last is its size)
+         2**d u32: the CRC-32 of each slot: of its two directory entries, then its entries
+         ceil(n / 64) u32: the CRC-32 of each block of key places: places 64 b to 64 b + 64
+                  (the last block ends at place n)
+
+A lookup checks the checksums of what it reads (the header when the file is opened), so that a
+flipped bit is an error rather than a wrong answer; the reader then leaves the file aside and
+looks keys up in ``.keys`` (see :class:`~fpipe.storage.reader.MsgpackReader`).
 
 >>> import os, tempfile
 >>> from fpipe.storage import FileWriter
@@ -42,7 +50,7 @@ import hashlib
 import os
 import struct
 import tempfile
-import warnings
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,12 +60,15 @@ import numpy as np
 from ..errors import FormatError
 from .format import DECODE_ERRORS, DatasetFiles, hash_key, read_md5
 
-__all__ = ["KeyIndex", "key_index_size"]
+__all__ = ["KeyIndex", "StaleKeyIndex", "key_index_size"]
 
 MAGIC = b"FPKEYIDX"
-VERSION = 1
-HEADER = struct.Struct(">8sIIQ8sQ16s8x")
+VERSION = 2  # version 1 has no checksums
+HEADER = struct.Struct(">8sIIQ8sQ16sI4x")
+_SUMMED = 56  # the header's bytes that its checksum covers
 _PAIR = struct.Struct(">QQ")
+_BLOCK = 64  # key places per checksum
+_SUM_SLOTS = 4096  # directory slots summed at once when the index is written
 _BUCKET = 128  # entries a directory slot holds on average, at most
 _MAX_BITS = 40
 _SORTED = 16 << 20  # bytes of (hash, index) pairs sorted at once when the index is written
@@ -74,19 +85,39 @@ def directory_bits(n: int) -> int:
     return min(_MAX_BITS, (n // _BUCKET).bit_length())
 
 
-def key_index_size(n: int) -> int:
+def key_index_size(n: int, version: int = VERSION) -> int:
     """The size in bytes of the key index of ``n`` samples (24 bytes a sample and a little).
 
-    >>> key_index_size(0), key_index_size(1000)
-    (88, 24144)
+    >>> key_index_size(0), key_index_size(1000), key_index_size(1000, version=1)
+    (92, 24240, 24144)
     """
-    return HEADER.size + 8 * ((1 << directory_bits(n)) + 1) + 16 * n + 8 * (n + 1)
+    slots = 1 << directory_bits(n)
+    size = HEADER.size + 8 * (slots + 1) + 16 * n + 8 * (n + 1)
+    return size + 4 * (slots + _blocks(n)) if version > 1 else size
 
 
-def _sections(n: int, bits: int) -> tuple[int, int]:
-    """Where the entries and the key offsets begin."""
+def _blocks(n: int) -> int:
+    """The blocks of key places that have a checksum each."""
+    return -(-n // _BLOCK)
+
+
+def _sections(n: int, bits: int) -> tuple[int, int, int, int]:
+    """Where the entries, the key places, the slots' checksums and the blocks' begin."""
     entries = HEADER.size + 8 * ((1 << bits) + 1)
-    return entries, entries + 16 * n
+    places = entries + 16 * n
+    slot_sums = places + 8 * (n + 1)
+    return entries, places, slot_sums, slot_sums + 4 * (1 << bits)
+
+
+def _slot_sum(directory: bytes, bucket: bytes) -> int:
+    """The checksum of a slot: of its two directory entries, then its entries."""
+    return zlib.crc32(bucket, zlib.crc32(directory))
+
+
+class StaleKeyIndex(FormatError):
+    """A key index built for other keys than the dataset's ``.keys`` holds (the dataset was
+    rewritten by a program that knows no key index, such as datadings, which rewrote its
+    ``.key_hashes`` too)."""
 
 
 class KeyIndex:
@@ -94,21 +125,23 @@ class KeyIndex:
     the key of sample ``i``, :meth:`keys` of a range. Reads with ``pread``, so it is thread- and
     fork-safe; it holds two open files and the header.
 
-    :meth:`open` checks the header against the dataset: a file that is not a key index, or
-    disagrees with its own size, raises :class:`~fpipe.errors.FormatError`; one that indexes
-    other keys (the dataset was rewritten by a program that knows no key index, such as
-    datadings) is left aside with a warning, and the reader uses the in-memory tables. Each
-    lookup checks the ends of the bucket it reads (in its slot, in order) and the key of the
-    sample it names; ``fpipe verify`` checks the whole file against the dataset's ``.md5``.
+    :meth:`open` checks the header (its checksum, and that it describes a file of this size
+    for the dataset's ``n`` samples and ``.keys``); each lookup checks the checksums of the
+    directory slot and the blocks of key places it reads (a version 1 file has none: then the
+    ends of the bucket, in its slot and in order), that every place lies in ``.keys``, and the
+    key of the sample it names. A check that fails raises :class:`~fpipe.errors.FormatError`
+    naming the file, before anything is allocated from what it claims; the reader then leaves
+    the key index aside and looks keys up in ``.keys``. ``fpipe verify`` checks the whole file
+    against the dataset's ``.md5``.
     """
 
-    __slots__ = ("_entries", "_fd", "_key_offsets", "_keys_fd", "bits", "keys_path", "n", "path",
-                 "salt", "__weakref__")
+    __slots__ = ("_blocks", "_entries", "_fd", "_keys_fd", "_keys_size", "_places", "_slots",
+                 "bits", "keys_path", "n", "path", "salt", "version", "__weakref__")
 
     def __init__(self, files: DatasetFiles, n: int, header: tuple) -> None:
         self.path, self.keys_path, self.n = files.key_index, files.keys, n
-        _, _, self.bits, _, self.salt, _, _ = header
-        self._entries, self._key_offsets = _sections(n, self.bits)
+        _, self.version, self.bits, _, self.salt, self._keys_size = header[:6]
+        self._entries, self._places, self._slots, self._blocks = _sections(n, self.bits)
         self._fd = self._keys_fd = None
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         self._keys_fd = os.open(self.keys_path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
@@ -121,7 +154,8 @@ class KeyIndex:
     @classmethod
     def open(cls, files: DatasetFiles, n: int) -> KeyIndex | None:
         """The key index of the dataset of ``files`` (of ``n`` samples), or None if it has
-        none, or one built for other keys (with a warning)."""
+        none; :class:`~fpipe.errors.FormatError` naming it if it fails its header's checks, or
+        :class:`StaleKeyIndex` if it was built for other keys."""
         try:
             with open(files.key_index, "rb") as file:
                 head, size = file.read(HEADER.size), os.fstat(file.fileno()).st_size
@@ -130,9 +164,7 @@ class KeyIndex:
         header = _checked_header(files.key_index, head, size, n)
         stale = _stale(files, header)
         if stale:
-            warnings.warn(f"{files.key_index}: {stale}; it is left aside and keys are looked up "
-                          f"in memory ('fpipe index --keys {files.data}' writes it anew)", stacklevel=3)
-            return None
+            raise StaleKeyIndex(stale, path=files.key_index)
         return cls(files, n, header)
 
     def __len__(self) -> int:
@@ -144,15 +176,7 @@ class KeyIndex:
             value = hash_key(key, self.salt)
         except UnicodeEncodeError:
             return -1
-        slot = value >> (64 - self.bits) if self.bits else 0
-        begin, end = _PAIR.unpack(self._read(self._fd, HEADER.size + 8 * slot, 16, self.path))
-        if not begin <= end <= self.n:
-            raise FormatError(f"directory slot {slot} spans entries {begin} to {end} of "
-                              f"{self.n}", path=self.path)
-        bucket = self._read(self._fd, self._entries + 16 * begin, 16 * (end - begin), self.path)
-        if bucket and not self._in_slot(bucket, slot):
-            raise FormatError(f"directory slot {slot} holds hashes that are not its own, in "
-                              "order; 'fpipe index --keys' writes the key index anew", path=self.path)
+        bucket = self._bucket(value >> (64 - self.bits) if self.bits else 0)
         wanted = value.to_bytes(8, "big")
         at = _first_not_below(bucket, wanted)
         if bucket[at:at + 8] != wanted:
@@ -160,8 +184,24 @@ class KeyIndex:
         index = int.from_bytes(bucket[at + 8:at + 16], "big")
         if index >= self.n or self[index] != key:
             raise FormatError(f"the key index names sample {index} for key {key!r:.80}, which "
-                              "does not have it; 'fpipe index --keys' writes it anew", path=self.path)
+                              "does not have it", path=self.path)
         return index
+
+    def _bucket(self, slot: int) -> bytes:
+        """The entries of directory slot ``slot``, checked."""
+        directory = self._read(self._fd, HEADER.size + 8 * slot, 16, self.path)
+        begin, end = _PAIR.unpack(directory)
+        if not begin <= end <= self.n:
+            raise FormatError(f"directory slot {slot} spans entries {begin} to {end} of "
+                              f"{self.n}", path=self.path)
+        bucket = self._read(self._fd, self._entries + 16 * begin, 16 * (end - begin), self.path)
+        if self.version > 1:
+            self._check(self._slots + 4 * slot, _slot_sum(directory, bucket),
+                        f"directory slot {slot}")
+        if bucket and not self._in_slot(bucket, slot):
+            raise FormatError(f"directory slot {slot} holds hashes that are not its own, in "
+                              "order", path=self.path)
+        return bucket
 
     def _in_slot(self, bucket: bytes, slot: int) -> bool:
         """Whether the first and last hashes of ``bucket`` are in order and in ``slot``."""
@@ -171,8 +211,7 @@ class KeyIndex:
 
     def __getitem__(self, index: int) -> str:
         """The key of sample ``index`` (``0 <= index < n``)."""
-        start, stop = _PAIR.unpack(self._read(self._fd, self._key_offsets + 8 * index, 16,
-                                              self.path))
+        start, stop = self._span(index, index + 1)
         data = self._read(self._keys_fd, start, stop - start, self.keys_path)
         try:
             key = msgpack.unpackb(data, raw=False)
@@ -186,11 +225,44 @@ class KeyIndex:
         """The keys of samples ``start`` to ``stop`` (a range of the dataset), read at once."""
         if start >= stop:
             return []
-        bounds = np.frombuffer(self._read(self._fd, self._key_offsets + 8 * start,
-                                          8 * (stop - start + 1), self.path), dtype=">u8")
-        first, last = int(bounds[0]), int(bounds[-1])
+        first, last = self._span(start, stop)
         return self._decoded(self._read(self._keys_fd, first, last - first, self.keys_path),
                              stop - start)
+
+    def _span(self, start: int, stop: int) -> tuple[int, int]:
+        """Where the keys of samples ``start`` to ``stop`` (``start < stop <= n``) lie in
+        ``.keys``: key places ``start`` and ``stop``, checked, and within ``.keys``."""
+        first_place, places = self._places_around(start, stop)
+        first, last = (int.from_bytes(places[8 * (at - first_place):8 * (at - first_place + 1)],
+                                      "big") for at in (start, stop))
+        if not first <= last <= self._keys_size:
+            raise FormatError(f"the keys of samples {start} to {stop} are said to lie at bytes "
+                              f"{first} to {last} of {self.keys_path.name}, which has "
+                              f"{self._keys_size}", path=self.path)
+        return first, last
+
+    def _places_around(self, start: int, stop: int) -> tuple[int, bytes]:
+        """The blocks of key places that hold places ``start`` to ``stop``, checked against
+        their checksums (version 2), and the number of the first place they hold."""
+        low, high = start // _BLOCK, (stop - 1) // _BLOCK
+        first_place = low * _BLOCK
+        places = self._read(self._fd, self._places + 8 * first_place,
+                            8 * (min((high + 1) * _BLOCK, self.n) - first_place + 1), self.path)
+        if self.version > 1:
+            sums = self._read(self._fd, self._blocks + 4 * low, 4 * (high - low + 1), self.path)
+            for block in range(high - low + 1):
+                at = 8 * _BLOCK * block
+                if zlib.crc32(places[at:at + 8 * (_BLOCK + 1)]) != \
+                        int.from_bytes(sums[4 * block:4 * block + 4], "big"):
+                    raise FormatError(f"the places of keys {(low + block) * _BLOCK} to "
+                                      f"{(low + block + 1) * _BLOCK} fail their checksum",
+                                      path=self.path)
+        return first_place, places
+
+    def _check(self, offset: int, computed: int, what: str) -> None:
+        """Raise if the checksum at ``offset`` is not ``computed``, the sum of ``what``."""
+        if int.from_bytes(self._read(self._fd, offset, 4, self.path), "big") != computed:
+            raise FormatError(f"{what} fails its checksum", path=self.path)
 
     def _read(self, fd: int, offset: int, size: int, path: Path) -> bytes:
         if size < 0:
@@ -238,12 +310,14 @@ def _checked_header(path: Path, head: bytes, size: int, n: int) -> tuple:
     magic, version, bits, count = header[:4]
     if magic != MAGIC:
         raise FormatError(f"not a key index (it begins {magic!r})", path=path)
-    if version != VERSION:
-        raise FormatError(f"a key index of version {version}; this fpipe reads version "
+    if version not in (1, VERSION):
+        raise FormatError(f"a key index of version {version}; this fpipe reads versions 1 and "
                           f"{VERSION}", path=path)
-    if count != n or bits != directory_bits(n) or size != key_index_size(n):
+    if version > 1 and header[7] != zlib.crc32(head[:_SUMMED]):
+        raise FormatError("the header fails its checksum", path=path)
+    if count != n or bits != directory_bits(n) or size != key_index_size(n, version):
         raise FormatError(f"a key index of {count} samples in {size} bytes, for a dataset of "
-                          f"{n} (which takes {key_index_size(n)} bytes)", path=path)
+                          f"{n} (which takes {key_index_size(n, version)} bytes)", path=path)
     return header
 
 
@@ -346,15 +420,16 @@ class KeyIndexWriter:
 
     def __init__(self, path: Path, n: int, salt: bytes, keys_size: int, keys_md5: str) -> None:
         self.path, self.n, self.bits = path, n, directory_bits(n)
-        self._entries, self._key_offsets = _sections(n, self.bits)
+        self._entries, self._key_offsets, self._slots, self._blocks = _sections(n, self.bits)
         self._file = open(path, "w+b")
         self._file.truncate(key_index_size(n))
         self._written = self._filled = 0
         self.header(salt, keys_size, keys_md5)
 
     def header(self, salt: bytes, keys_size: int, keys_md5: str) -> None:
-        os.pwrite(self._file.fileno(), HEADER.pack(MAGIC, VERSION, self.bits, self.n, salt,
-                                                   keys_size, bytes.fromhex(keys_md5)), 0)
+        fields = (MAGIC, VERSION, self.bits, self.n, salt, keys_size, bytes.fromhex(keys_md5))
+        summed = zlib.crc32(HEADER.pack(*fields, 0)[:_SUMMED])
+        os.pwrite(self._file.fileno(), HEADER.pack(*fields, summed), 0)
 
     def add_key_offsets(self, offsets: np.ndarray) -> None:
         """The next key offsets (where keys begin in ``.keys``; the last call adds its size)."""
@@ -395,9 +470,12 @@ class KeyIndexWriter:
         self._filled = high + 1
 
     def close(self) -> str:
-        """Finish the file (the directory's slots after the last hash); its MD5."""
+        """Finish the file (the directory's slots after the last hash, the checksums); its
+        MD5."""
         tail = np.full((1 << self.bits) - self._filled, self.n, dtype=">u8")
         _pwrite_all(self._file.fileno(), tail.tobytes(), HEADER.size + 8 * self._filled)
+        self._write_slot_sums()
+        self._write_block_sums()
         self._file.flush()
         self._file.seek(0)
         md5 = hashlib.md5()
@@ -405,6 +483,30 @@ class KeyIndexWriter:
             md5.update(block)
         self._file.close()
         return md5.hexdigest()
+
+    def _write_slot_sums(self) -> None:
+        """Write the checksums of the directory's slots, read back a few thousand slots at a
+        time (about 128 entries each)."""
+        fd, slots = self._file.fileno(), 1 << self.bits
+        for low in range(0, slots, _SUM_SLOTS):
+            count = min(_SUM_SLOTS, slots - low)
+            directory = os.pread(fd, 8 * (count + 1), HEADER.size + 8 * low)
+            starts = np.frombuffer(directory, dtype=">u8").tolist()
+            entries = os.pread(fd, 16 * (starts[-1] - starts[0]), self._entries + 16 * starts[0])
+            sums = [_slot_sum(directory[8 * j:8 * j + 16],
+                              entries[16 * (starts[j] - starts[0]):16 * (starts[j + 1] - starts[0])])
+                    for j in range(count)]
+            _pwrite_all(fd, np.array(sums, dtype=">u4").tobytes(), self._slots + 4 * low)
+
+    def _write_block_sums(self) -> None:
+        """Write the checksums of the blocks of key places, read back 4,096 blocks at a
+        time."""
+        fd, step = self._file.fileno(), _SUM_SLOTS * _BLOCK
+        for low in range(0, self.n, step):
+            places = os.pread(fd, 8 * (min(step, self.n - low) + 1), self._key_offsets + 8 * low)
+            sums = [zlib.crc32(places[at:at + 8 * (_BLOCK + 1)])
+                    for at in range(0, len(places) - 8, 8 * _BLOCK)]
+            _pwrite_all(fd, np.array(sums, dtype=">u4").tobytes(), self._blocks + 4 * (low // _BLOCK))
 
     def abandon(self) -> None:
         self._file.close()

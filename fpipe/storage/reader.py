@@ -32,9 +32,11 @@ import errno
 import os
 import struct
 import threading
+import warnings
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
+from operator import itemgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +61,7 @@ from .format import (
 )
 from .format import decode_numpy as _decode_numpy
 from .format import decode_numpy_copy as _decode_numpy_copy
-from .keyindex import KeyIndex
+from .keyindex import KeyIndex, StaleKeyIndex
 
 __all__ = ["MsgpackReader"]
 
@@ -305,6 +307,7 @@ class MsgpackReader(Reader):
         self._key_table: KeyTable | KeyIndex | None = None
         self._hash_index: HashIndex | KeyIndex | None = None
         self._key_index: KeyIndex | bool | None = None
+        self._keys_only = False  # a key index failed a check: .key_hashes is not trusted either
         self._bloom: BloomFilter | bool | None = None
 
     def _offsets_length(self) -> int:
@@ -393,11 +396,42 @@ class MsgpackReader(Reader):
 
     def _on_disk(self) -> KeyIndex | None:
         """The dataset's key index, opened once; None without one (and at a URL, which does
-        not fetch it)."""
+        not fetch it), or when it fails its checks (then with a warning)."""
         if self._key_index is None:
             local = self._remote is None and not self._legacy
-            self._key_index = (local and KeyIndex.open(self._files, self._len)) or False
+            try:
+                self._key_index = (local and KeyIndex.open(self._files, self._len)) or False
+            except FormatError as error:
+                self._leave_key_index_aside(error)
         return self._key_index or None
+
+    def _leave_key_index_aside(self, error: FormatError) -> None:
+        """Look keys up in the tables made from ``.keys`` from now on: the key index failed a
+        check (``error``), and answers from it could be wrong. The hashes are computed anew
+        from ``.keys`` (``.key_hashes`` may be as old as a damaged key index), or read from
+        ``.key_hashes`` for a stale one (the program that rewrote the keys wrote them)."""
+        self._keys_only = not isinstance(error, StaleKeyIndex)
+        where = (f"in {self._files.keys.name}, in memory" if self._keys_only else
+                 "in memory, as for a dataset without one")
+        warnings.warn(f"{error}; the key index is left aside and keys are looked up {where} "
+                      f"('fpipe index --keys {self.path}' writes it anew)", stacklevel=4)
+        if self._key_table is self._key_index:
+            self._key_table = None
+        if self._hash_index is self._key_index:
+            self._hash_index = None
+        self._key_index = False
+
+    def _asked(self, table: Callable[[], Any], question: Callable[[Any], Any]) -> Any:
+        """``question`` asked of ``table()`` (:meth:`_keys` or :meth:`_hashes`); when the key
+        index answers it with an error, asked again of the tables in memory."""
+        answering = table()
+        if answering is not self._key_index:
+            return question(answering)
+        try:
+            return question(answering)
+        except FormatError as error:
+            self._leave_key_index_aside(error)
+        return question(table())
 
     def _keys(self) -> KeyTable | KeyIndex:
         table = self._key_table
@@ -420,7 +454,7 @@ class MsgpackReader(Reader):
         return index
 
     def _hash_table(self) -> HashIndex:
-        if not self._legacy and self._files.key_hashes.exists():
+        if not self._legacy and not self._keys_only and self._files.key_hashes.exists():
             salt, hashes = read_key_hashes(self.path)
             if len(hashes) != self._len:
                 raise FormatError(f"{len(hashes)} key hashes for {self._len} samples",
@@ -459,7 +493,7 @@ class MsgpackReader(Reader):
             bloom = self._filter()
             if bloom is not None and key not in bloom:
                 return False
-        return self._hashes().find(key) >= 0
+        return self._asked(self._hashes, methodcaller("find", key)) >= 0
 
     def find_index(self, key: Any) -> int:
         """The index of ``key`` by its salted 64-bit hash: with a few reads of the key index
@@ -480,7 +514,7 @@ class MsgpackReader(Reader):
         ...
         KeyError: 'z'
         """
-        found = self._hashes().find(key) if isinstance(key, str) else -1
+        found = self._asked(self._hashes, methodcaller("find", key)) if isinstance(key, str) else -1
         if found < 0:
             raise KeyError(key)
         return found
@@ -499,7 +533,7 @@ class MsgpackReader(Reader):
         >>> reader.find_key(0), reader.find_key(-1)
         ('a', 'c')
         """
-        return self._keys()[self._index(index)]
+        return self._asked(self._keys, itemgetter(self._index(index)))
 
     def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
         handle = self._handle or self._open()
@@ -523,7 +557,7 @@ class MsgpackReader(Reader):
                 raise handle.changed(corrupt) or corrupt from error
         sample = memoryview(data) if raw and not copy else data
         if yield_key:
-            return self._keys()[index], sample
+            return self._asked(self._keys, itemgetter(index)), sample
         return sample
 
     def _whole(self, handle: _Handle, data: bytes, index: int, start: int, stop: int) -> bytes:
@@ -562,12 +596,13 @@ class MsgpackReader(Reader):
             if changed is None:
                 raise
             raise changed from error
-        return list(zip(self._keys().keys(start, stop), samples)) if yield_key else samples
+        if not yield_key:
+            return samples
+        return list(zip(self._asked(self._keys, methodcaller("keys", start, stop)), samples))
 
     def _chunks(self, start: int, stop: int, yield_key: bool, raw: bool, copy: bool,
                 chunk_size: int) -> Iterator:
         handle = self._handle or self._open()
-        table = self._keys() if yield_key else None
         window = max(chunk_size, _OFFSETS_WINDOW)
         # the iterator's own buffer: it yields a block's samples before it reads the next one
         scratch = _Buffer() if not (raw and not copy) else None
@@ -579,10 +614,11 @@ class MsgpackReader(Reader):
                 samples = self._block_samples(handle, offsets[a:b + 1], first + a, raw, copy,
                                               scratch)
                 try:
-                    if table is None:
+                    if not yield_key:
                         yield from samples
                     else:
-                        yield from zip(table.keys(first + a, first + b), samples)
+                        yield from zip(self._asked(self._keys, methodcaller(
+                            "keys", first + a, first + b)), samples)
                 except FormatError as error:
                     changed = handle.changed(error)
                     if changed is None:

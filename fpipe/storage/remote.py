@@ -218,8 +218,9 @@ def size_bound(suffix: str, data_size: int, samples: int | None = None) -> int:
     if suffix == ".filter":  # simplebloom's size for max(2, n) elements at fpp 1 / elements
         elements = max(2, n)
         return 32 + 8 + math.ceil(elements * math.log(elements) / math.log(2) ** 2 / 8)
-    if suffix == ".key_index":  # a header, a directory of at most n / 64 + 2 entries, 24n
-        return 64 + 8 * (n // 64 + 2) + 24 * n + 8
+    if suffix == ".key_index":  # a header, a directory of at most n / 64 + 2 entries, 24n,
+        # and a checksum of each slot and of each 64 key places
+        return 64 + 12 * (n // 64 + 2) + 24 * n + 8 + 4 * (n // 64 + 1)
     if suffix == ".md5":
         return 1 << 16
     if suffix == ".classes.json":

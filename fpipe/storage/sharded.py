@@ -9,7 +9,8 @@ writes shards and their index.
 A *shard index* (``X.shards``) names the shards of a dataset and their lengths, so that a
 reader of ten thousand shards opens one file, knows its length at once, and opens a shard only
 when it reads from it. It is JSON: ``{"format": "fpipe-shards", "version": 1, "shards":
-[names], "samples": [counts]}``, the names relative to the index's folder (or URL).
+[names], "samples": [counts]}``, the names relative to the index's folder (or URL). The counts
+are checked against the shards (see :class:`ShardedReader`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import errno
 import glob
 import json
 import os
+import warnings
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -36,6 +38,7 @@ __all__ = ["ShardedReader", "ShardedWriter", "write_shard_index"]
 SHARD_INDEX_SUFFIX = ".shards"
 _FORMAT, _VERSION = "fpipe-shards", 1
 _INDEX_LIMIT = 256 << 20
+_MAX_COUNT = 1 << 32  # a shard is a dataset: fewer keys than msgpack's longest array
 
 
 class ShardedReader(Reader):
@@ -48,13 +51,18 @@ class ShardedReader(Reader):
     >>> len(sharded), sharded.find_index("c"), [s["key"] for s in sharded.iter(0, 2)]
     (3, 2, ['a', 'b'])
 
-    A shard is opened when it is first read. Its length comes from the shard index, or from the
-    size of a local shard's ``.offsets`` file, so ``len`` costs no opening: over ten thousand
-    shards, a shard index opens with one read, and ``len``, ``get`` and the iterators touch only
-    the shards they need. A shard whose length differs from the index's raises
-    :class:`~fpipe.errors.FormatError` when it is opened. Shards at URLs listed without an
-    index are opened at once (their lengths are in their ``.offsets``). ``find_index`` and
-    ``in`` ask the shards in turn, opening them.
+    A shard is opened when it is first read. Its length comes from the size of a local shard's
+    ``.offsets`` file, or from the shard index for a shard at a URL, so ``len`` costs no
+    opening: over ten thousand shards, a shard index opens with one read and a ``stat`` a local
+    shard, and ``len``, ``get`` and the iterators touch only the shards they need. A count in
+    the index that is not a local shard's own is corrected, with a warning naming the index and
+    the shard (the shard's samples are read, none left out or read twice); a count that no
+    shard can hold (negative, 2**32 or more, not an integer) or a shard listed twice is a
+    :class:`~fpipe.errors.FormatError` naming the index. A shard at a URL whose length differs
+    from the index's raises FormatError naming both when it is opened (samples were numbered
+    by the index by then); one listed with 0 samples is opened at once to check it. Shards at
+    URLs listed without an index are opened at once (their lengths are in their
+    ``.offsets``). ``find_index`` and ``in`` ask the shards in turn, opening them.
 
     Shards may be URLs, and a pattern may be a URL with wildcards (``s3://b/train-*.msgpack``);
     the keywords go to each :class:`MsgpackReader` made from a path or URL (and
@@ -69,9 +77,12 @@ class ShardedReader(Reader):
         self._options = {"storage_options": storage_options, "cache_dir": cache_dir,
                          "cache_limit": cache_limit, "block_size": block_size,
                          "read_ahead": read_ahead, "retries": retries, "timeout": timeout}
+        self._shard_index: str | None = None  # the shard index read, as shown in messages
         lengths: list[int | None]
         if isinstance(shards, (str, os.PathLike)) and _names_shard_index(os.fspath(shards)):
             self._sources, lengths = _read_shard_index(os.fspath(shards), storage_options)
+            self._shard_index, listed = redacted_url(os.fspath(shards)), list(lengths)
+            lengths = _own_lengths(self._sources, listed)
         else:
             if isinstance(shards, (str, os.PathLike)):
                 pattern = os.fspath(shards)
@@ -86,11 +97,13 @@ class ShardedReader(Reader):
             refuse_remote_options(local[0], self._options)
         self._opened: dict[int, Reader] = {}
         for shard, length in enumerate(lengths):
-            if length is None:  # at a URL without an index: its length is in its .offsets
+            if length is None:  # its length is in its .offsets, at a URL (or to be checked)
                 self._opened[shard] = self._made(shard)
                 lengths[shard] = len(self._opened[shard])
         self._lengths = np.array(lengths, dtype=np.int64)
         self._starts = np.concatenate(([0], np.cumsum(self._lengths))).astype(np.int64)
+        if self._shard_index is not None:
+            _warn_of_other_counts(self._shard_index, self._sources, listed, lengths)
         # the same as ints, one per shard: a get bisects them in a fraction of NumPy's time
         self._bounds = self._starts.tolist()
 
@@ -137,10 +150,13 @@ class ShardedReader(Reader):
     def _open(self, shard: int) -> Reader:
         reader, expected = self._made(shard), int(self._lengths[shard])
         if len(reader) != expected:
-            source = self._sources[shard]
-            raise FormatError(f"shard {shard} has {len(reader)} samples; the shard index (or its "
-                              f".offsets, when it was listed) said {expected}",
-                              path=redacted_url(str(source)))
+            source = redacted_url(str(self._sources[shard]))
+            if self._shard_index is None:
+                raise FormatError(f"shard {shard} has {len(reader)} samples; its .offsets said "
+                                  f"{expected} when it was listed", path=source)
+            raise FormatError(f"shard {shard} ({source}) has {len(reader)} samples; the shard "
+                              f"index lists {expected}, and samples were numbered by it "
+                              "(write_shard_index writes it anew)", path=self._shard_index)
         return reader
 
     def _made(self, shard: int) -> Reader:
@@ -361,10 +377,51 @@ def _read_shard_index(location: str, storage_options: dict | None) -> tuple[list
         if len(names) != len(counts):
             raise ValueError(f"{len(names)} shards and {len(counts)} lengths")
         sources = [_beside(base, name, "://" in location) for name in names]
-        lengths = [check_integer("samples", count, 0) for count in counts]
+        lengths = [_count(shard, name, count) for shard, (name, count) in
+                   enumerate(zip(names, counts))]
+        _refuse_repeats(names)
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         raise FormatError(f"corrupt shard index ({error})", path=shown) from error
     return sources, lengths
+
+
+def _count(shard: int, name: str, count: Any) -> int:
+    """The count of samples listed for ``shard`` (``name``), checked."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < _MAX_COUNT:
+        raise ValueError(f"shard {shard} ({name}) is listed with {count!r:.40} samples, not a "
+                         f"count from 0 to 2**32 - 1")
+    return count
+
+
+def _refuse_repeats(names: list[str]) -> None:
+    seen: dict[str, int] = {}
+    for shard, name in enumerate(names):
+        if name in seen:
+            raise ValueError(f"shard {shard} ({name}) is listed before, as shard {seen[name]}")
+        seen[name] = shard
+
+
+def _own_lengths(sources: list[str], listed: list[int]) -> list[int | None]:
+    """The lengths of the shards a shard index lists, as far as they cost no opening: a local
+    shard's from its ``.offsets``; otherwise the count listed, which the shard is checked
+    against when it is opened, but None (open it now) for a count of 0, which would never be
+    opened and checked."""
+    owns = [None if "://" in source else _offsets_length(Path(source)) for source in sources]
+    return [count or None if own is None else own for own, count in zip(owns, listed)]
+
+
+def _warn_of_other_counts(index: str, sources: list[str], listed: list[int],
+                          lengths: list[int]) -> None:
+    """Warn, naming the shard index and the shards, of counts it lists that are not the
+    shards' own (which are read: nothing is left out or read twice)."""
+    other = [f"shard {shard} ({redacted_url(source)}) holds {own}, not {count}"
+             for shard, (source, count, own) in enumerate(zip(sources, listed, lengths))
+             if own != count]
+    if other:
+        more = f" and {len(other) - 3} more" if len(other) > 3 else ""
+        warnings.warn(f"{index}: samples listed that are not the shards' own: "
+                      f"{'; '.join(other[:3])}{more}; the shards are read with their own "
+                      "counts (write_shard_index writes the index anew)", stacklevel=3)
 
 
 def _beside(base: str, name: Any, url: bool) -> str:

@@ -1,5 +1,5 @@
 """The key index: written with every dataset, read with a few preads instead of tables in
-memory, added to datasets that lack it, left aside when stale, refused when corrupt; and the
+memory, added to datasets that lack it, left aside when stale or damaged; and the
 writers' bounded memory that builds it (keys checked at close past the window)."""
 
 import os
@@ -112,10 +112,10 @@ def test_a_key_index_left_stale_by_a_rewrite_is_left_aside_with_a_warning(datase
         assert reader.find_key(3) == keys_of(N, prefix="z")[3]  # said once
 
 
-@pytest.mark.parametrize("damage", ["magic", "truncated", "directory", "entry"])
-def test_a_corrupt_key_index_raises_format_error_naming_it(dataset, damage):
-    path = DatasetFiles(dataset).key_index
-    data = bytearray(path.read_bytes())
+def damaged(data: bytearray, damage: str) -> bytearray:
+    """The key index ``data`` (of ``N`` samples) with one kind of damage."""
+    entries = 64 + 8 * ((1 << keyindex.directory_bits(N)) + 1)
+    places = entries + 16 * N
     if damage == "magic":
         data[:8] = b"NOTINDEX"
     elif damage == "truncated":
@@ -123,17 +123,79 @@ def test_a_corrupt_key_index_raises_format_error_naming_it(dataset, damage):
     elif damage == "directory":
         data[64:72] = (2**63).to_bytes(8, "big")  # the first slot claims to begin far away
         data[72:80] = (2**63).to_bytes(8, "big")
-    else:
-        entries = 64 + 8 * ((1 << keyindex.directory_bits(N)) + 1)
+    elif damage == "entries":
         data[entries:entries + 16 * N:16] = bytes(N)  # no stored hash is right any more
         data[entries + 8:entries + 16] = (1).to_bytes(8, "big")
+    elif damage == "salt bit":  # every key hashes elsewhere: all absent, once
+        data[24] ^= 1
+    elif damage == "hash bit":  # the lowest bit of a hash: in its slot, in order, not found
+        data[entries + 16 * 100 + 7] ^= 1
+    elif damage == "key place":  # key 10 is said to span 2**62 bytes: a MemoryError once
+        data[places + 8 * 11:places + 8 * 12] = (2**62).to_bytes(8, "big")
+    elif damage == "key place overflow":  # an OverflowError once
+        data[places + 8 * 10:places + 8 * 11] = (2**64 - 1).to_bytes(8, "big")
+    return data
+
+
+@pytest.mark.parametrize("damage", ["magic", "truncated", "directory", "entries", "salt bit",
+                                    "hash bit", "key place", "key place overflow"])
+def test_a_damaged_key_index_is_left_aside_with_a_warning_and_every_key_still_answers(
+        dataset, damage):
+    """Regression: a flipped bit made a present key absent while the sample read fine, and
+    key places claiming huge spans gave MemoryError and OverflowError."""
+    path = DatasetFiles(dataset).key_index
+    path.write_bytes(bytes(damaged(bytearray(path.read_bytes()), damage)))
+    reader, keys = MsgpackReader(dataset), keys_of(N)
+    with pytest.warns(UserWarning, match=r"set\.msgpack\.key_index: .*looked up in set\.msgpack\.keys"):
+        assert [reader.find_index(key) for key in keys] == list(range(N))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert [reader.find_key(i) for i in range(N)] == keys
+        assert all(key in reader for key in keys[::37]) and "absent" not in reader
+        assert [key for key, _ in reader.iter(0, 300, yield_key=True)] == keys[:300]
+    with warnings.catch_warnings(record=True):  # fresh readers, asked by index first
+        assert MsgpackReader(dataset).find_key(10) == keys[10]
+        assert [key for key, _ in MsgpackReader(dataset).get_slice(0, 12, True)] == keys[:12]
+
+
+def test_the_key_index_checks_each_slot_and_block_of_key_places_by_its_checksum(dataset):
+    path = DatasetFiles(dataset).key_index
+    index = KeyIndex.open(DatasetFiles(dataset), N)
+    entries = 64 + 8 * ((1 << keyindex.directory_bits(N)) + 1)
+    with open(path, "r+b") as file:  # an index that is still a place in range, and not 900's
+        file.seek(entries + 16 * 900 + 15)
+        byte = file.read(1)
+        file.seek(entries + 16 * 900 + 15)
+        file.write(bytes([byte[0] ^ 1]))
+    slot_of = {key: keyindex.hash_key(key, index.salt) >> (64 - index.bits) for key in keys_of(N)}
+    damaged_slot = next(slot for slot in range(1 << index.bits)
+                        if index._read(index._fd, 64 + 8 * slot, 16, path)[8:] >
+                        (900).to_bytes(8, "big"))
+    with pytest.raises(FormatError, match=f"directory slot {damaged_slot} fails its checksum"):
+        index.find(next(key for key, slot in slot_of.items() if slot == damaged_slot))
+    places = entries + 16 * N
+    with open(path, "r+b") as file:
+        file.seek(places + 8 * 130)
+        file.write((1).to_bytes(8, "big"))
+    with pytest.raises(FormatError, match="places of keys 128 to 192 fail their checksum"):
+        index[129]
+    assert index[127] == keys_of(N)[127] and index.keys(0, 128) == keys_of(N)[:128]
+
+
+def test_a_key_index_of_version_1_without_checksums_still_reads(dataset):
+    path = DatasetFiles(dataset).key_index
+    data = bytearray(path.read_bytes()[:key_index_size(N, version=1)])
+    data[8:12], data[56:60] = (1).to_bytes(4, "big"), bytes(4)
     path.write_bytes(bytes(data))
-    reader = MsgpackReader(dataset)
-    keys = keys_of(N)
-    with pytest.raises(FormatError) as raised:
-        for key in keys:
-            reader.find_index(key)
-    assert "key_index" in str(raised.value)
+    reader, keys = MsgpackReader(dataset), keys_of(N)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reader._on_disk() is not None and reader._on_disk().version == 1
+        assert [reader.find_index(key) for key in keys[::7]] == list(range(0, N, 7))
+        assert reader.find_key(N - 1) == keys[-1] and "absent" not in reader
+    path.write_bytes(bytes(damaged(data, "key place")))
+    with pytest.warns(UserWarning, match="key_index: the keys of samples 10 to 11"):
+        assert MsgpackReader(dataset).find_key(10) == keys[10]
 
 
 def test_hash_collisions_move_every_index_to_the_next_salt(tmp_path, monkeypatch):
@@ -240,3 +302,17 @@ def test_the_writers_filter_is_sized_before_it_is_made(monkeypatch):
     monkeypatch.setattr(hashing.BloomFilter, "__init__", recording)
     bloom = hashing.BloomFilter.for_count(20_000_000)  # past the bound: 87 MB uncapped
     assert made == [bloom.num_bits // 8] and made[0] <= hashing.BLOOM_MAX_BYTES
+
+
+def test_the_checksums_are_written_a_chunk_at_a_time(tmp_path, monkeypatch):
+    """The writer reads the file back in chunks of slots and of blocks of key places (at a
+    billion samples a list of every checksum would take hundreds of MB): chunks of 3 here,
+    and every lookup passes its checks."""
+    monkeypatch.setattr(keyindex, "_SUM_SLOTS", 3)
+    keys = keys_of(2000)
+    reader = MsgpackReader(write(tmp_path / "x.msgpack", keys))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [reader.find_index(key) for key in keys] == list(range(2000))
+        assert [reader.find_key(i) for i in range(2000)] == keys
+    assert reader._on_disk().bits == 4  # 16 slots: 6 chunks

@@ -1,6 +1,7 @@
 """ShardedReader over many shards: lengths from a shard index or the shards' .offsets, shards
-opened only when read; ShardedWriter and write_shard_index write the index; bad indexes and
-shards that disagree with them raise FormatError."""
+opened only when read; ShardedWriter and write_shard_index write the index; bad indexes raise
+FormatError, stale counts of local shards are corrected with a warning, and shards at URLs that
+disagree with them raise FormatError when opened."""
 
 import json
 import os
@@ -69,15 +70,59 @@ def test_it_shuffles_and_pickles_without_its_open_shards(written):
     assert reader.find_index("00007") == 7 and "00899" not in reader
 
 
-def test_a_shard_that_disagrees_with_the_index_raises_when_opened(written, tmp_path):
+def _index_with(written, name, change):
     index = json.loads(open(f"{written}.shards").read())
-    index["samples"][3] += 1
-    folder = written.parent
-    (folder / "wrong.shards").write_text(json.dumps(index))
-    reader = ShardedReader(folder / "wrong.shards")
-    assert reader.get(0)["x"] == 0
-    with pytest.raises(FormatError, match="shard 3 has 3 samples; the shard index"):
-        reader.get(10)
+    change(index)
+    (written.parent / name).write_text(json.dumps(index))
+    return written.parent / name
+
+
+@pytest.mark.parametrize("stale", [0, 2, 4, 1000])
+def test_a_stale_count_of_a_local_shard_is_corrected_with_a_warning_naming_both(written, stale):
+    """Regression: a count of 0 made the shard's samples vanish (and another count numbered
+    the samples after it wrongly until the shard was opened)."""
+    path = _index_with(written, f"stale{stale}.shards",
+                       lambda index: index["samples"].__setitem__(3, stale))
+    with pytest.warns(UserWarning, match=rf"stale{stale}\.shards: .*shard 3 \(\S*train-00003"
+                                         rf"\.msgpack\) holds 3, not {stale}; .*own counts"):
+        reader = ShardedReader(path)
+    assert len(reader) == SHARDS * PER - 1
+    assert [s["x"] for s in reader.iter(6, 15)] == list(range(6, 15))
+    assert reader.get(12)["x"] == 12 and reader.find_index("00010") == 10
+
+
+@pytest.mark.parametrize("count", [2**63, 2**64, 2**32, -1, 1.5, True, "3", None])
+def test_a_count_no_shard_can_hold_raises_format_error_naming_the_index_and_the_shard(
+        written, count):
+    """Regression: OverflowError, and ValueError: __len__() should return >= 0."""
+    path = _index_with(written, "huge.shards", lambda index: index["samples"].__setitem__(3, count))
+    with pytest.raises(FormatError, match=r"huge\.shards: corrupt shard index \(shard 3 "
+                                          r"\(train-00003\.msgpack\) is listed with"):
+        len(ShardedReader(path))
+
+
+def test_a_shard_listed_twice_raises_format_error(written):
+    path = _index_with(written, "twice.shards", lambda index: index["shards"].__setitem__(
+        2, "train-00000.msgpack"))
+    with pytest.raises(FormatError, match=r"twice\.shards: .*shard 2 \(train-00000\.msgpack\) "
+                                          "is listed before, as shard 0"):
+        ShardedReader(path)
+
+
+def test_a_shard_at_a_url_is_checked_when_opened_and_one_listed_empty_at_once(tmp_path):
+    with ShardedWriter(tmp_path / "t", shard_size=3) as writer:
+        for i in range(7):
+            writer.write({"key": f"{i}"})
+    index = json.loads((tmp_path / "t.shards").read_text())
+    index["samples"] = [0, 2, 1]
+    (tmp_path / "u.shards").write_text(json.dumps(index))
+    with pytest.warns(UserWarning, match=r"u\.shards: .*shard 0 \(file://\S*t-00000\.msgpack\) "
+                                         "holds 3, not 0"):
+        reader = ShardedReader(f"file://{tmp_path}/u.shards", cache_dir=tmp_path / "cache")
+    assert len(reader) == 6 and [reader.get(i)["key"] for i in range(3)] == ["0", "1", "2"]
+    with pytest.raises(FormatError, match=r"u\.shards: shard 1 \(file://\S*t-00001\.msgpack\) "
+                                          "has 3 samples; the shard index lists 2"):
+        reader.get(3)
 
 
 @pytest.mark.parametrize("content", [
