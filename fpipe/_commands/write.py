@@ -30,7 +30,7 @@ from ._common import (
     workers,
 )
 from ._formats import source_format, write_from_format
-from ._images import checked_suffixes, damage, decode_failure
+from ._images import checked_suffixes, image_problem
 from ._inputs import (
     IMAGE_SUFFIXES,
     JSON_LINES,
@@ -457,10 +457,12 @@ def _write_labels(path: Path, labels: list, args: argparse.Namespace) -> None:
 
 
 class ImageScreen:
-    """What becomes of image files that are damaged. ``"look"`` (the default) gives each the
-    cheap look of :func:`~fpipe._commands._images.damage` and packs it whatever it finds;
-    ``"stop"`` (--check) decodes each and stops the run at one that does not decode;
-    ``"skip"`` (--skip-bad) decodes each and leaves out those that do not. The damaged files
+    """What becomes of image files that are damaged, found by
+    :func:`~fpipe._commands._images.image_problem` (the check that ``fpipe verify --images``
+    makes too). ``"look"`` (the default) gives each the cheap look, without a full decode, and
+    packs it whatever it finds; ``"stop"`` (--check) decodes each as well and stops the run at
+    one that does not decode; ``"skip"`` (--skip-bad) decodes each and leaves out those that
+    do not. The damaged files
     are collected in ``found`` as ``(path, reason)``, and the image files that Pillow cannot
     read here in ``unchecked``; worker threads share the lists."""
 
@@ -476,7 +478,7 @@ class ImageScreen:
             if suffix in IMAGE_SUFFIXES:
                 self.unchecked.append(suffix)
             return True
-        reason = damage(data) if self.mode == "look" else decode_failure(data)
+        reason = image_problem(data, decode=self.mode != "look")
         return reason is None or self.failed(path, reason)
 
     def failed(self, path: str, reason: str, packable: bool = True) -> bool:
