@@ -17,7 +17,7 @@ def test_bench_measures_every_read_and_the_pipeline(tmp_path):
     assert lines[1].split() == ["read", "samples", "seconds", "samples/s", "MB/s"]
     assert [line.split()[:2] for line in lines[2:5]] == [
         ["sequential", "300"], ["random", "300"], ["quasi", "300"]]
-    assert "pipeline: read -> processes(decode_sample, n_workers=1) -> batch(16)" in out
+    assert "pipeline: read -> processes(unpack_args(decode_sample), n_workers=1) -> batch(16)" in out
     assert "bottleneck:" in out and "batch(16)" in lines[-2]
     raw = ok("bench", path, "--raw", "--modes", "random", "-q").splitlines()
     assert raw[0].endswith("raw") and len(raw) == 3 and raw[2].startswith("random")

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fpipe.cli import main
+
 from .conftest import fails, fpipe, jpeg, make_dataset, mistake, ok
 
 
@@ -113,3 +115,34 @@ def test_a_data_file_without_its_index_is_still_a_dataset_to_index(tmp_path, cap
             side.unlink()
     assert "fpipe index DATASET" in fpipe("verify", path).stdout
     assert "indexed 20 samples" in ok("index", path)
+
+
+def _table(out: str) -> dict[str, int]:
+    """The busy share (percent) of each row of the per-stage table in ``out``."""
+    lines = out.split("\nstage ", 1)[1].splitlines()[1:]
+    rows = [line.rsplit(None, 5) for line in lines if not line.startswith("bottleneck:")]
+    return {name: int(busy.rstrip("%")) for name, _, _, busy, _, _ in rows}
+
+
+def test_bench_of_a_small_dataset_says_it_is_too_small_and_names_functions_as_its_table(
+        tmp_path, capsys, monkeypatch):
+    import fpipe._commands.bench as bench
+
+    # a pass over 51 samples is over in about a millisecond, far below the least time; the
+    # least is made an hour here so that a busy machine cannot make the pass long enough
+    monkeypatch.setattr(bench, "_LEAST_SECONDS", 3600.0)
+    path = make_dataset(tmp_path / "small.msgpack", 51)
+    assert main(["bench", str(path), "--pipeline", "--workers", "1", "-q"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for line in lines[2:5]:
+        assert re.fullmatch(r"\w+ +51  too few samples to measure \(took [\d.]+ ms; give more "
+                            r"with a dataset of more samples\)", line), line
+    first_batch = next(line for line in lines if line.startswith("first batch after"))
+    assert first_batch.endswith("give more with a dataset of more samples)"), first_batch
+    assert "samples/s" not in first_batch
+    header = next(line for line in lines if line.startswith("pipeline: "))
+    table = _table(out)
+    assert header.split(" -> ")[1:] == list(table)[1:]  # the same names for the same stages
+    bottleneck = lines[-1].removeprefix("bottleneck: ")
+    assert bottleneck.startswith("none (") or table[bottleneck] >= 50, (bottleneck, table)
