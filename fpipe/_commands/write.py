@@ -128,6 +128,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--shuffle", action="store_true", help="shuffle the samples by --seed")
     parser.add_argument("--seed", type=non_negative_int, help="seed of --shuffle (0)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")
+    # how many damaged images to name (None: each); not an option: fpipe demo names a few
+    parser.set_defaults(named_images=None)
     _add_file_options(parser.add_argument_group("files (folders, patterns, list files)"))
     _add_known_options(parser.add_argument_group("well-known datasets"))
 
@@ -506,9 +508,12 @@ def _report_images(screen: ImageScreen, entries: Entries | ShuffledEntries, args
     position = {entry.path: i for i, entry in enumerate(entries) if entry.path in damaged}
     found = sorted(screen.found, key=lambda item: position.get(item[0], 0))
     left_out = screen.mode == "skip"
-    for path, reason in found:
+    named = found if args.named_images is None else found[:args.named_images]
+    for path, reason in named:
         print(f"fpipe write: {'left out' if left_out else 'warning:'} {path}: {reason}",
               file=sys.stderr)
+    if len(named) < len(found):
+        print(f"fpipe write: ... and {len(found) - len(named)} more", file=sys.stderr)
     print(f"fpipe write: left out {len(found)} image(s) that do not decode (--skip-bad)"
           if left_out else
           f"fpipe write: warning: {len(found)} image(s) look damaged and were packed as they "

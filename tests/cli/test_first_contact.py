@@ -146,3 +146,38 @@ def test_bench_of_a_small_dataset_says_it_is_too_small_and_names_functions_as_it
     assert header.split(" -> ")[1:] == list(table)[1:]  # the same names for the same stages
     bottleneck = lines[-1].removeprefix("bottleneck: ")
     assert bottleneck.startswith("none (") or table[bottleneck] >= 50, (bottleneck, table)
+
+
+def test_demo_on_a_folder_with_bad_images_leaves_them_out_counted_and_says_why(photos):
+    result = fpipe("demo", "--data", photos, "--no-torch", "--workers", "0", "--epochs", "1")
+    assert result.returncode == 0, result.stderr
+    assert "--skip-bad" in result.stdout.splitlines()[0]
+    assert ("(--skip-bad decodes every image and leaves out those that do not decode; without "
+            "it, 'fpipe write' packs them as they are with a warning, and --check stops at the "
+            "first)") in result.stdout
+    lines = result.stderr.splitlines()
+    named = [line for line in lines if line.startswith(f"fpipe write: left out {photos}")]
+    assert len(named) == 5 and {line.split(": ")[1].removeprefix(f"left out {photos}/")
+                                for line in named} < set(DAMAGED)
+    assert lines[-2:] == ["fpipe write: ... and 1 more",
+                          "fpipe write: left out 6 image(s) that do not decode (--skip-bad)"]
+    assert "wrote 6 samples" in result.stdout and "accuracy" in result.stdout
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_demo_epochs_show_their_progress_on_a_terminal_only(tmp_path, capsys, monkeypatch):
+    argv = ["demo", "--no-torch", "--workers", "0", "--images", "40", "--classes", "2",
+            "--epochs", "2", "--batch-size", "8"]
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert main(argv) == 0
+    shown = terminal.getvalue()
+    for epoch in (1, 2):  # each epoch's bar counts the samples of the 40 it will take
+        assert re.search(rf"epoch {epoch}/2: +0%\|[^|]*\| 0/40 \[", shown), shown
+    monkeypatch.undo()
+    assert main(argv) == 0
+    assert "epoch 1/2: " not in capsys.readouterr().err  # not a terminal: no bars
