@@ -163,29 +163,30 @@ def checked_suffixes() -> frozenset[str]:
 
 
 def image_problems(path: Path, args: argparse.Namespace) -> tuple[list[str], int]:
-    """The images in the samples of dataset ``path`` that do not decode, one line each (at most
-    10, then where it stopped), and how many images were decoded. A corrupt sample ends the
-    look quietly: the structure check names it."""
+    """The images (:func:`image_fields`) in the samples of dataset ``path`` that
+    :func:`image_problem` finds bad, one line each (at most 10, then where it stopped), and
+    how many images were checked. A corrupt sample ends the look quietly: the structure check
+    names it."""
     from ..storage import MsgpackReader
 
     problems: list[str] = []
-    decoded = 0
+    checked = 0
     with MsgpackReader(path) as reader, progress_bar(
-            args, total=len(reader), desc=f"decoding images of {path.name}", unit=" samples") as bar:
+            args, total=len(reader), desc=f"checking images of {path.name}", unit=" samples") as bar:
         try:
             for index, sample in enumerate(reader.iter(copy=False)):
                 bar.update()
                 images = image_fields(sample)
-                decoded += len(images)
+                checked += len(images)
                 problems += [f"sample {index} (key {sample.get('key')!r}), field {name!r}: "
-                             f"{reason}" for name, reason in _undecodable(images)]
+                             f"{reason}" for name, reason in _bad_images(images)]
                 if len(problems) >= _MAX_PROBLEMS:
-                    problems.append(f"... (stopped after {len(problems)} images that do not "
-                                    f"decode; sample {index} was the last)")
+                    problems.append(f"... (stopped after {len(problems)} bad images; sample "
+                                    f"{index} was the last)")
                     break
         except FormatError:
             pass
-    return problems, decoded
+    return problems, checked
 
 
 def image_fields(sample: Any) -> dict[str, Any]:
@@ -209,6 +210,6 @@ def image_fields(sample: Any) -> dict[str, Any]:
             and (named or f".{name}".lower() in checked_suffixes() or encoded_image(bytes(value[:12])))}
 
 
-def _undecodable(images: dict[str, Any]) -> list[tuple[str, str]]:
+def _bad_images(images: dict[str, Any]) -> list[tuple[str, str]]:
     found = ((name, image_problem(value, decode=True)) for name, value in images.items())
     return [(name, reason) for name, reason in found if reason is not None]
