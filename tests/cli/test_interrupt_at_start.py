@@ -77,9 +77,13 @@ def test_ctrl_c_while_the_command_starts_exits_130_without_a_traceback(hooks, tm
 
 @pytest.mark.parametrize("how", ["-c", "-m"])
 def test_a_program_that_imports_fpipe_keeps_its_ctrl_c(tmp_path, how):
+    # python -m mytool imports the package mytool, and so fpipe, while sys.argv[0] is "-m",
+    # as python -m fpipe does
     code = ("import signal, fpipe.cli\n"
             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
-    (tmp_path / "mytool.py").write_text(code)
+    (tmp_path / "mytool").mkdir()
+    (tmp_path / "mytool" / "__init__.py").write_text("import fpipe.cli\n")
+    (tmp_path / "mytool" / "__main__.py").write_text(code)
     argv = ["-c", code] if how == "-c" else ["-m", "mytool"]
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     result = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
