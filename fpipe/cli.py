@@ -8,7 +8,8 @@ clear line on stderr and an exit status, instead of a traceback:
 - 1: a data error (corrupt or truncated input, duplicate keys, an image that does not decode);
 - 2: a usage error (bad option value, missing input file, an output that exists without
   ``-y/--overwrite``, an output that is one of the inputs);
-- 130: interrupted (Ctrl-C); 141: stdout was closed early (``fpipe cat X | head``), silently.
+- 130: interrupted (Ctrl-C, also while the command is still starting: see
+  :mod:`fpipe._startup`); 141: stdout was closed early (``fpipe cat X | head``), silently.
 
 Anything else is a bug in fpipe and keeps its traceback.
 
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 
 from ._commands import bench, demo, export, inspect, move, reorder, repair, transfer, write
 from ._commands._common import UsageError
+from ._startup import EXIT_INTERRUPTED, release
 from ._version import __version__
 from .errors import FpipeError, redacted_url
 
@@ -34,7 +36,6 @@ __all__ = ["build_parser", "main"]
 
 EXIT_DATA_ERROR = 1
 EXIT_USAGE_ERROR = 2
-EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
 # Checked in this order: the first class an exception is an instance of decides its status.
@@ -77,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE_ERROR
     try:
+        release()  # Ctrl-C is a KeyboardInterrupt from here on, caught below
         status = args.run(args)
         sys.stdout.flush()
         return status

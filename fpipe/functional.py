@@ -68,8 +68,33 @@ def call_repr(factory: str, positional: Iterable, keywords: Mapping) -> str:
     >>> call_repr("map", (pow, 3), {"seed": 0})
     'map(pow, 3, seed=0)'
     """
-    parts = [*map(_arg_repr, positional), *(f"{k}={v!r}" for k, v in keywords.items())]
+    parts = [*map(_arg_repr, positional), *(_keyword_repr(k, v) for k, v in keywords.items())]
     return f"{factory}({', '.join(parts)})"
+
+
+# The stages' options that count bytes: their reprs say 64 MiB, not 67108864.
+_BYTE_OPTIONS = frozenset(("memory_budget", "shared_memory_budget"))
+_BINARY_UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+
+
+def _keyword_repr(name: str, value: Any) -> str:
+    if name in _BYTE_OPTIONS and isinstance(value, int) and not isinstance(value, bool):
+        return f"{name}={byte_size(value)}"
+    return f"{name}={value!r}"
+
+
+def byte_size(count: int) -> str:
+    """``count`` bytes in the largest binary unit that holds it whole, else to two decimals
+    (not in ``__all__``, like :func:`call_repr`: the stages' reprs use it).
+
+    >>> byte_size(67108864), byte_size(3 << 30), byte_size(1536), byte_size(100_000_000), byte_size(10)
+    ('64 MiB', '3 GiB', '1.5 KiB', '95.37 MiB', '10 bytes')
+    """
+    for unit, name in _BINARY_UNITS:
+        if count >= unit:
+            whole, rest = divmod(count, unit)
+            return f"{whole} {name}" if not rest else f"{count / unit:.2f}".rstrip("0") + f" {name}"
+    return f"{count} bytes"
 
 
 class _Bound:

@@ -39,6 +39,8 @@ __all__ = ["CompressedToPIL", "IMAGENET_MEAN", "IMAGENET_STD", "ImageDecodeError
            "normalize", "random_resized_crop", "resized_center_crop"]
 
 JPEG_MAGIC = b"\xff\xd8\xff"
+_SIGNATURES = ((JPEG_MAGIC, "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF8", "GIF"),
+               (b"RIFF", "RIFF (WebP)"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
 _simplejpeg: Any = None  # the module once looked up; False when it is not installed
 
 
@@ -106,7 +108,7 @@ def decode_image(data: bytes | bytearray | memoryview, mode: str = "RGB") -> Ima
     >>> decode_image(b"not an image at all")
     Traceback (most recent call last):
     ...
-    fpipe.image.ImageDecodeError: cannot decode 19 bytes starting b'not an image at a' as an image: ...
+    fpipe.image.ImageDecodeError: not an image (its 19 bytes start with b'not an image at a')
     """
     view = as_buffer(data)
     if mode == "RGB" and view[:3] == JPEG_MAGIC:
@@ -144,12 +146,24 @@ def _pillow_decode(view: memoryview, mode: str) -> Image:
 
 def undecodable(view: memoryview, error: Exception) -> ImageDecodeError:
     """The error for bytes that Pillow could not decode (not in ``__all__``: the decoders
-    raise it), naming their length and first bytes.
+    raise it), naming their length and first bytes: in plain words when they are empty or no
+    image at all (Pillow's message names its internal buffer object), else with Pillow's reason.
 
     >>> undecodable(memoryview(b"GIF89a..."), OSError("truncated"))
     ImageDecodeError("cannot decode 9 bytes starting b'GIF89a...' as an image: truncated")
+    >>> undecodable(memoryview(b""), OSError("cannot decode"))
+    ImageDecodeError('empty (0 bytes), not an image')
     """
+    from PIL import UnidentifiedImageError
+
     head = bytes(view[:17])
+    if not len(view):
+        return ImageDecodeError("empty (0 bytes), not an image")
+    kind = next((kind for magic, kind in _SIGNATURES if head.startswith(magic)), None)
+    if isinstance(error, UnidentifiedImageError):
+        if kind is None:
+            return ImageDecodeError(f"not an image (its {len(view)} bytes start with {head!r})")
+        error = f"they begin as {kind} data does, but its header is cut off or damaged"
     return ImageDecodeError(f"cannot decode {len(view)} bytes starting {head!r} as an image: {error}")
 
 

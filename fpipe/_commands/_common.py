@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import shutil
 import sys
 import textwrap
@@ -41,6 +42,7 @@ __all__ = [
     "int_between",
     "load_classes",
     "non_negative_int",
+    "not_a_dataset",
     "open_dataset",
     "positive_int",
     "positive_number",
@@ -285,7 +287,76 @@ def data_file(path: str | Path) -> Path:
         raise FileNotFoundError(f"dataset {path} not found")
     if not path.is_file():
         raise UsageError(f"{path} is not a regular file, so not a dataset")
+    reason = not_a_dataset(path)
+    if reason is not None:
+        raise UsageError(f"{path} is not an fpipe dataset: {reason}")
     return path
+
+
+def not_a_dataset(path: Path) -> str | None:
+    """Why the file ``path`` is no fpipe dataset at all, or None when it may be one (damaged,
+    perhaps, or without its index: ``fpipe index`` is for those). Only a file with none of a
+    dataset's other files beside it, that no sample starts, and that is text or a format fpipe
+    knows by its first bytes (an image, an archive, Parquet, ...) is no dataset.
+
+    >>> import tempfile
+    >>> notes = Path(tempfile.mkdtemp()) / "notes.txt"
+    >>> _ = notes.write_text("buy milk\\n")
+    >>> not_a_dataset(notes)
+    "it is a text file (it begins 'buy milk\\\\n'); a dataset's data file holds msgpack samples"
+    >>> _ = notes.write_bytes(msgpack.packb({"key": "a"}))
+    >>> not_a_dataset(notes) is None
+    True
+    """
+    files = DatasetFiles(path)
+    if any(os.path.lexists(side) for side in (files.offsets, files.legacy_index, files.keys,
+                                              files.md5)):
+        return None
+    with open_regular(path) as file:
+        head = file.read(_HEAD_BYTES)
+    if not head or _starts_with_sample(head):
+        return None
+    kind = _foreign_kind(head)
+    return None if kind is None else f"it is {kind}; a dataset's data file holds msgpack samples"
+
+
+def _starts_with_sample(head: bytes) -> bool:
+    """Whether ``head``, a file's first bytes, begins with a sample: a msgpack map with a str
+    ``"key"`` (or the start of a map longer than ``head``)."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(head))
+    unpacker.feed(head)
+    try:
+        first = unpacker.unpack()
+    except msgpack.OutOfData:
+        return head[0] in _MAP_HEADERS
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return False
+    return isinstance(first, dict) and isinstance(first.get("key"), str)
+
+
+def _foreign_kind(head: bytes) -> str | None:
+    """What a file that begins with ``head`` is, when fpipe knows it: text, or a format known
+    by its signature."""
+    for at, signature, kind in _SIGNATURES:
+        if head[at:at + len(signature)] == signature:
+            return kind
+    try:
+        text = head.decode("utf-8") if len(head) < _HEAD_BYTES else \
+            head[:-4].decode("utf-8")  # the last character may be cut
+    except UnicodeDecodeError:
+        return None
+    if "\0" in text or not text.strip():
+        return None
+    return f"a text file (it begins {text[:20]!r})"
+
+
+_HEAD_BYTES = 1 << 16  # what not_a_dataset reads of a file
+_MAP_HEADERS = frozenset((*range(0x80, 0x90), 0xDE, 0xDF))  # msgpack: fixmap, map 16, map 32
+_SIGNATURES = ((0, b"\xff\xd8\xff", "a JPEG image"), (0, b"\x89PNG\r\n\x1a\n", "a PNG image"),
+               (0, b"GIF8", "a GIF image"), (0, b"PAR1", "a Parquet file"),
+               (0, b"ARROW1", "an Arrow file"), (0, b"PK\x03\x04", "a zip archive"),
+               (0, b"\x1f\x8b", "a gzip file"), (257, b"ustar", "a tar archive"),
+               (0, b"%PDF", "a PDF document"), (0, b"RIFF", "a RIFF file (WebP, WAV, AVI)"))
 
 
 def load_classes(path: str | Path) -> dict | None:

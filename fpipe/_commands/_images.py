@@ -1,23 +1,27 @@
-"""How the commands tell a damaged image.
+"""How the commands tell a damaged image: :func:`image_problem`, the one check of an image
+file's bytes, which ``fpipe write`` gives every image file it packs and ``fpipe verify
+--images`` every image in a dataset, so that both find the same problems.
 
-:func:`damage` is a cheap look that ``fpipe write`` gives every image file: Pillow must know
-its format from its header, and JPEG, PNG, WebP and GIF data must reach the end that their
-format marks, which is where a cut-off download or copy fails (other formats, mostly
-uncompressed, are decoded: BMP, TIFF, PPM). Pillow's ``verify()`` does not notice a cut-off
-JPEG, and a full decode costs 15 times the look: for a 93 KiB 500x375 JPEG, reading took
-0.03 ms, the look 0.07 ms, a decode 1-2 ms (160 ms for a 12-megapixel photo).
-:func:`decode_failure` is the full decode, for ``fpipe write --check/--skip-bad`` and
-``fpipe verify --images``.
+It says "empty file" and "not an image" in those words; then comes a cheap look,
+:func:`damage`: Pillow must know the format from its header, and JPEG, PNG, WebP and GIF data
+must reach the end that their format marks, which is where a cut-off download or copy fails
+(other formats, mostly uncompressed, are decoded: BMP, TIFF, PPM). Pillow's ``verify()`` does
+not notice a cut-off JPEG, and a full decode costs 15 times the look: for a 93 KiB 500x375
+JPEG, reading took 0.03 ms, the look 0.07 ms, a decode 1-2 ms (160 ms for a 12-megapixel
+photo). With ``decode`` (``fpipe write --check/--skip-bad``, ``fpipe verify --images``) the
+image is then decoded in full by :func:`decode_failure`, fpipe's decoder.
 
 >>> import io
 >>> from PIL import Image
 >>> buffer = io.BytesIO()
 >>> Image.effect_noise((64, 64), 40).convert("RGB").save(buffer, "JPEG")
 >>> jpeg = buffer.getvalue()
->>> damage(jpeg) is None, decode_failure(jpeg) is None
-(True, True)
->>> damage(jpeg[:-40])
+>>> image_problem(jpeg, decode=True) is None
+True
+>>> image_problem(jpeg[:-40], decode=False)
 'the JPEG data ends before its end-of-image marker (cut off?)'
+>>> image_problem(b"", decode=True), image_problem(b"hello", decode=True)
+('empty file (0 bytes)', "not an image (its 5 bytes start with b'hello')")
 >>> decode_failure(jpeg[:-40]).startswith("cannot decode")
 True
 """
@@ -33,9 +37,10 @@ from typing import Any
 
 from ..errors import FormatError
 from ._common import progress_bar
-from ._inputs import IMAGE_SUFFIXES
+from ._inputs import IMAGE_SUFFIXES, file_suffix
 
-__all__ = ["checked_suffixes", "damage", "decode_failure", "encoded_image", "image_problems"]
+__all__ = ["checked_suffixes", "damage", "decode_failure", "encoded_image", "image_fields",
+           "image_problem", "image_problems"]
 
 _MAX_PROBLEMS = 10  # images that fpipe verify --images names before it stops looking
 
@@ -93,25 +98,41 @@ _ENDS: dict[str, tuple[Callable[[bytes], bool], str]] = {
 }
 
 
-def damage(data: bytes) -> str | None:
+def image_problem(data: bytes | bytearray | memoryview, decode: bool) -> str | None:
+    """Why ``data``, the bytes of an image file, is not a whole image, or None: it is empty,
+    or :func:`damage` finds it is no image or cut off, or (with ``decode``) fpipe's decoder
+    fails on it (:func:`decode_failure`)."""
+    if not len(data):
+        return "empty file (0 bytes)"
+    reason = damage(data)
+    if reason is None and decode:
+        reason = decode_failure(data)
+    return reason
+
+
+def damage(data: bytes | bytearray | memoryview) -> str | None:
     """Why ``data`` is not a whole image, or None: Pillow does not know it from its header,
     or JPEG, PNG, WebP or GIF data stops before its format's end, or an image of another
     format does not decode."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
+    from ..image import undecodable
+
+    view = memoryview(data).cast("B")
     # Pillow tries every format it knows unless told which: twice the time for a JPEG
-    formats = next(([kind] for magic, kind in _FORMAT_MAGIC if data.startswith(magic)), None)
+    formats = next(([kind] for magic, kind in _FORMAT_MAGIC if view[:len(magic)] == magic), None)
     try:
-        with Image.open(io.BytesIO(data), formats=formats) as image:
+        with Image.open(io.BytesIO(view), formats=formats) as image:
             kind = image.format
             if kind not in _ENDS:
                 image.load()
-    except UnidentifiedImageError:
-        return f"not an image that Pillow knows (its bytes begin {bytes(data[:16])!r})"
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-        return f"not a whole image ({error})"
+    except Image.DecompressionBombError as error:
+        return str(error)
+    except (OSError, SyntaxError, ValueError) as error:  # UnidentifiedImageError is an OSError
+        return undecodable(view, error).reason
     complete, what = _ENDS.get(kind, (None, ""))
-    return None if complete is None or complete(data) else f"the {kind} data {what} (cut off?)"
+    whole = data if isinstance(data, bytes) else bytes(view)
+    return None if complete is None or complete(whole) else f"the {kind} data {what} (cut off?)"
 
 
 def decode_failure(data: Any) -> str | None:
@@ -142,37 +163,53 @@ def checked_suffixes() -> frozenset[str]:
 
 
 def image_problems(path: Path, args: argparse.Namespace) -> tuple[list[str], int]:
-    """The images in the samples of dataset ``path`` that do not decode, one line each (at most
-    10, then where it stopped), and how many images were decoded. A corrupt sample ends the
-    look quietly: the structure check names it."""
+    """The images (:func:`image_fields`) in the samples of dataset ``path`` that
+    :func:`image_problem` finds bad, one line each (at most 10, then where it stopped), and
+    how many images were checked. A corrupt sample ends the look quietly: the structure check
+    names it."""
     from ..storage import MsgpackReader
 
     problems: list[str] = []
-    decoded = 0
+    checked = 0
     with MsgpackReader(path) as reader, progress_bar(
-            args, total=len(reader), desc=f"decoding images of {path.name}", unit=" samples") as bar:
+            args, total=len(reader), desc=f"checking images of {path.name}", unit=" samples") as bar:
         try:
             for index, sample in enumerate(reader.iter(copy=False)):
                 bar.update()
-                images = _images_of(sample)
-                decoded += len(images)
+                images = image_fields(sample)
+                checked += len(images)
                 problems += [f"sample {index} (key {sample.get('key')!r}), field {name!r}: "
-                             f"{reason}" for name, reason in _undecodable(images)]
+                             f"{reason}" for name, reason in _bad_images(images)]
                 if len(problems) >= _MAX_PROBLEMS:
-                    problems.append(f"... (stopped after {len(problems)} images that do not "
-                                    f"decode; sample {index} was the last)")
+                    problems.append(f"... (stopped after {len(problems)} bad images; sample "
+                                    f"{index} was the last)")
                     break
         except FormatError:
             pass
-    return problems, decoded
+    return problems, checked
 
 
-def _images_of(sample: Any) -> dict[str, bytes]:
+def image_fields(sample: Any) -> dict[str, Any]:
+    """The fields of ``sample`` that hold an image file: bytes that begin as JPEG, PNG, GIF or
+    WebP data do; and any bytes in a field named like an image file's suffix (WebDataset's
+    ``jpg``, ``png``) or in a sample whose key names an image file that Pillow reads, as
+    ``fpipe write`` packs a folder (the key is the file's path): an empty file or a text file
+    named ``.jpg`` is an image that is damaged, not some other bytes.
+
+    >>> sorted(image_fields({"key": "cat/1.jpg", "image": b"", "label": 3}))
+    ['image']
+    >>> sorted(image_fields({"key": "a", "jpg": b"hello", "txt": b"hello", "x": b"GIF89a"}))
+    ['jpg', 'x']
+    """
     if not isinstance(sample, dict):
         return {}
-    return {name: value for name, value in sample.items() if encoded_image(value)}
+    key = sample.get("key")
+    named = isinstance(key, str) and file_suffix(key).lower() in checked_suffixes()
+    return {name: value for name, value in sample.items()
+            if isinstance(value, (bytes, bytearray, memoryview))
+            and (named or f".{name}".lower() in checked_suffixes() or encoded_image(bytes(value[:12])))}
 
 
-def _undecodable(images: dict[str, bytes]) -> list[tuple[str, str]]:
-    found = ((name, decode_failure(value)) for name, value in images.items())
+def _bad_images(images: dict[str, Any]) -> list[tuple[str, str]]:
+    found = ((name, image_problem(value, decode=True)) for name, value in images.items())
     return [(name, reason) for name, reason in found if reason is not None]

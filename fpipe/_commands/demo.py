@@ -46,6 +46,7 @@ from ._common import (
 __all__ = ["Augment", "add_parsers", "make_images"]
 
 _IMAGES, _CLASSES = 512, 4  # what the demo makes unless --images, --classes
+_NAMED_IMAGES = 5  # images of --data that do not decode, named before the count
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220),
            "yellow": (230, 210, 40), "magenta": (200, 50, 200), "cyan": (40, 200, 210),
@@ -187,10 +188,16 @@ def _write_parser() -> argparse.ArgumentParser:
 def _pack(source: str, dataset: Path, args: argparse.Namespace) -> None:
     argv = ["write", source, str(dataset), "--shuffle", "--seed", str(args.seed), "--workers", "2"]
     argv += ["-y"] if args.overwrite else []
-    # someone else's images may not decode: find out at packing, in one line naming the file
-    argv += ["--check"] if args.data is not None else []
+    # someone else's images may not decode: leave those out at packing, counted, the first
+    # few named, rather than stop there or in a training worker
+    argv += ["--skip-bad"] if args.data is not None else []
     say(args, f"2. $ fpipe {' '.join(argv)}")
+    if args.data is not None:
+        say(args, "   (--skip-bad decodes every image and leaves out those that do not decode; "
+                  "without it, 'fpipe write' packs them as they are with a warning, and "
+                  "--check stops at the first)")
     written = _write_parser().parse_args(argv + (["-q"] if args.quiet else []))
+    written.named_images = _NAMED_IMAGES
     status = written.run(written)
     if status:
         raise UsageError(f"packing {source} failed (exit status {status})")
@@ -260,8 +267,13 @@ def _train_torch(dataset: Path, classes: int, args: argparse.Namespace) -> tuple
         model = _cnn(torch, classes)
         optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
         step = _TorchStep(torch, model, optimiser)
+        where = (f"in {args.workers} DataLoader worker processes" if args.workers else
+                 "in this process (--workers 0)")
+        inside = (f"{where}: IterableDataset(shuffle=True) -> {Augment(args.size)} -> batches "
+                  f"of {args.batch_size} (torch's collate)")
         try:
-            return _epochs(_Epochs(stream_set, loader), step, args)
+            return _epochs(_Epochs(stream_set, loader), step, args, len(stream_set),
+                           inside=inside)
         finally:
             del loader  # stops the persistent workers now, not at exit
 
@@ -321,7 +333,8 @@ def _train_numpy(dataset: Path, classes: int, args: argparse.Namespace) -> tuple
     model = _SoftmaxRegression(classes)
     try:
         with batch_iter:
-            return _epochs(lambda epoch: batch_iter(), model.step, args, batch_iter)
+            return _epochs(lambda epoch: batch_iter(), model.step, args,
+                           per_epoch * args.batch_size, batch_iter)
     finally:
         if hasattr(augment, "close"):
             augment.close()
@@ -367,16 +380,18 @@ def _pooled(images: np.ndarray) -> np.ndarray:
 # --- the epochs -------------------------------------------------------------------------
 
 
-def _epochs(make_source: Any, step: Any, args: argparse.Namespace,
-            pipeline: Any = None) -> tuple[int, float]:
-    """Train ``args.epochs`` epochs, each through ``pipe(make_source(epoch), map(step))``;
-    print a line per epoch, then the per-stage table and the plan of the last (those of
-    ``pipeline``, an Infinite, or of the epoch's stream); return samples and seconds."""
+def _epochs(make_source: Any, step: Any, args: argparse.Namespace, samples: int,
+            pipeline: Any = None, inside: str | None = None) -> tuple[int, float]:
+    """Train ``args.epochs`` epochs of ``samples`` samples, each through
+    ``pipe(make_source(epoch), map(step))``; print a line per epoch, then the per-stage table
+    and the plan: those of ``pipeline``, an Infinite, which runs through all the epochs, or
+    else of the last epoch's stream, whose source runs ``inside`` (what the DataLoader's
+    workers do); return samples and seconds."""
     seen, seconds, table, plan = 0, 0.0, None, None
     for epoch in range(args.epochs):
         start = time.perf_counter()
         with map(step)(make_source(epoch)) as stream:
-            loss, hits, count = _run_epoch(stream, epoch, args)
+            loss, hits, count = _run_epoch(stream, epoch, samples, args)
             table = pipeline.stats() if pipeline is not None else stats(stream)
             plan = pipeline.explain() if pipeline is not None else explain(stream)
         elapsed = time.perf_counter() - start
@@ -385,17 +400,37 @@ def _epochs(make_source: Any, step: Any, args: argparse.Namespace,
                   f"({count / max(elapsed, 1e-9):,.0f} samples/s), loss {loss:.3f}, "
                   f"accuracy {hits / max(count, 1):.0%}")
     if table is not None:
-        say(args, f"4. where the time went, per stage:\n{table}")
-        say(args, f"5. the plan (fpipe.explain: what runs where, with how many workers):\n{plan}")
+        scope = (f"over all {args.epochs} epoch(s), worker start-up included" if pipeline
+                 is not None else f"in the last epoch ({args.epochs}/{args.epochs}) alone")
+        say(args, f"4. where the time went, per stage, {scope}:\n{table}")
+        say(args, f"5. the plan (fpipe.explain: what runs where, with how many workers):\n"
+                  f"{_with_source_inside(str(plan), inside)}")
     return seen, seconds
 
 
-def _run_epoch(stream: Iterator, epoch: int, args: argparse.Namespace) -> tuple:
+def _with_source_inside(plan: str, inside: str | None) -> str:
+    """``plan`` with what runs inside its source (the first line) written under it.
+
+    >>> print(_with_source_inside("source(DataLoader)\\nmap(step)", "in 2 workers: f -> g"))
+    source(DataLoader)
+        in 2 workers: f -> g
+    map(step)
+    """
+    if inside is None:
+        return plan
+    first, _, rest = plan.partition("\n")
+    return f"{first}\n    {inside}" + (f"\n{rest}" if rest else "")
+
+
+def _run_epoch(stream: Iterator, epoch: int, samples: int, args: argparse.Namespace) -> tuple:
+    """Train on the batches of ``stream``, an epoch of about ``samples`` samples, with a
+    progress bar of the samples on a terminal; the mean loss, hits and samples."""
     total_loss = hits = count = 0
-    with progress_bar(args, stream, desc=f"epoch {epoch + 1}/{args.epochs}",
-                      unit=" batches") as bar:
-        for loss, batch_hits, batch_count in bar:
+    with progress_bar(args, total=samples, desc=f"epoch {epoch + 1}/{args.epochs}",
+                      unit=" samples") as bar:
+        for loss, batch_hits, batch_count in stream:
             total_loss += loss * batch_count
             hits += batch_hits
             count += batch_count
+            bar.update(batch_count)
     return total_loss / max(count, 1), hits, count

@@ -72,8 +72,11 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
     verify.add_argument("--quick", action="store_true",
                         help="check checksums and the index, not every sample")
     verify.add_argument("--images", action="store_true",
-                        help="also decode every image (JPEG, PNG, GIF, WebP bytes) and report "
-                             "those that do not decode (slower: a full decode of each)")
+                        help="also check every image, as 'fpipe write --check' does: the "
+                             "JPEG, PNG, GIF, WebP bytes, and the bytes of samples whose key "
+                             "names an image file (an empty or text file named .jpg is a bad "
+                             "image); report those that are empty, not images, cut off or do "
+                             "not decode (slower: a full decode of each)")
     verify.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar; print only problems")
 
@@ -120,12 +123,12 @@ def _run_verify(args: argparse.Namespace) -> int:
         refuse_options({"--images": args.images}, "with --quick, which reads no sample")
     failed = False
     for dataset in args.datasets:
-        problems, checked = _check_any(dataset, args)
-        if problems:
+        problems, images, checked = _check_any(dataset, args)
+        if problems or images:
             failed = True
-            print(f"{redacted_url(dataset)}: {len(problems)} problem(s)")
-            print("\n".join(f"  {problem}" for problem in problems))
-            hint = _hint(problems)
+            print(f"{redacted_url(dataset)}: {len(problems) + len(images)} problem(s)")
+            print("\n".join(f"  {problem}" for problem in problems + images))
+            hint = _hint(problems)  # fpipe index rebuilds an index; it mends no image
             if hint:
                 print(f"  hint: {hint}")
         else:
@@ -133,20 +136,27 @@ def _run_verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _check_any(dataset: str, args: argparse.Namespace) -> tuple[list[str], str]:
-    """:func:`check_dataset` of a path, or of a URL's dataset fetched to a temporary folder."""
+def _check_any(dataset: str, args: argparse.Namespace) -> tuple[list[str], list[str], str]:
+    """:func:`_findings` of a path, or of a URL's dataset fetched to a temporary folder."""
     from ..storage.remote import is_url
     from .transfer import fetched_copy
 
     if not is_url(dataset):
-        return check_dataset(Path(dataset), args)
+        return _findings(Path(dataset), args)
     path, folder = fetched_copy(dataset)
     with folder:
-        return check_dataset(path, args)
+        return _findings(path, args)
 
 
 def check_dataset(path: Path, args: argparse.Namespace) -> tuple[list[str], str]:
     """The problems found in dataset ``path``, and what was checked."""
+    problems, images, checked = _findings(path, args)
+    return problems + images, checked
+
+
+def _findings(path: Path, args: argparse.Namespace) -> tuple[list[str], list[str], str]:
+    """The problems with the files, index and samples of dataset ``path``; those with its
+    images (``--images``); and what was checked."""
     files = DatasetFiles(data_file(path))
     problems, checked_files = _check_md5(files, args)
     index, index_problems = _check_index(files, args)
@@ -155,11 +165,11 @@ def check_dataset(path: Path, args: argparse.Namespace) -> tuple[list[str], str]
     if index is not None and not args.quick:
         problems += _check_samples(files, index, args)
         checked += f", {index.count} samples"
+    images: list[str] = []
     if index is not None and getattr(args, "images", False):
-        found, decoded = image_problems(files.data, args)
-        problems += found
-        checked += f", {decoded} images decoded"
-    return problems, checked
+        images, decoded = image_problems(files.data, args)
+        checked += f", {decoded} images checked"
+    return problems, images, checked
 
 
 def _check_md5(files: Any, args: argparse.Namespace) -> tuple[list[str], int]:

@@ -30,7 +30,7 @@ from ._common import (
     workers,
 )
 from ._formats import source_format, write_from_format
-from ._images import checked_suffixes, damage, decode_failure
+from ._images import checked_suffixes, image_problem
 from ._inputs import (
     IMAGE_SUFFIXES,
     JSON_LINES,
@@ -128,6 +128,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--shuffle", action="store_true", help="shuffle the samples by --seed")
     parser.add_argument("--seed", type=non_negative_int, help="seed of --shuffle (0)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")
+    # how many damaged images to name (None: each); not an option: fpipe demo names a few
+    parser.set_defaults(named_images=None)
     _add_file_options(parser.add_argument_group("files (folders, patterns, list files)"))
     _add_known_options(parser.add_argument_group("well-known datasets"))
 
@@ -457,10 +459,12 @@ def _write_labels(path: Path, labels: list, args: argparse.Namespace) -> None:
 
 
 class ImageScreen:
-    """What becomes of image files that are damaged. ``"look"`` (the default) gives each the
-    cheap look of :func:`~fpipe._commands._images.damage` and packs it whatever it finds;
-    ``"stop"`` (--check) decodes each and stops the run at one that does not decode;
-    ``"skip"`` (--skip-bad) decodes each and leaves out those that do not. The damaged files
+    """What becomes of image files that are damaged, found by
+    :func:`~fpipe._commands._images.image_problem` (the check that ``fpipe verify --images``
+    makes too). ``"look"`` (the default) gives each the cheap look, without a full decode, and
+    packs it whatever it finds; ``"stop"`` (--check) decodes each as well and stops the run at
+    one that does not decode; ``"skip"`` (--skip-bad) decodes each and leaves out those that
+    do not. The damaged files
     are collected in ``found`` as ``(path, reason)``, and the image files that Pillow cannot
     read here in ``unchecked``; worker threads share the lists."""
 
@@ -476,7 +480,7 @@ class ImageScreen:
             if suffix in IMAGE_SUFFIXES:
                 self.unchecked.append(suffix)
             return True
-        reason = damage(data) if self.mode == "look" else decode_failure(data)
+        reason = image_problem(data, decode=self.mode != "look")
         return reason is None or self.failed(path, reason)
 
     def failed(self, path: str, reason: str, packable: bool = True) -> bool:
@@ -504,9 +508,12 @@ def _report_images(screen: ImageScreen, entries: Entries | ShuffledEntries, args
     position = {entry.path: i for i, entry in enumerate(entries) if entry.path in damaged}
     found = sorted(screen.found, key=lambda item: position.get(item[0], 0))
     left_out = screen.mode == "skip"
-    for path, reason in found:
+    named = found if args.named_images is None else found[:args.named_images]
+    for path, reason in named:
         print(f"fpipe write: {'left out' if left_out else 'warning:'} {path}: {reason}",
               file=sys.stderr)
+    if len(named) < len(found):
+        print(f"fpipe write: ... and {len(found) - len(named)} more", file=sys.stderr)
     print(f"fpipe write: left out {len(found)} image(s) that do not decode (--skip-bad)"
           if left_out else
           f"fpipe write: warning: {len(found)} image(s) look damaged and were packed as they "

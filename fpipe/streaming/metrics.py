@@ -43,23 +43,41 @@ class StageStats:
     skipped_items: tuple = ()
 
 
+#: The share of its time a stage must work to be named the bottleneck: a stage that is idle
+#: most of the time does not hold the pipeline back, however it compares with the others.
+BUSY_BOTTLENECK = 0.5
+
+
 class Stats(tuple):
     """Per-stage figures of a pipeline, source first; ``str()`` gives a table and
-    :attr:`bottleneck` names the busiest stage (or the consumer).
+    :attr:`bottleneck` names the stage that holds the pipeline back (or the consumer), if any.
 
     >>> Stats([StageStats("load", 5, 10.0, 0.9, 0.0, 0.1)]).bottleneck
     'load'
+    >>> Stats([StageStats("load", 5, 10.0, 0.02, 0.0, 0.3)]).bottleneck
+    'none'
     """
 
     @property
     def bottleneck(self) -> str:
-        """The busiest stage, or ``"the consumer"`` when the last stage mostly waits for it."""
+        """The busiest stage if it works at least half of the time; else ``"the consumer"``
+        when the last stage waits for it at least half of the time; else ``"none"`` (start-up
+        or a short run, say, and no stage holds the pipeline back)."""
         if not self:
             return "nothing"
         busiest = max(self, key=lambda row: row.busy)
-        if self[-1].waiting_output > busiest.busy:
-            return "the consumer"
-        return busiest.name
+        waiting = self[-1].waiting_output
+        if max(busiest.busy, waiting) < BUSY_BOTTLENECK:
+            return "none"
+        return "the consumer" if waiting > busiest.busy else busiest.name
+
+    def _bottleneck_line(self) -> str:
+        found = self.bottleneck
+        if found != "none":
+            return f"bottleneck: {found}"
+        busiest = max(self, key=lambda row: row.busy)
+        return (f"bottleneck: none (no stage works half of the time, the busiest is "
+                f"{busiest.name} at {busiest.busy:.0%}, and the consumer is not waited for)")
 
     def __str__(self) -> str:
         width = max([len(row.name) for row in self] + [5])
@@ -69,7 +87,7 @@ class Stats(tuple):
             lines.append(f"{row.name:<{width}}  {row.items:>9}  {row.items_per_second:>9.3g}  "
                          f"{row.busy:>5.0%}  {row.waiting_input:>7.0%}  "
                          f"{row.waiting_output:>8.0%}")
-        lines.append(f"bottleneck: {self.bottleneck}")
+        lines.append(self._bottleneck_line())
         lines += [f"{row.name} skipped {row.skipped}: "
                   + ", ".join(record.where() for record in row.skipped_items[:10])
                   + (", ..." if row.skipped > 10 else "") for row in self if row.skipped]

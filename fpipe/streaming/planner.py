@@ -247,15 +247,24 @@ class StagePlan:
         lines = [self.name, *(f"    {note}" for note in self.notes)]
         if self.workers is not None:
             how = f"auto: {self.reason}" if self.tuned else self.reason
-            chunk = f", chunks of at most {self.chunk} {_PLURAL[self.unit]}" if self.chunk else ""
-            lines.append(f"    workers {self.workers} ({how}); room for {self.slots} chunks "
-                         f"(buffer {self.buffer}){chunk}")
+            chunk = f", chunks of at most {_count(self.chunk, self.unit)}" if self.chunk else ""
+            lines.append(f"    workers {self.workers} ({how}); room for "
+                         f"{_count(self.slots, 'chunk')} (buffer {self.buffer}){chunk}")
         if self.measured is not None:
             lines.append(f"    measured: {_measurements(self.measured, self.unit)}")
         return lines
 
 
-_PLURAL = {"item": "items", "batch": "batches"}
+_PLURAL = {"item": "items", "batch": "batches", "chunk": "chunks"}
+
+
+def _count(number: Any, unit: str) -> str:
+    """``number`` of ``unit``, in the plural unless it is 1.
+
+    >>> _count(1, "item"), _count(4, "batch"), _count(1, "chunk")
+    ('1 item', '4 batches', '1 chunk')
+    """
+    return f"{number} {unit if number == 1 else _PLURAL[unit]}"
 
 
 def _measurements(window: Any, unit: str) -> str:

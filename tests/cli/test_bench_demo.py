@@ -17,7 +17,7 @@ def test_bench_measures_every_read_and_the_pipeline(tmp_path):
     assert lines[1].split() == ["read", "samples", "seconds", "samples/s", "MB/s"]
     assert [line.split()[:2] for line in lines[2:5]] == [
         ["sequential", "300"], ["random", "300"], ["quasi", "300"]]
-    assert "pipeline: read -> processes(decode_sample, n_workers=1) -> batch(16)" in out
+    assert "pipeline: read -> processes(unpack_args(decode_sample), n_workers=1) -> batch(16)" in out
     assert "bottleneck:" in out and "batch(16)" in lines[-2]
     raw = ok("bench", path, "--raw", "--modes", "random", "-q").splitlines()
     assert raw[0].endswith("raw") and len(raw) == 3 and raw[2].startswith("random")
@@ -43,7 +43,12 @@ def test_the_demo_trains_through_a_dataloader_and_leaves_nothing_behind(tmp_path
     assert "-> DataLoader(batch_size=16, num_workers=2) -> a small CNN" in out
     assert "epoch 2/2: 64 samples in" in out and "accuracy" in out
     assert "source(DataLoader)" in out and "map(train_step)" in out
-    assert "5. the plan (fpipe.explain" in out
+    assert "4. where the time went, per stage, in the last epoch (2/2) alone:" in out
+    assert ("5. the plan (fpipe.explain: what runs where, with how many workers):\n"
+            "source(DataLoader)\n"
+            "    in 2 DataLoader worker processes: IterableDataset(shuffle=True) -> Augment(32) "
+            "-> batches of 16 (torch's collate)\n"
+            "map(train_step)\n") in out
     assert "nothing was left behind" in out
     # torch itself may leave its compiler cache folder (torchinductor_<user>) in TMPDIR
     assert [p.name for p in scratch.iterdir() if not p.name.startswith("torch")] == []
@@ -57,6 +62,7 @@ def test_the_demo_without_torch_runs_fpipe_stages_and_keeps_files_when_asked(tmp
             "batch_size=32, batches_per_epoch=2)") in out
     assert "epoch 2/2: 64 samples" in out  # an epoch is batches_per_epoch full batches
     assert "map(combine_to_arrays)" in out and "bottleneck:" in out
+    assert "4. where the time went, per stage, over all 2 epoch(s), worker start-up included:" in out
     # the plan: the workers make whole batches, and take in shared memory as one piece
     assert ("processes(Augment(32), n_workers=2, seed=0) + map(combine_to_arrays)\n"
             "    fused: the workers make whole batches of 32") in out

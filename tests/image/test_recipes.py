@@ -173,7 +173,7 @@ def test_a_mirrored_crop_is_the_mirror_of_the_same_crop_unmirrored(kind, layout,
 
 @pytest.mark.parametrize("recipe", [random_resized_crop(32), resized_center_crop(32)])
 def test_bytes_that_are_not_an_image_raise_a_decode_error(recipe):
-    with pytest.raises(ImageDecodeError, match="cannot decode 12 bytes starting b'not an image'"):
+    with pytest.raises(ImageDecodeError, match=r"not an image \(its 12 bytes start with b'not an image'\)"):
         _with_rng(recipe, b"not an image")
     truncated = encode(scene())[:2000]
     with pytest.raises(ImageDecodeError, match="cannot decode 2000 bytes"):

@@ -51,7 +51,19 @@ def test_a_slow_consumer_is_the_bottleneck():
 
 def test_stats_of_a_stream_that_has_not_started():
     rows = fp.stats(pipe([1], fp.map(abs)))
-    assert [row.items for row in rows] == [0, 0] and rows.bottleneck in ("map(abs)", "source(list)")
+    assert [row.items for row in rows] == [0, 0] and rows.bottleneck == "none"
+
+
+def test_a_stage_that_is_mostly_idle_is_not_named_the_bottleneck():
+    rows = fp.Stats([fp.StageStats("source(generator)", 256, 66.8, 0.01, 0.0, 0.99),
+                     fp.StageStats("processes(augment, n_workers=2)", 2, 0.5, 0.02, 0.0, 0.97),
+                     fp.StageStats("prefetch(2)", 2, 0.5, 0.0, 1.0, 0.0)])
+    assert rows.bottleneck == "none"
+    assert str(rows).splitlines()[-1] == (
+        "bottleneck: none (no stage works half of the time, the busiest is "
+        "processes(augment, n_workers=2) at 2%, and the consumer is not waited for)")
+    busy = fp.Stats([*rows[:1], fp.StageStats("processes(augment)", 2, 0.5, 0.6, 0.0, 0.4)])
+    assert busy.bottleneck == "processes(augment)"
 
 
 def test_stats_of_a_stage_object_says_to_pass_its_stream():

@@ -109,6 +109,22 @@ def test_a_memory_budget_bounds_the_chunks_held_and_their_size():
     assert setting == Setting(1, 0, 1, 1) and "1 fit the memory budget" in tight.history[-1].reason
 
 
+def _eight_mib(i):
+    return np.full(1 << 20, i, np.float64)
+
+
+def test_the_plan_names_a_byte_budget_in_binary_units_and_counts_in_the_singular():
+    stage = fp.threads(_eight_mib, n_workers="auto", memory_budget=64 << 20)
+    with stage(range(40)) as stream:
+        total = sum(int(array[0]) for array in stream)
+        setting = fp.explain(stream)[-1]
+        text = str(fp.explain(stream))
+    assert total == 780 and setting.chunk == 1
+    assert text.splitlines()[1] == "threads(_eight_mib, n_workers='auto', memory_budget=64 MiB)"
+    assert ", chunks of at most 1 item\n" in text + "\n" and "1 items" not in text
+    assert f"room for {setting.slots} chunk{'' if setting.slots == 1 else 's'} " in text
+
+
 class FakeClock:
     def __init__(self):
         self.now = 0.0
@@ -227,7 +243,7 @@ def test_auto_settings_and_budgets_show_in_the_repr():
     stage = fp.processes(double, n_workers="auto", buffer_size="auto", cpu_budget=1.5,
                          memory_budget=1 << 30)
     assert repr(stage) == ("processes(double, n_workers='auto', buffer_size='auto', "
-                           "cpu_budget=1.5, memory_budget=1073741824)")
+                           "cpu_budget=1.5, memory_budget=1 GiB)")
 
 
 def test_the_stage_classes_of_infinite_take_the_same():
@@ -237,7 +253,7 @@ def test_the_stage_classes_of_infinite_take_the_same():
         batches = list(batch_iter())
         text = str(batch_iter.explain())
     assert [x for batch in batches for x in batch] == [4 * x for x in range(40)]
-    assert "memory_budget=67108864" in text and "cpu_budget=2" in text
+    assert "memory_budget=64 MiB" in text and "cpu_budget=2" in text
 
 
 def doubled_all(items):
@@ -252,7 +268,7 @@ def test_infinites_iterator_takes_the_same():
         text = str(batch_iter.explain())
     assert [x for batch in batches for x in batch] == [2 * x for x in range(300)]
     assert ("threads(doubled_all (per chunk), n_workers='auto', buffer_size='auto', "
-            "cpu_budget=1.5, memory_budget=67108864)") in text
+            "cpu_budget=1.5, memory_budget=64 MiB)") in text
     assert "(auto: " in text
 
 
