@@ -7,8 +7,12 @@ dicts; fixed-shape tensor columns as NumPy arrays).
 
 Random access goes by row group (Parquet) or record batch (Arrow): reading a row decodes its
 row group once, and the reader keeps the decoded groups it read last, up to ``cache_bytes``.
-Iteration decodes each row group once, in order. Arrow IPC files are memory-mapped, so a row
-costs no decoding at all.
+Iteration decodes each row group once, in order. Arrow IPC files are read as Parquet files
+are: a record batch at a time, into memory (never memory-mapped: a file cut or changed under a
+mapping kills the process). Every row group and record batch is validated in full by pyarrow
+when it is read (offsets, lengths, UTF-8), so a damaged file raises
+:class:`~fpipe.errors.FormatError` naming the file, the row group or record batch and the
+sample, and never gives a row that pyarrow's validation rejects.
 
 pyarrow is imported only here, and only when a reader is made (``pip install fpipe[parquet]``).
 
@@ -46,6 +50,7 @@ from ._foreign import (
     strings_to_arrays,
     write_shards,
 )
+from ._ipc import END_OF_STREAM, IpcLayout, ipc_layout
 from .base import Reader
 from .format import PathLike, pack_sample
 from .sharded import ShardedReader
@@ -124,6 +129,8 @@ class _ArrowReader(Reader):
                 self._reset()
             try:
                 self._handle = self._open_file()
+            except FormatError:
+                raise
             except _arrow_errors() as error:
                 raise FormatError(f"not a readable {self._kind} file ({error})",
                                   path=self.source.path) from None
@@ -168,14 +175,31 @@ class _ArrowReader(Reader):
             if found is not None:
                 self._parts.move_to_end(part)
                 return found
-            try:
-                table = self._read_part(handle, part)
-            except _arrow_errors() as error:
-                raise FormatError(f"{self._unit} {part} does not decode ({error})",
-                                  path=self.source.path, index=index) from None
+            table = self._decoded(handle, part, index, self.columns)
             if keep:
                 self._keep(part, table)
             return table
+
+    def _decoded(self, handle: Any, part: int, index: int, columns: list[str]) -> Any:
+        """Part ``part`` (its ``columns``) as pyarrow reads it, validated in full, with the
+        number of rows the metadata gives it; else FormatError naming the file, the part and
+        sample ``index`` (the one that needs it). The caller holds the lock."""
+        try:
+            table = self._read_part(handle, part, columns)
+            table.validate(full=True)
+        except FormatError:
+            raise
+        except _arrow_errors() as error:
+            raise self._undecodable(part, index, str(error)) from None
+        claimed = int(self._part_starts[part + 1] - self._part_starts[part])
+        if table.num_rows != claimed:
+            raise self._undecodable(part, index, f"{table.num_rows} rows where its metadata "
+                                                 f"says {claimed}")
+        return table
+
+    def _undecodable(self, part: int, index: int, reason: str) -> FormatError:
+        return FormatError(f"{self._unit} {part} does not decode ({reason})",
+                           path=self.source.path, index=index)
 
     def _keep(self, part: int, table: Any) -> None:
         self._parts[part] = table
@@ -246,14 +270,12 @@ class _ArrowReader(Reader):
         return self._keys
 
     def _key_part(self, part: int, first: int) -> Any:
-        found = self._parts.get(part)
-        if found is not None and self._key_column in found.column_names:
-            return found.column(self._key_column)
-        try:
-            return self._read_part(self._opened(), part, [self._key_column]).column(0)
-        except _arrow_errors() as error:
-            raise FormatError(f"{self._unit} {part} does not decode ({error})",
-                              path=self.source.path, index=first) from None
+        handle = self._opened()
+        with self._lock:
+            found = self._parts.get(part)
+            if found is not None and self._key_column in found.column_names:
+                return found.column(self._key_column)
+            return self._decoded(handle, part, first, [self._key_column]).column(0)
 
     def _key_list(self, start: int, stop: int) -> list[str]:
         if self._key_column is None:
@@ -382,8 +404,8 @@ class ParquetFileReader(_ArrowReader):
         self._part_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         return handle
 
-    def _read_part(self, handle: Any, part: int, columns: list[str] | None = None) -> Any:
-        return handle.read_row_group(part, columns=columns or self.columns)
+    def _read_part(self, handle: Any, part: int, columns: list[str]) -> Any:
+        return handle.read_row_group(part, columns=columns)
 
     def prefetch(self, indices: Sequence[int]) -> None:
         """Fetch in the background the bytes of the row groups that samples ``indices`` need
@@ -406,8 +428,15 @@ class ParquetFileReader(_ArrowReader):
 
 class ArrowFileReader(_ArrowReader):
     """One Arrow IPC file (the file or the stream format, as Hugging Face ``datasets`` keeps
-    its tables), memory-mapped, with the reader API: sample ``i`` is row ``i`` as a dict.
-    ``columns`` and ``key`` as for :class:`ParquetFileReader`.
+    its tables), with the reader API: sample ``i`` is row ``i`` as a dict. ``columns`` and
+    ``key`` as for :class:`ParquetFileReader`.
+
+    The file is read as pyarrow's readers read a file that is not mapped: its headers when
+    the reader is made (a few hundred bytes per record batch; a damaged header raises
+    :class:`~fpipe.errors.FormatError` then), and a record batch when a row of it is read,
+    validated in full (a damaged batch raises FormatError naming the file, the batch and the
+    sample; the others stay readable). A file cut or changed under an open reader raises
+    FormatError; it is never memory-mapped.
 
     >>> import os, tempfile
     >>> import pyarrow as pa
@@ -430,36 +459,58 @@ class ArrowFileReader(_ArrowReader):
         return f"ArrowFileReader({self.source.path!r})"
 
     def _open_file(self) -> Any:
-        pa = _pyarrow()
-        target = self.source.file() if self.source.remote else pa.memory_map(self.source.path)
-        try:
-            handle = pa.ipc.open_file(target)
-            batches = None
-        except pa.ArrowInvalid:
-            target.seek(0)
-            batches = list(pa.ipc.open_stream(target))  # zero-copy from the map
-            handle = batches
-        schema = handle.schema if batches is None else _stream_schema(batches, target)
-        names = schema.names
+        layout = ipc_layout(self.source.read, self.source.size, self.source.path)
+        handle = _IpcFile(self.source, layout) if layout.file_format else _IpcStream(self.source,
+                                                                                     layout)
+        names = handle.schema.names
         self.columns_available = names
         self._check_wanted(names)
         self.columns = self._wanted if self._wanted is not None else names
-        counts = ([batch.num_rows for batch in batches] if batches is not None
-                  else [handle.get_batch(b).num_rows for b in range(handle.num_record_batches)])
-        self._part_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        self._part_starts = np.concatenate([[0], np.cumsum(layout.rows, dtype=np.int64)])
         return handle
 
-    def _read_part(self, handle: Any, part: int, columns: list[str] | None = None) -> Any:
+    def _read_part(self, handle: Any, part: int, columns: list[str]) -> Any:
+        return _pyarrow().Table.from_batches([handle.batch(part)]).select(columns)
+
+
+class _IpcFile:
+    """An Arrow IPC file: pyarrow reads its footer, and a record batch when asked, by ranges
+    of the file (:meth:`ByteSource.file`)."""
+
+    def __init__(self, source: ByteSource, layout: IpcLayout) -> None:
+        self.reader = _pyarrow().ipc.open_file(source.file())
+        self.schema = self.reader.schema
+        if self.reader.num_record_batches != len(layout.rows):
+            raise FormatError(f"not a readable Arrow IPC file (its footer lists "
+                              f"{self.reader.num_record_batches} record batches, or "
+                              f"{len(layout.rows)})", path=source.path)
+
+    def batch(self, number: int) -> Any:
+        return self.reader.get_batch(number)
+
+
+class _IpcStream:
+    """An Arrow IPC stream, a record batch at a time: the batch's message, after the schema
+    and the dictionaries before it, read as a stream of its own."""
+
+    def __init__(self, source: ByteSource, layout: IpcLayout) -> None:
+        self.source, self.layout = source, layout
+        self.head = self._read(*layout.schema)
+        self.schema = _pyarrow().ipc.open_stream(self.head + END_OF_STREAM).schema
+
+    def _read(self, start: int, stop: int) -> bytes:
+        data = self.source.read(start, stop)
+        if len(data) != stop - start:
+            raise OSError(f"the file ends at byte {start + len(data)}, inside a message that "
+                          f"ends at byte {stop}")
+        return data
+
+    def batch(self, number: int) -> Any:
         pa = _pyarrow()
-        batch = handle[part] if isinstance(handle, list) else handle.get_batch(part)
-        return pa.Table.from_batches([batch]).select(columns or self.columns)
-
-
-def _stream_schema(batches: list, target: Any) -> Any:
-    if batches:
-        return batches[0].schema
-    target.seek(0)
-    return _pyarrow().ipc.open_stream(target).schema
+        layout = self.layout
+        spans = [*layout.dictionaries[:layout.dictionaries_before[number]], layout.spans[number]]
+        pieces = [self.head, *(self._read(int(a), int(b)) for a, b in spans), END_OF_STREAM]
+        return pa.ipc.open_stream(pa.py_buffer(b"".join(pieces))).read_next_batch()
 
 
 def _folder_files(folder: str) -> list[str]:
@@ -467,9 +518,13 @@ def _folder_files(folder: str) -> list[str]:
     ``state.json``, else every Parquet and Arrow file under it, sorted."""
     state = os.path.join(folder, "state.json")
     if os.path.isfile(state):
-        with open(state, encoding="utf-8") as file:
-            listed = json.load(file).get("_data_files") or []
-        return [os.path.join(folder, entry["filename"]) for entry in listed]
+        with open(state, "rb") as file:
+            try:
+                listed = json.load(file).get("_data_files") or []
+                return [os.path.join(folder, entry["filename"]) for entry in listed]
+            except (ValueError, AttributeError, KeyError, TypeError) as error:
+                raise FormatError(f"not a Hugging Face datasets state file ({error!r:.200})",
+                                  path=state) from None
     found = []
     for root, folders, files in os.walk(folder):
         folders[:] = sorted(name for name in folders if not name.startswith("."))
