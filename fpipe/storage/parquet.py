@@ -34,7 +34,7 @@ import os
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -215,7 +215,7 @@ class _ArrowReader(Reader):
         table = self._part(part, start, keep=False)
         if row + stop - start > table.num_rows:
             raise ValueError(f"block_rows({start}, {stop}) reaches past {self._unit} {part}")
-        return _ArrowRows(table.slice(row, stop - start))
+        return _ArrowRows(table.slice(row, stop - start), self.source.path, f"{self._unit} {part}")
 
     def _locate(self, index: int) -> tuple[int, int]:
         part = bisect_right(self._part_starts, index) - 1
@@ -225,7 +225,8 @@ class _ArrowReader(Reader):
         index = self._index(index)
         part, row = self._locate(index)
         table = self._part(part, index)
-        sample = {name: _value(table.column(name), row) for name in table.column_names}
+        sample = _as_python(_row, table, row, path=self.source.path, what=f"{self._unit} {part}",
+                            index=index)
         sample = pack_sample(sample) if raw else sample
         return (self.find_key(index), sample) if yield_key else sample
 
@@ -247,8 +248,10 @@ class _ArrowReader(Reader):
             table = self._part(part, index, keep)
             count = min(stop - index, table.num_rows - row)
             for first in range(row, row + count, _ROWS_AT_ONCE):
-                rows = _rows(table.slice(first, min(row + count, first + _ROWS_AT_ONCE) - first))
                 at = index + first - row
+                some = table.slice(first, min(row + count, first + _ROWS_AT_ONCE) - first)
+                rows = _as_python(_rows, some, path=self.source.path, what=f"{self._unit} "
+                                  f"{part} (samples {at} to {at + some.num_rows - 1})")
                 if raw:
                     rows = [pack_sample(sample) for sample in rows]
                 yield from zip(self._key_list(at, at + len(rows)), rows) if yield_key else rows
@@ -261,7 +264,9 @@ class _ArrowReader(Reader):
             blobs, ends, done = [], [], 0
             for part in range(len(self._part_starts) - 1):  # a part at a time: no list of all
                 column = self._key_part(part, int(self._part_starts[part]))
-                blob, part_ends = strings_to_arrays([str(key) for key in column.to_pylist()])
+                keys = _as_python(_strings, column, path=self.source.path,
+                                  what=f"the key column of {self._unit} {part}")
+                blob, part_ends = strings_to_arrays(keys)
                 blobs.append(blob)
                 ends.append(part_ends + done)
                 done += len(blob)
@@ -302,15 +307,16 @@ class _ArrowReader(Reader):
 
 
 class _ArrowRows:
-    """Rows of a row group held by :meth:`_ArrowReader.block_rows`."""
+    """Rows of a row group held by :meth:`_ArrowReader.block_rows`, from the file ``path``
+    (``what``: which part of it, for errors)."""
 
-    __slots__ = ("table",)
+    __slots__ = ("table", "path", "what")
 
-    def __init__(self, table: Any) -> None:
-        self.table = table
+    def __init__(self, table: Any, path: str, what: str) -> None:
+        self.table, self.path, self.what = table, path, what
 
     def take(self, rows: np.ndarray) -> list[dict]:
-        return _rows(self.table.take(rows))
+        return _as_python(_rows, self.table.take(rows), path=self.path, what=self.what)
 
     def join(self, held: list) -> _ArrowRows | None:
         """The rows of ``held`` (this and others) one after the other, in one table with
@@ -319,7 +325,9 @@ class _ArrowRows:
         tables = [rows.table for rows in held if isinstance(rows, _ArrowRows)]
         if len(tables) < len(held) or any(not t.schema.equals(tables[0].schema) for t in tables):
             return None
-        return _ArrowRows(_pyarrow().concat_tables(tables).combine_chunks())
+        return _ArrowRows(_pyarrow().concat_tables(tables).combine_chunks(),
+                          ", ".join(dict.fromkeys(rows.path for rows in held)),
+                          ", ".join(dict.fromkeys(rows.what for rows in held)))
 
 
 def _check_columns(columns: Any) -> list[str] | None:
@@ -332,6 +340,26 @@ def _check_columns(columns: Any) -> list[str] | None:
 
 def _is_tensor(column: Any) -> bool:
     return getattr(column.type, "extension_name", None) == "arrow.fixed_shape_tensor"
+
+
+def _as_python(convert: Callable[..., Any], *arguments: Any, path: str, what: str,
+               index: int | None = None) -> Any:
+    """``convert(*arguments)`` (Arrow values made Python ones), or FormatError naming the file,
+    the part (``what``) and the sample ``index`` when a value has no Python equivalent (a
+    date past the year 9999, a timestamp past 2**63 seconds)."""
+    try:
+        return convert(*arguments)
+    except (ArithmeticError, ValueError, _pyarrow().ArrowException) as error:
+        raise FormatError(f"{what} holds a value that does not convert to Python ({error})",
+                          path=path, index=index) from None
+
+
+def _strings(column: Any) -> list[str]:
+    return [str(value) for value in column.to_pylist()]
+
+
+def _row(table: Any, row: int) -> dict:
+    return {name: _value(table.column(name), row) for name in table.column_names}
 
 
 def _value(column: Any, row: int) -> Any:
