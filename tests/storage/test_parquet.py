@@ -248,3 +248,15 @@ def test_a_damaged_hugging_face_folder_names_its_file(tmp_path):
     (saved / "state.json").write_bytes(b'{"_data_files": [{"file": 1}]}')
     with pytest.raises(FormatError, match=r"state\.json: not a Hugging Face datasets state file"):
         ParquetReader(saved)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["file", "stream"])
+@pytest.mark.parametrize("options", [{"use_legacy_format": True}, {"compression": "zstd"}],
+                         ids=["legacy prefixes", "zstd bodies"])
+def test_arrow_files_of_every_writer_option_and_empty_ones(tmp_path, stream, options):
+    table = _table(0, 40)
+    _write_arrow(tmp_path / "t.arrow", table, stream, rows_per_batch=16, **options)
+    reader = ArrowFileReader(tmp_path / "t.arrow")
+    assert list(reader) == table.to_pylist() and reader.blocks.tolist() == [0, 16, 32, 40]
+    _write_arrow(tmp_path / "empty.arrow", table.slice(0, 0), stream, rows_per_batch=16, **options)
+    assert len(ArrowFileReader(tmp_path / "empty.arrow")) == 0
