@@ -463,8 +463,8 @@ class ArrowFileReader(_ArrowReader):
     the reader is made (a few hundred bytes per record batch; a damaged header raises
     :class:`~fpipe.errors.FormatError` then), and a record batch when a row of it is read,
     validated in full (a damaged batch raises FormatError naming the file, the batch and the
-    sample; the others stay readable). A file cut or changed under an open reader raises
-    FormatError; it is never memory-mapped.
+    sample; the others stay readable). A file cut under an open reader raises FormatError
+    at the reads it no longer holds; it is never memory-mapped.
 
     >>> import os, tempfile
     >>> import pyarrow as pa
@@ -509,9 +509,9 @@ class _IpcFile:
         self.reader = _pyarrow().ipc.open_file(source.file())
         self.schema = self.reader.schema
         if self.reader.num_record_batches != len(layout.rows):
-            raise FormatError(f"not a readable Arrow IPC file (its footer lists "
-                              f"{self.reader.num_record_batches} record batches, or "
-                              f"{len(layout.rows)})", path=source.path)
+            raise FormatError(f"not a readable Arrow IPC file (pyarrow finds "
+                              f"{self.reader.num_record_batches} record batches in its footer, "
+                              f"fpipe {len(layout.rows)})", path=source.path)
 
     def batch(self, number: int) -> Any:
         return self.reader.get_batch(number)
