@@ -529,8 +529,8 @@ class _IpcStream:
     def _read(self, start: int, stop: int) -> bytes:
         data = self.source.read(start, stop)
         if len(data) != stop - start:
-            raise OSError(f"the file ends at byte {start + len(data)}, inside a message that "
-                          f"ends at byte {stop}")
+            raise OSError(f"the file was cut: bytes {start + len(data)} to {stop} of a message "
+                          "are missing")
         return data
 
     def batch(self, number: int) -> Any:

@@ -13,7 +13,7 @@ for ``CASE_SECONDS`` ends it through :mod:`faulthandler`: the test that started 
 mutant that had started and not finished.
 
 ``python -m tests.reliability.foreign_mutants truncated KIND FOLDER`` opens an fpipe reader
-on an Arrow IPC file, cuts the file under it, and prints what every later read gave.
+on a file of ``KIND``, cuts the file under it, and prints what every later read gave.
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ def write(kind: str, path: Path, parts: int = 4, rows: int = 6) -> Path:
         with new(path, whole.schema) as writer:
             writer.write_table(whole, max_chunksize=rows)
     return path
+
+
+def suffix(kind: str) -> str:
+    return ".parquet" if kind == "parquet" else ".arrow"
 
 
 def footer_span(kind: str, data: bytes) -> tuple[int, int]:
@@ -203,12 +207,11 @@ def _judge_part(reader, path: Path, start: int, stop: int, rows: list | None) ->
 
 def campaign(kind: str, folder: Path, seed: int, count: int, first: int) -> None:
     data = write(kind, folder / f"original.{kind}").read_bytes()
-    suffix = ".parquet" if kind == "parquet" else ".arrow"
     for number, (what, mutant) in enumerate(mutants(kind, data, seed, count)):
         if number < first:
             continue
         print(json.dumps({"start": number, "what": what}), flush=True)
-        path = folder / f"mutant-{number:04d}{suffix}"
+        path = folder / f"mutant-{number:04d}{suffix(kind)}"
         path.write_bytes(mutant)
         faulthandler.dump_traceback_later(CASE_SECONDS, exit=True)
         verdict, problem = judge(kind, path)
@@ -220,9 +223,11 @@ def campaign(kind: str, folder: Path, seed: int, count: int, first: int) -> None
 # --- a file cut under an open reader -----------------------------------------------------------
 
 def truncated(kind: str, folder: Path) -> dict:
-    """Read the first record batch, cut the file to a third, read every row again."""
-    path = write(kind, folder / "cut.arrow", parts=8, rows=20_000)
-    reader = ArrowFileReader(path, cache_bytes=0)
+    """Read the first row group or record batch, cut the file to a third, read every row
+    again."""
+    path = write(kind, folder / f"cut{suffix(kind)}", parts=8, rows=20_000)
+    reader = ParquetFileReader(path, cache_bytes=0) if kind == "parquet" else ArrowFileReader(
+        path, cache_bytes=0)
     first = reader[0]
     os.truncate(path, path.stat().st_size // 3)
     outcomes = {}
