@@ -97,6 +97,7 @@ class _ArrowReader(Reader):
         self._reset()
         self._opened()  # read the metadata now: a bad file fails at the call site
         self._key_column = self._choose_key(key)
+        self._decode_empty_parts()
 
     def _reset(self) -> None:
         self._handle: Any = None
@@ -105,10 +106,11 @@ class _ArrowReader(Reader):
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._keys: KeyIndex | None = None
+        self._keys_damaged: FormatError | None = None  # why the key index cannot be built
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for name in ("_handle", "_parts", "_held", "_lock", "_pid", "_keys"):
+        for name in ("_handle", "_parts", "_held", "_lock", "_pid", "_keys", "_keys_damaged"):
             state.pop(name)
         return state
 
@@ -135,6 +137,14 @@ class _ArrowReader(Reader):
                 raise FormatError(f"not a readable {self._kind} file ({error})",
                                   path=self.source.path) from None
         return self._handle
+
+    def _decode_empty_parts(self) -> None:
+        """Decode now the parts whose metadata says they hold no rows: no read of a row
+        would, and the metadata of a damaged one would hide its rows without an error."""
+        handle = self._opened()
+        for part in np.flatnonzero(np.diff(self._part_starts) == 0).tolist():
+            with self._lock:
+                self._decoded(handle, part, None, self.columns)
 
     def _choose_key(self, key: str | None) -> str | None:
         names = self.columns_available
@@ -180,7 +190,7 @@ class _ArrowReader(Reader):
                 self._keep(part, table)
             return table
 
-    def _decoded(self, handle: Any, part: int, index: int, columns: list[str]) -> Any:
+    def _decoded(self, handle: Any, part: int, index: int | None, columns: list[str]) -> Any:
         """Part ``part`` (its ``columns``) as pyarrow reads it, validated in full, with the
         number of rows the metadata gives it; else FormatError naming the file, the part and
         sample ``index`` (the one that needs it). The caller holds the lock."""
@@ -197,7 +207,8 @@ class _ArrowReader(Reader):
                                                  f"says {claimed}")
         return table
 
-    def _undecodable(self, part: int, index: int, reason: str) -> FormatError:
+    def _undecodable(self, part: int, index: int | None, reason: str) -> FormatError:
+        reason = " ".join(reason.split())  # pyarrow's messages may run over several lines
         return FormatError(f"{self._unit} {part} does not decode ({reason})",
                            path=self.source.path, index=index)
 
@@ -260,19 +271,32 @@ class _ArrowReader(Reader):
     # --- keys ------------------------------------------------------------------------------
 
     def _key_index(self) -> KeyIndex:
+        """The keys of every row, read once; the FormatError of a part whose keys do not
+        read (raised again at each call, without reading the file again)."""
+        if self._keys_damaged is not None:
+            raise self._keys_damaged
         if self._keys is None:
             blobs, ends, done = [], [], 0
-            for part in range(len(self._part_starts) - 1):  # a part at a time: no list of all
-                column = self._key_part(part, int(self._part_starts[part]))
-                keys = _as_python(_strings, column, path=self.source.path,
-                                  what=f"the key column of {self._unit} {part}")
-                blob, part_ends = strings_to_arrays(keys)
-                blobs.append(blob)
-                ends.append(part_ends + done)
-                done += len(blob)
+            try:
+                for part in range(len(self._part_starts) - 1):  # a part at a time: no list of all
+                    blob, part_ends = strings_to_arrays(self._part_keys(part, 0, None))
+                    blobs.append(blob)
+                    ends.append(part_ends + done)
+                    done += len(blob)
+            except FormatError as error:
+                self._keys_damaged = error
+                raise
             self._keys = KeyIndex(np.concatenate([np.zeros(0, np.uint8), *blobs]),
                                   np.concatenate([np.zeros(0, np.int64), *ends]))
         return self._keys
+
+    def _part_keys(self, part: int, row: int, count: int | None) -> list[str]:
+        """The keys of ``count`` rows (None: all) of part ``part`` from its row ``row``."""
+        first = int(self._part_starts[part]) + row
+        column = self._key_part(part, first)
+        column = column.slice(row, count) if row or count is not None else column
+        return _as_python(_strings, column, path=self.source.path,
+                          what=f"the key column of {self._unit} {part}", index=first)
 
     def _key_part(self, part: int, first: int) -> Any:
         handle = self._opened()
@@ -285,7 +309,19 @@ class _ArrowReader(Reader):
     def _key_list(self, start: int, stop: int) -> list[str]:
         if self._key_column is None:
             return numbered_keys(self.source.name, start, stop)
-        return self._key_index().slice(start, stop)
+        try:
+            return self._key_index().slice(start, stop)
+        except FormatError:  # a part's keys are damaged: those of the others still read
+            return self._keys_between(start, stop)
+
+    def _keys_between(self, start: int, stop: int) -> list[str]:
+        keys: list[str] = []
+        while start < stop:
+            part, row = self._locate(start)
+            count = min(stop - start, int(self._part_starts[part + 1]) - start)
+            keys.extend(self._part_keys(part, row, count))
+            start += count
+        return keys
 
     def find_key(self, index: int) -> str:
         index = self._index(index)

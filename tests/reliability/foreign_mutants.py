@@ -103,24 +103,25 @@ def _validated_rows(part: pa.RecordBatch | pa.Table) -> list[dict]:
     return part.to_pylist()
 
 
-def _parquet_parts(path: Path) -> Iterator[Callable[[], list[dict]]]:
-    handle = pq.ParquetFile(path)
+def _parquet_parts(handle: pq.ParquetFile) -> Iterator[Callable[[], list[dict]]]:
     for group in range(handle.num_row_groups):
         yield lambda group=group: _validated_rows(handle.read_row_group(group))
 
 
-def _arrow_file_parts(path: Path) -> Iterator[Callable[[], list[dict]]]:
-    handle = pa.ipc.open_file(pa.BufferReader(path.read_bytes()))
+def _arrow_file_parts(handle: pa.ipc.RecordBatchFileReader) -> Iterator[Callable[[], list[dict]]]:
     for number in range(handle.num_record_batches):
         yield lambda number=number: _validated_rows(handle.get_batch(number))
 
 
-def _arrow_stream_parts(path: Path) -> Iterator[Callable[[], list[dict]]]:
-    """Each record batch of the stream, decoded by itself: the messages are read one after
-    the other (a damaged batch does not hide the batches after it, as long as the messages
-    are framed)."""
+def _open_stream(path: Path) -> tuple[pa.ipc.MessageReader, pa.Schema]:
     messages = pa.ipc.MessageReader.open_stream(pa.BufferReader(path.read_bytes()))
-    schema = pa.ipc.read_schema(messages.read_next_message())
+    return messages, pa.ipc.read_schema(messages.read_next_message())
+
+
+def _arrow_stream_parts(opened: tuple) -> Iterator[Callable[[], list[dict]]]:
+    """Each record batch of the stream, decoded by itself, its messages read in order (so a
+    message whose framing or metadata is damaged ends what pyarrow can find)."""
+    messages, schema = opened
     while True:
         try:
             message = messages.read_next_message()
@@ -131,24 +132,36 @@ def _arrow_stream_parts(path: Path) -> Iterator[Callable[[], list[dict]]]:
         yield lambda message=message: _validated_rows(pa.ipc.read_record_batch(message, schema))
 
 
-REFERENCE_PARTS = {"parquet": _parquet_parts, "arrow-file": _arrow_file_parts,
-                   "arrow-stream": _arrow_stream_parts}
+REFERENCE = {"parquet": (pq.ParquetFile, _parquet_parts),
+             "arrow-file": (lambda path: pa.ipc.open_file(pa.BufferReader(path.read_bytes())),
+                            _arrow_file_parts),
+             "arrow-stream": (_open_stream, _arrow_stream_parts)}
 
 
-def reference(kind: str, path: Path) -> list | None:
-    """The rows of each part of the file as pyarrow reads them (None for a part that fails
-    to read or validate), or None if pyarrow cannot open the file."""
+def _attempt(read: Callable[[], list[dict]]) -> list[dict] | None:
     try:
-        parts = list(REFERENCE_PARTS[kind](path))
-    except Exception:  # any failure: the reference has no rows
+        return read()
+    except Exception:  # any failure: the reference has no rows in this part
         return None
-    result: list = []
-    for read in parts:
-        try:
-            result.append(read())
-        except Exception:  # any failure: the reference has no rows in this part
-            result.append(None)
-    return result
+
+
+def reference(kind: str, path: Path) -> tuple[list | None, bool]:
+    """The rows of each part of the file as pyarrow reads them (None for a part that fails
+    to read or validate; None for all if pyarrow cannot open the file), and whether these are
+    all the parts (pyarrow reads a stream's messages in order: after a damaged one, it finds
+    no more)."""
+    open_file, parts_of = REFERENCE[kind]
+    try:
+        handle = open_file(path)
+    except Exception:  # any failure: the reference has no rows
+        return None, True
+    parts: list = []
+    try:
+        for read in parts_of(handle):
+            parts.append(_attempt(read))
+    except Exception:  # any failure: the parts after it are unknown
+        return [*parts, None], False
+    return parts, True
 
 
 # --- fpipe, judged against the reference -------------------------------------------------------
@@ -170,25 +183,37 @@ def _same(a: object, b: object) -> bool:
 
 def judge(kind: str, path: Path) -> tuple[str, str | None]:
     """``(verdict, problem)``: the verdict is ``read`` (every part as the reference reads
-    it), ``refused`` (a FormatError naming the file where the reference has no rows),
-    ``false alarm`` (a FormatError where the reference has rows); the problem is None, or
-    what fpipe did wrong: another error, a crash of a read, rows the reference does not have."""
-    expected = reference(kind, path)
+    it), ``refused`` (a FormatError naming the file for each part where the reference has no
+    rows), or ``refused when opened`` (a FormatError naming the file when the reader is made,
+    where the reference reads some parts: a damaged header of one part leaves the rows of the
+    others without numbers). The problem is None, or what fpipe did wrong: another error, a
+    FormatError for a part the reference reads, rows the reference does not have."""
+    expected, complete = reference(kind, path)
     try:
         reader = _open(kind, path)
     except Exception as error:  # the test judges every kind
-        return ("refused" if expected is None else "false alarm"), _refusal(error, path)
+        return ("refused" if expected is None else "refused when opened"), _refusal(error, path)
     if expected is None:
         return "read", f"fpipe opened a file that pyarrow cannot open ({len(reader)} rows)"
     starts = reader.blocks.tolist()
-    if len(starts) - 1 != len(expected):
-        return "read", f"fpipe finds {len(starts) - 1} parts where pyarrow finds {len(expected)}"
+    found = len(starts) - 1
+    if found < len(expected) or (complete and found > len(expected)):
+        return "read", f"fpipe finds {found} parts where pyarrow finds {len(expected)}"
+    if not complete:  # past where pyarrow stops, the bytes after the damage hold the original's
+        original = reference(kind, path.with_name(f"original.{kind}"))[0]
+        expected += [original[p] if p < len(original) else None
+                     for p in range(len(expected), found)]
     verdicts = [_judge_part(reader, path, starts[p], starts[p + 1], expected[p])
-                for p in range(len(expected))]
+                for p in range(found)]
     problems = [problem for _, problem in verdicts if problem]
-    kinds = {verdict for verdict, _ in verdicts}
-    verdict = "false alarm" if "false alarm" in kinds else "refused" if "refused" in kinds else "read"
+    verdict = "refused" if any(verdict == "refused" for verdict, _ in verdicts) else "read"
     return verdict, "; ".join(problems) or None
+
+
+def _key(path: Path, index: int, row: dict) -> str:
+    """The key of ``row``: its key column's value as str; without one (a damaged column name),
+    ``<file name>:<index>``."""
+    return str(row["key"]) if "key" in row else f"{path.name}:{index}"
 
 
 def _judge_part(reader, path: Path, start: int, stop: int, rows: list | None) -> tuple[str, str | None]:
@@ -196,11 +221,13 @@ def _judge_part(reader, path: Path, start: int, stop: int, rows: list | None) ->
         got = reader.get_slice(start, stop)
         last = reader.get(stop - 1, yield_key=True) if stop > start else None
     except Exception as error:  # the test judges every kind
-        return ("refused" if rows is None else "false alarm"), _refusal(error, path)
+        if rows is not None and len(rows) == stop - start:  # else its metadata is wrong
+            return "refused", f"rows {start}..{stop} refused where pyarrow reads them: {error}"
+        return "refused", _refusal(error, path)
     if rows is None:
         return "read", f"rows {start}..{stop} read where pyarrow finds the part damaged"
-    # keys are the key column's values as str
-    if not _same(got, rows) or (last is not None and not _same(last, (str(rows[-1]["key"]), rows[-1]))):
+    if not _same(got, rows) or (last is not None and not _same(last, (_key(path, stop - 1, rows[-1]),
+                                                                      rows[-1]))):
         return "read", f"rows {start}..{stop} differ from pyarrow's"
     return "read", None
 

@@ -3,7 +3,9 @@ spans, each mutant read by fpipe and by pyarrow with full validation (the refere
 child process (``tests/reliability/foreign_mutants.py``) with a per-mutant deadline.
 
 fpipe gives exactly the reference's rows, or raises FormatError naming the file: no crash of
-the interpreter, no hang, no other exception, no row that pyarrow's validation rejects.
+the interpreter, no hang, no other exception, no row that pyarrow's validation rejects, and no
+FormatError for a part that pyarrow reads (but a file whose part headers are damaged may be
+refused when the reader is made).
 """
 
 from __future__ import annotations

@@ -125,9 +125,9 @@ def test_bad_footer_names_the_file(tmp_path):
         ParquetReader(str(path))
 
 
-def _corrupt_row_group(path, group):
+def _corrupt_row_group(path, group, column=1):
     metadata = pq.ParquetFile(path).metadata
-    chunk = metadata.row_group(group).column(1)
+    chunk = metadata.row_group(group).column(column)
     start = chunk.dictionary_page_offset or chunk.data_page_offset
     data = bytearray(path.read_bytes())
     for offset in range(start, start + chunk.total_compressed_size):
@@ -150,6 +150,20 @@ def test_a_damaged_row_group_names_file_and_sample_and_loses_nothing_else(tmp_pa
     assert got == list(range(100))
     dataset = fpipe.torch.IterableDataset(reader, transforms=lambda row: row["n"], on_error="skip")
     assert list(dataset) == [*range(100), *range(200, 300)] and dataset.skipped == 100
+
+
+def test_a_damaged_key_column_loses_only_its_own_keys(tmp_path):
+    path = tmp_path / "keys.parquet"
+    pq.write_table(_table(0, 300), path, row_group_size=100)
+    _corrupt_row_group(path, 1, column=0)
+    reader = ParquetFileReader(path)
+    assert reader.get(250, yield_key=True) == ("r00250", _table(250, 1).to_pylist()[0])
+    assert [key for key, _ in reader.iter(0, 100, yield_key=True)] == [f"r{i:05d}" for i in range(100)]
+    with pytest.raises(FormatError, match=r"keys\.parquet: sample 150: row group 1 does not decode"):
+        reader.find_key(150)
+    for _ in range(2):  # a lookup by key needs every key: it names the part that fails
+        with pytest.raises(FormatError, match=r"keys\.parquet: sample 100: row group 1 does not"):
+            reader.find_index("r00005")
 
 
 def n_of(row):
