@@ -31,6 +31,7 @@ END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _CONTINUATION = -1
 _SCHEMA, _DICTIONARY, _RECORD_BATCH = 1, 2, 3  # the kinds of message (MessageHeader)
 _BLOCK = struct.Struct("<qi4xq")  # a Footer's Block: offset, metaDataLength, bodyLength
+_HEAD_BYTES = 1024  # read at once: a message's prefix and, most often, all its metadata
 
 Read = Callable[[int, int], bytes]
 
@@ -109,7 +110,7 @@ class _Messages:
 
     def at(self, offset: int) -> _Message | None:
         """The message at ``offset``, or None at the end of the stream."""
-        prefix = self.read(offset, offset + 8)
+        prefix = self.read(offset, offset + _HEAD_BYTES)
         if len(prefix) < 4:
             raise self.damaged("the file ends inside a message's prefix", offset)
         length, metadata = struct.unpack_from("<i", prefix)[0], offset + 4
@@ -122,8 +123,11 @@ class _Messages:
         if length < 0 or metadata + length > self.size:
             raise self.damaged(f"a message claims {length} bytes of metadata; the file has "
                                f"{self.size}", offset)
+        data = prefix[metadata - offset:metadata - offset + length]
+        if len(data) < length:
+            data = self.read(metadata, metadata + length)
         try:
-            kind, body, rows = _header(self.read(metadata, metadata + length))
+            kind, body, rows = _header(data)
         except _Damaged as error:
             raise self.damaged(f"the metadata of a message is damaged: {error}", offset) from None
         stop = metadata + length + body
