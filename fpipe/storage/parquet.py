@@ -7,8 +7,12 @@ dicts; fixed-shape tensor columns as NumPy arrays).
 
 Random access goes by row group (Parquet) or record batch (Arrow): reading a row decodes its
 row group once, and the reader keeps the decoded groups it read last, up to ``cache_bytes``.
-Iteration decodes each row group once, in order. Arrow IPC files are memory-mapped, so a row
-costs no decoding at all.
+Iteration decodes each row group once, in order. Arrow IPC files are read as Parquet files
+are: a record batch at a time, into memory (never memory-mapped: a file cut or changed under a
+mapping kills the process). Every row group and record batch is validated in full by pyarrow
+when it is read (offsets, lengths, UTF-8), so a damaged file raises
+:class:`~fpipe.errors.FormatError` naming the file, the row group or record batch and the
+sample, and never gives a row that pyarrow's validation rejects.
 
 pyarrow is imported only here, and only when a reader is made (``pip install fpipe[parquet]``).
 
@@ -30,7 +34,7 @@ import os
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -46,6 +50,7 @@ from ._foreign import (
     strings_to_arrays,
     write_shards,
 )
+from ._ipc import END_OF_STREAM, IpcLayout, ipc_layout
 from .base import Reader
 from .format import PathLike, pack_sample
 from .sharded import ShardedReader
@@ -92,6 +97,7 @@ class _ArrowReader(Reader):
         self._reset()
         self._opened()  # read the metadata now: a bad file fails at the call site
         self._key_column = self._choose_key(key)
+        self._decode_empty_parts()
 
     def _reset(self) -> None:
         self._handle: Any = None
@@ -100,10 +106,11 @@ class _ArrowReader(Reader):
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._keys: KeyIndex | None = None
+        self._keys_damaged: FormatError | None = None  # why the key index cannot be built
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for name in ("_handle", "_parts", "_held", "_lock", "_pid", "_keys"):
+        for name in ("_handle", "_parts", "_held", "_lock", "_pid", "_keys", "_keys_damaged"):
             state.pop(name)
         return state
 
@@ -124,10 +131,20 @@ class _ArrowReader(Reader):
                 self._reset()
             try:
                 self._handle = self._open_file()
+            except FormatError:
+                raise
             except _arrow_errors() as error:
                 raise FormatError(f"not a readable {self._kind} file ({error})",
                                   path=self.source.path) from None
         return self._handle
+
+    def _decode_empty_parts(self) -> None:
+        """Decode now the parts whose metadata says they hold no rows: no read of a row
+        would, and the metadata of a damaged one would hide its rows without an error."""
+        handle = self._opened()
+        for part in np.flatnonzero(np.diff(self._part_starts) == 0).tolist():
+            with self._lock:
+                self._decoded(handle, part, None, self.columns)
 
     def _choose_key(self, key: str | None) -> str | None:
         names = self.columns_available
@@ -168,14 +185,32 @@ class _ArrowReader(Reader):
             if found is not None:
                 self._parts.move_to_end(part)
                 return found
-            try:
-                table = self._read_part(handle, part)
-            except _arrow_errors() as error:
-                raise FormatError(f"{self._unit} {part} does not decode ({error})",
-                                  path=self.source.path, index=index) from None
+            table = self._decoded(handle, part, index, self.columns)
             if keep:
                 self._keep(part, table)
             return table
+
+    def _decoded(self, handle: Any, part: int, index: int | None, columns: list[str]) -> Any:
+        """Part ``part`` (its ``columns``) as pyarrow reads it, validated in full, with the
+        number of rows the metadata gives it; else FormatError naming the file, the part and
+        sample ``index`` (the one that needs it). The caller holds the lock."""
+        try:
+            table = self._read_part(handle, part, columns)
+            table.validate(full=True)
+        except FormatError:
+            raise
+        except _arrow_errors() as error:
+            raise self._undecodable(part, index, str(error)) from None
+        claimed = int(self._part_starts[part + 1] - self._part_starts[part])
+        if table.num_rows != claimed:
+            raise self._undecodable(part, index, f"{table.num_rows} rows where its metadata "
+                                                 f"says {claimed}")
+        return table
+
+    def _undecodable(self, part: int, index: int | None, reason: str) -> FormatError:
+        reason = " ".join(reason.split())  # pyarrow's messages may run over several lines
+        return FormatError(f"{self._unit} {part} does not decode ({reason})",
+                           path=self.source.path, index=index)
 
     def _keep(self, part: int, table: Any) -> None:
         self._parts[part] = table
@@ -191,7 +226,7 @@ class _ArrowReader(Reader):
         table = self._part(part, start, keep=False)
         if row + stop - start > table.num_rows:
             raise ValueError(f"block_rows({start}, {stop}) reaches past {self._unit} {part}")
-        return _ArrowRows(table.slice(row, stop - start))
+        return _ArrowRows(table.slice(row, stop - start), self.source.path, f"{self._unit} {part}")
 
     def _locate(self, index: int) -> tuple[int, int]:
         part = bisect_right(self._part_starts, index) - 1
@@ -201,7 +236,8 @@ class _ArrowReader(Reader):
         index = self._index(index)
         part, row = self._locate(index)
         table = self._part(part, index)
-        sample = {name: _value(table.column(name), row) for name in table.column_names}
+        sample = _as_python(_row, table, row, path=self.source.path, what=f"{self._unit} {part}",
+                            index=index)
         sample = pack_sample(sample) if raw else sample
         return (self.find_key(index), sample) if yield_key else sample
 
@@ -223,8 +259,10 @@ class _ArrowReader(Reader):
             table = self._part(part, index, keep)
             count = min(stop - index, table.num_rows - row)
             for first in range(row, row + count, _ROWS_AT_ONCE):
-                rows = _rows(table.slice(first, min(row + count, first + _ROWS_AT_ONCE) - first))
                 at = index + first - row
+                some = table.slice(first, min(row + count, first + _ROWS_AT_ONCE) - first)
+                rows = _as_python(_rows, some, path=self.source.path, what=f"{self._unit} "
+                                  f"{part} (samples {at} to {at + some.num_rows - 1})")
                 if raw:
                     rows = [pack_sample(sample) for sample in rows]
                 yield from zip(self._key_list(at, at + len(rows)), rows) if yield_key else rows
@@ -233,32 +271,57 @@ class _ArrowReader(Reader):
     # --- keys ------------------------------------------------------------------------------
 
     def _key_index(self) -> KeyIndex:
+        """The keys of every row, read once; the FormatError of a part whose keys do not
+        read (raised again at each call, without reading the file again)."""
+        if self._keys_damaged is not None:
+            raise self._keys_damaged
         if self._keys is None:
             blobs, ends, done = [], [], 0
-            for part in range(len(self._part_starts) - 1):  # a part at a time: no list of all
-                column = self._key_part(part, int(self._part_starts[part]))
-                blob, part_ends = strings_to_arrays([str(key) for key in column.to_pylist()])
-                blobs.append(blob)
-                ends.append(part_ends + done)
-                done += len(blob)
+            try:
+                for part in range(len(self._part_starts) - 1):  # a part at a time: no list of all
+                    blob, part_ends = strings_to_arrays(self._part_keys(part, 0, None))
+                    blobs.append(blob)
+                    ends.append(part_ends + done)
+                    done += len(blob)
+            except FormatError as error:
+                self._keys_damaged = error
+                raise
             self._keys = KeyIndex(np.concatenate([np.zeros(0, np.uint8), *blobs]),
                                   np.concatenate([np.zeros(0, np.int64), *ends]))
         return self._keys
 
+    def _part_keys(self, part: int, row: int, count: int | None) -> list[str]:
+        """The keys of ``count`` rows (None: all) of part ``part`` from its row ``row``."""
+        first = int(self._part_starts[part]) + row
+        column = self._key_part(part, first)
+        column = column.slice(row, count) if row or count is not None else column
+        return _as_python(_strings, column, path=self.source.path,
+                          what=f"the key column of {self._unit} {part}", index=first)
+
     def _key_part(self, part: int, first: int) -> Any:
-        found = self._parts.get(part)
-        if found is not None and self._key_column in found.column_names:
-            return found.column(self._key_column)
-        try:
-            return self._read_part(self._opened(), part, [self._key_column]).column(0)
-        except _arrow_errors() as error:
-            raise FormatError(f"{self._unit} {part} does not decode ({error})",
-                              path=self.source.path, index=first) from None
+        handle = self._opened()
+        with self._lock:
+            found = self._parts.get(part)
+            if found is not None and self._key_column in found.column_names:
+                return found.column(self._key_column)
+            return self._decoded(handle, part, first, [self._key_column]).column(0)
 
     def _key_list(self, start: int, stop: int) -> list[str]:
         if self._key_column is None:
             return numbered_keys(self.source.name, start, stop)
-        return self._key_index().slice(start, stop)
+        try:
+            return self._key_index().slice(start, stop)
+        except FormatError:  # a part's keys are damaged: those of the others still read
+            return self._keys_between(start, stop)
+
+    def _keys_between(self, start: int, stop: int) -> list[str]:
+        keys: list[str] = []
+        while start < stop:
+            part, row = self._locate(start)
+            count = min(stop - start, int(self._part_starts[part + 1]) - start)
+            keys.extend(self._part_keys(part, row, count))
+            start += count
+        return keys
 
     def find_key(self, index: int) -> str:
         index = self._index(index)
@@ -280,15 +343,16 @@ class _ArrowReader(Reader):
 
 
 class _ArrowRows:
-    """Rows of a row group held by :meth:`_ArrowReader.block_rows`."""
+    """Rows of a row group held by :meth:`_ArrowReader.block_rows`, from the file ``path``
+    (``what``: which part of it, for errors)."""
 
-    __slots__ = ("table",)
+    __slots__ = ("table", "path", "what")
 
-    def __init__(self, table: Any) -> None:
-        self.table = table
+    def __init__(self, table: Any, path: str, what: str) -> None:
+        self.table, self.path, self.what = table, path, what
 
     def take(self, rows: np.ndarray) -> list[dict]:
-        return _rows(self.table.take(rows))
+        return _as_python(_rows, self.table.take(rows), path=self.path, what=self.what)
 
     def join(self, held: list) -> _ArrowRows | None:
         """The rows of ``held`` (this and others) one after the other, in one table with
@@ -297,7 +361,9 @@ class _ArrowRows:
         tables = [rows.table for rows in held if isinstance(rows, _ArrowRows)]
         if len(tables) < len(held) or any(not t.schema.equals(tables[0].schema) for t in tables):
             return None
-        return _ArrowRows(_pyarrow().concat_tables(tables).combine_chunks())
+        return _ArrowRows(_pyarrow().concat_tables(tables).combine_chunks(),
+                          ", ".join(dict.fromkeys(rows.path for rows in held)),
+                          ", ".join(dict.fromkeys(rows.what for rows in held)))
 
 
 def _check_columns(columns: Any) -> list[str] | None:
@@ -310,6 +376,26 @@ def _check_columns(columns: Any) -> list[str] | None:
 
 def _is_tensor(column: Any) -> bool:
     return getattr(column.type, "extension_name", None) == "arrow.fixed_shape_tensor"
+
+
+def _as_python(convert: Callable[..., Any], *arguments: Any, path: str, what: str,
+               index: int | None = None) -> Any:
+    """``convert(*arguments)`` (Arrow values made Python ones), or FormatError naming the file,
+    the part (``what``) and the sample ``index`` when a value has no Python equivalent (a
+    date past the year 9999, a timestamp past 2**63 seconds)."""
+    try:
+        return convert(*arguments)
+    except (ArithmeticError, ValueError, _pyarrow().ArrowException) as error:
+        raise FormatError(f"{what} holds a value that does not convert to Python ({error})",
+                          path=path, index=index) from None
+
+
+def _strings(column: Any) -> list[str]:
+    return [str(value) for value in column.to_pylist()]
+
+
+def _row(table: Any, row: int) -> dict:
+    return {name: _value(table.column(name), row) for name in table.column_names}
 
 
 def _value(column: Any, row: int) -> Any:
@@ -382,8 +468,8 @@ class ParquetFileReader(_ArrowReader):
         self._part_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         return handle
 
-    def _read_part(self, handle: Any, part: int, columns: list[str] | None = None) -> Any:
-        return handle.read_row_group(part, columns=columns or self.columns)
+    def _read_part(self, handle: Any, part: int, columns: list[str]) -> Any:
+        return handle.read_row_group(part, columns=columns)
 
     def prefetch(self, indices: Sequence[int]) -> None:
         """Fetch in the background the bytes of the row groups that samples ``indices`` need
@@ -406,8 +492,15 @@ class ParquetFileReader(_ArrowReader):
 
 class ArrowFileReader(_ArrowReader):
     """One Arrow IPC file (the file or the stream format, as Hugging Face ``datasets`` keeps
-    its tables), memory-mapped, with the reader API: sample ``i`` is row ``i`` as a dict.
-    ``columns`` and ``key`` as for :class:`ParquetFileReader`.
+    its tables), with the reader API: sample ``i`` is row ``i`` as a dict. ``columns`` and
+    ``key`` as for :class:`ParquetFileReader`.
+
+    The file is read as pyarrow's readers read a file that is not mapped: its headers when
+    the reader is made (a few hundred bytes per record batch; a damaged header raises
+    :class:`~fpipe.errors.FormatError` then), and a record batch when a row of it is read,
+    validated in full (a damaged batch raises FormatError naming the file, the batch and the
+    sample; the others stay readable). A file cut under an open reader raises FormatError
+    at the reads it no longer holds; it is never memory-mapped.
 
     >>> import os, tempfile
     >>> import pyarrow as pa
@@ -430,36 +523,58 @@ class ArrowFileReader(_ArrowReader):
         return f"ArrowFileReader({self.source.path!r})"
 
     def _open_file(self) -> Any:
-        pa = _pyarrow()
-        target = self.source.file() if self.source.remote else pa.memory_map(self.source.path)
-        try:
-            handle = pa.ipc.open_file(target)
-            batches = None
-        except pa.ArrowInvalid:
-            target.seek(0)
-            batches = list(pa.ipc.open_stream(target))  # zero-copy from the map
-            handle = batches
-        schema = handle.schema if batches is None else _stream_schema(batches, target)
-        names = schema.names
+        layout = ipc_layout(self.source.read, self.source.size, self.source.path)
+        handle = _IpcFile(self.source, layout) if layout.file_format else _IpcStream(self.source,
+                                                                                     layout)
+        names = handle.schema.names
         self.columns_available = names
         self._check_wanted(names)
         self.columns = self._wanted if self._wanted is not None else names
-        counts = ([batch.num_rows for batch in batches] if batches is not None
-                  else [handle.get_batch(b).num_rows for b in range(handle.num_record_batches)])
-        self._part_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        self._part_starts = np.concatenate([[0], np.cumsum(layout.rows, dtype=np.int64)])
         return handle
 
-    def _read_part(self, handle: Any, part: int, columns: list[str] | None = None) -> Any:
+    def _read_part(self, handle: Any, part: int, columns: list[str]) -> Any:
+        return _pyarrow().Table.from_batches([handle.batch(part)]).select(columns)
+
+
+class _IpcFile:
+    """An Arrow IPC file: pyarrow reads its footer, and a record batch when asked, by ranges
+    of the file (:meth:`ByteSource.file`)."""
+
+    def __init__(self, source: ByteSource, layout: IpcLayout) -> None:
+        self.reader = _pyarrow().ipc.open_file(source.file())
+        self.schema = self.reader.schema
+        if self.reader.num_record_batches != len(layout.rows):
+            raise FormatError(f"not a readable Arrow IPC file (pyarrow finds "
+                              f"{self.reader.num_record_batches} record batches in its footer, "
+                              f"fpipe {len(layout.rows)})", path=source.path)
+
+    def batch(self, number: int) -> Any:
+        return self.reader.get_batch(number)
+
+
+class _IpcStream:
+    """An Arrow IPC stream, a record batch at a time: the batch's message, after the schema
+    and the dictionaries before it, read as a stream of its own."""
+
+    def __init__(self, source: ByteSource, layout: IpcLayout) -> None:
+        self.source, self.layout = source, layout
+        self.head = self._read(*layout.schema)
+        self.schema = _pyarrow().ipc.open_stream(self.head + END_OF_STREAM).schema
+
+    def _read(self, start: int, stop: int) -> bytes:
+        data = self.source.read(start, stop)
+        if len(data) != stop - start:
+            raise OSError(f"the file was cut: bytes {start + len(data)} to {stop} of a message "
+                          "are missing")
+        return data
+
+    def batch(self, number: int) -> Any:
         pa = _pyarrow()
-        batch = handle[part] if isinstance(handle, list) else handle.get_batch(part)
-        return pa.Table.from_batches([batch]).select(columns or self.columns)
-
-
-def _stream_schema(batches: list, target: Any) -> Any:
-    if batches:
-        return batches[0].schema
-    target.seek(0)
-    return _pyarrow().ipc.open_stream(target).schema
+        layout = self.layout
+        spans = [*layout.dictionaries[:layout.dictionaries_before[number]], layout.spans[number]]
+        pieces = [self.head, *(self._read(int(a), int(b)) for a, b in spans), END_OF_STREAM]
+        return pa.ipc.open_stream(pa.py_buffer(b"".join(pieces))).read_next_batch()
 
 
 def _folder_files(folder: str) -> list[str]:
@@ -467,9 +582,13 @@ def _folder_files(folder: str) -> list[str]:
     ``state.json``, else every Parquet and Arrow file under it, sorted."""
     state = os.path.join(folder, "state.json")
     if os.path.isfile(state):
-        with open(state, encoding="utf-8") as file:
-            listed = json.load(file).get("_data_files") or []
-        return [os.path.join(folder, entry["filename"]) for entry in listed]
+        with open(state, "rb") as file:
+            try:
+                listed = json.load(file).get("_data_files") or []
+                return [os.path.join(folder, entry["filename"]) for entry in listed]
+            except (ValueError, AttributeError, KeyError, TypeError) as error:
+                raise FormatError(f"not a Hugging Face datasets state file ({error!r:.200})",
+                                  path=state) from None
     found = []
     for root, folders, files in os.walk(folder):
         folders[:] = sorted(name for name in folders if not name.startswith("."))

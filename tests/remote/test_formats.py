@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fpipe.storage import (
+    ArrowFileReader,
     ParquetFileReader,
     Shuffler,
     TarReader,
@@ -45,6 +46,10 @@ def files(tmp_path_factory):
             writer.write({"i": i, "pad": bytes(i % 200)})
     pq.write_table(pa.table({"key": [f"k{i}" for i in range(2000)], "x": list(range(2000))}),
                    root / "train.parquet", row_group_size=250)
+    table = pa.table({"key": [f"a{i}" for i in range(600)], "text": [f"row {i}" for i in range(600)]})
+    for name, new in (("file.arrow", pa.ipc.new_file), ("stream.arrow", pa.ipc.new_stream)):
+        with new(root / name, table.schema) as writer:
+            writer.write_table(table, max_chunksize=100)
     return root
 
 
@@ -91,6 +96,15 @@ def test_tfrecord_and_parquet_at_urls(server, files, cache):
     table.prefetch(np.arange(1000, 1100))
     assert list(table.iter(0, 600)) == list(local.iter(0, 600))
     assert pickle.loads(pickle.dumps(table))[700] == local[700]
+
+
+@pytest.mark.parametrize("name", ["file.arrow", "stream.arrow"])
+def test_arrow_ipc_files_at_urls(server, files, cache, name):
+    remote = ArrowFileReader(server.url(name), **_options(cache))
+    local = ArrowFileReader(files / name)
+    assert len(remote) == 600 and remote[599] == local[599] and remote.find_index("a350") == 350
+    assert list(remote.iter(150, 420)) == list(local.iter(150, 420))
+    assert pickle.loads(pickle.dumps(remote))[99] == local[99]
 
 
 def test_shards_glob_an_s3_pattern(s3, files, cache):

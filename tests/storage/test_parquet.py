@@ -125,9 +125,9 @@ def test_bad_footer_names_the_file(tmp_path):
         ParquetReader(str(path))
 
 
-def _corrupt_row_group(path, group):
+def _corrupt_row_group(path, group, column=1):
     metadata = pq.ParquetFile(path).metadata
-    chunk = metadata.row_group(group).column(1)
+    chunk = metadata.row_group(group).column(column)
     start = chunk.dictionary_page_offset or chunk.data_page_offset
     data = bytearray(path.read_bytes())
     for offset in range(start, start + chunk.total_compressed_size):
@@ -152,6 +152,20 @@ def test_a_damaged_row_group_names_file_and_sample_and_loses_nothing_else(tmp_pa
     assert list(dataset) == [*range(100), *range(200, 300)] and dataset.skipped == 100
 
 
+def test_a_damaged_key_column_loses_only_its_own_keys(tmp_path):
+    path = tmp_path / "keys.parquet"
+    pq.write_table(_table(0, 300), path, row_group_size=100)
+    _corrupt_row_group(path, 1, column=0)
+    reader = ParquetFileReader(path)
+    assert reader.get(250, yield_key=True) == ("r00250", _table(250, 1).to_pylist()[0])
+    assert [key for key, _ in reader.iter(0, 100, yield_key=True)] == [f"r{i:05d}" for i in range(100)]
+    with pytest.raises(FormatError, match=r"keys\.parquet: sample 150: row group 1 does not decode"):
+        reader.find_key(150)
+    for _ in range(2):  # a lookup by key needs every key: it names the part that fails
+        with pytest.raises(FormatError, match=r"keys\.parquet: sample 100: row group 1 does not"):
+            reader.find_index("r00005")
+
+
 def n_of(row):
     return row["n"]
 
@@ -173,3 +187,90 @@ def test_export_takes_a_column_type_that_shows_only_after_nones_and_empty_lists(
     with pytest.raises(TypeError, match="field 'n' holds int and str"):
         write_parquet([{"key": "a", "n": 1}, {"key": "b", "n": "1"}], str(tmp_path / "q-%d.parquet"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p-0.parquet"]
+
+
+def _write_arrow(path, table, stream: bool, rows_per_batch: int, **options) -> None:
+    new = pa.ipc.new_stream if stream else pa.ipc.new_file
+    with new(path, table.schema, options=pa.ipc.IpcWriteOptions(**options)) as writer:
+        writer.write_table(table, max_chunksize=rows_per_batch)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["file", "stream"])
+def test_a_damaged_record_batch_names_file_batch_and_sample_and_loses_nothing_else(tmp_path,
+                                                                                   stream):
+    table = pa.table({"text": [f"row {i}" if i != 15 else "MARKER" for i in range(30)]})
+    path = tmp_path / "damaged.arrow"
+    _write_arrow(path, table, stream, rows_per_batch=10)
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b"MARKER", b"\xff" * 6))  # no longer UTF-8
+    reader = ArrowFileReader(path)
+    assert reader[9] == {"text": "row 9"} and reader[29] == {"text": "row 29"}
+    with pytest.raises(FormatError, match=r"damaged\.arrow: sample 12: record batch 1 does not "
+                                          r"decode \(.*Invalid UTF8"):
+        reader[12]
+    got = []
+    with pytest.raises(FormatError, match="sample 10: record batch 1"):
+        got.extend(row["text"] for row in reader)
+    assert got == [f"row {i}" for i in range(10)]
+
+
+@pytest.mark.parametrize("stream, deltas", [(False, True), (True, True), (True, False)],
+                         ids=["file", "stream with deltas", "stream with replacements"])
+def test_arrow_dictionary_columns_read_batch_by_batch(tmp_path, stream, deltas):
+    words = [["cat", "dog"], ["cat", "dog", "owl", "emu"]]  # the second extends the first
+    parts = [pa.table({"label": pa.DictionaryArray.from_arrays(pa.array(indices, pa.int8()), pa.array(w)),
+                       "n": range(3 * k, 3 * k + 3)})
+             for k, (indices, w) in enumerate(zip([[0, 1, 0], [2, 0, 3]], words))]
+    path = tmp_path / "labels.arrow"
+    new = pa.ipc.new_stream if stream else pa.ipc.new_file
+    with new(path, parts[0].schema, options=pa.ipc.IpcWriteOptions(emit_dictionary_deltas=deltas)) as writer:
+        for part in parts:
+            writer.write_table(part)
+    rows = [row for part in parts for row in part.to_pylist()]
+    assert [row["label"] for row in rows] == ["cat", "dog", "cat", "owl", "cat", "emu"]
+    reader = ArrowFileReader(path, cache_bytes=0)
+    assert [reader[i] for i in (5, 0, 3, 2)] == [rows[i] for i in (5, 0, 3, 2)]
+    assert list(reader) == rows and reader.blocks.tolist() == [0, 3, 6]
+
+
+def test_a_value_without_a_python_equivalent_raises_format_error(tmp_path):
+    days = pa.array([0, 1, 2**31 - 1, 3], pa.int32()).view(pa.date32())  # the last day of 5.9M AD
+    path = tmp_path / "dates.parquet"
+    pq.write_table(pa.table({"day": days}), path, row_group_size=2)
+    reader = ParquetFileReader(path)
+    assert reader[0]["day"].isoformat() == "1970-01-01" and reader[3]["day"].day == 4
+    with pytest.raises(FormatError, match=r"dates\.parquet: sample 2: row group 1 holds a value "
+                                          r"that does not convert to Python"):
+        reader[2]
+    with pytest.raises(FormatError, match=r"dates\.parquet: row group 1 \(samples 2 to 3\) holds"):
+        list(reader)
+    with pytest.raises(FormatError, match=r"dates\.parquet: row group 1 holds"):
+        reader.block_rows(2, 4).take(np.array([1, 0]))
+
+
+def test_a_damaged_hugging_face_folder_names_its_file(tmp_path):
+    saved = tmp_path / "saved"
+    hf = datasets.Dataset.from_dict({"text": [f"row {i}" if i != 13 else "MARKER" for i in range(20)]})
+    hf.save_to_disk(str(saved), num_shards=2)
+    second = sorted(saved.glob("*.arrow"))[1]
+    second.write_bytes(second.read_bytes().replace(b"MARKER", b"\xfe" * 6))  # not UTF-8
+    reader = ParquetReader(saved)
+    assert reader[9] == {"text": "row 9"}  # the first file reads
+    with pytest.raises(FormatError, match=rf"{second.name}: sample 3: record batch 0 does not "
+                                          r"decode \(.*Invalid UTF8"):
+        reader[13]
+    (saved / "state.json").write_bytes(b'{"_data_files": [{"file": 1}]}')
+    with pytest.raises(FormatError, match=r"state\.json: not a Hugging Face datasets state file"):
+        ParquetReader(saved)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["file", "stream"])
+@pytest.mark.parametrize("options", [{"use_legacy_format": True}, {"compression": "zstd"}],
+                         ids=["legacy prefixes", "zstd bodies"])
+def test_arrow_files_of_every_writer_option_and_empty_ones(tmp_path, stream, options):
+    table = _table(0, 40)
+    _write_arrow(tmp_path / "t.arrow", table, stream, rows_per_batch=16, **options)
+    reader = ArrowFileReader(tmp_path / "t.arrow")
+    assert list(reader) == table.to_pylist() and reader.blocks.tolist() == [0, 16, 32, 40]
+    _write_arrow(tmp_path / "empty.arrow", table.slice(0, 0), stream, rows_per_batch=16, **options)
+    assert len(ArrowFileReader(tmp_path / "empty.arrow")) == 0
