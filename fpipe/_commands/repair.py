@@ -22,7 +22,7 @@ from ..storage import (
     unpack_sample,
 )
 from ..storage._indexing import IndexBuilder
-from ..storage._staging import staging_folder
+from ..storage._staging import finish_commit, staging_folder
 from ..storage.recovery import DamagedDataError
 from ._common import (
     add_command,
@@ -261,6 +261,10 @@ def _hint(problems: list[str]) -> str:
 
 
 def _run_index(args: argparse.Namespace) -> int:
+    if not args.dry_run and finish_commit(args.dataset):
+        say(args, f"{args.dataset}: finished the interrupted command that replaced it: the new "
+                  "dataset is in place")
+        return 0
     files = DatasetFiles(data_file(args.dataset))
     if args.keys:
         refuse_options({"--scan": args.scan, "--dry-run": args.dry_run,
