@@ -42,6 +42,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ._hashing import BloomFilter, key_salt, salted_hashes
+from ._staging import signals_deferred
 from .format import DECODE_ERRORS, DatasetFiles, open_regular
 from .keyindex import KeyIndexWriter, SortedPairs
 
@@ -80,9 +81,10 @@ class Built:
                                              zip(target.index_files, self.files.index_files)}}
         self.files.md5.write_text("".join(f"{md5[path.name]}  {path.name}\n" for path in names),
                                   encoding="utf-8")
-        for new, old in zip((*self.files.index_files, self.files.md5),
-                            (*target.index_files, target.md5)):
-            os.replace(new, old)
+        with signals_deferred():  # Ctrl-C amid the renames would leave two halves of indexes
+            for new, old in zip((*self.files.index_files, self.files.md5),
+                                (*target.index_files, target.md5)):
+                os.replace(new, old)
 
 
 class IndexBuilder:

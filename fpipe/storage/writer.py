@@ -41,6 +41,7 @@ from typing import Any
 
 from ..errors import FormatError, check_integer, redacted_url
 from ._indexing import IndexBuilder, array_length, without_samples
+from ._staging import signals_deferred
 from .format import (
     DatasetFiles,
     PathLike,
@@ -241,17 +242,20 @@ class Writer:
             except OSError as error:
                 self._discard_staging()
                 raise self._failed(error) from error
+        committed = False
         try:
             built = self._builder.finish()
             repeated = built.duplicates
             if repeated:
                 built, digest = without_samples(built, self._files, self._base.count,
                                                 self._base.end, self._base.md5)
-            built.commit(self._files, digest)
+            with signals_deferred():  # Ctrl-C here comes after the commit: the index stays
+                built.commit(self._files, digest)
+                committed = True
         except OSError as error:  # a full disk while the index is built: the data is whole
             raise self._failed(error) from error
         except BaseException:
-            if self._base.existing:
+            if self._base.existing and not committed:
                 os.truncate(self.path, self._base.end)
             raise
         finally:

@@ -53,19 +53,24 @@ def counted_renames(folder: Path, args: list[str]) -> int:
     return int(re.search(r"renames: (\d+)", done.stderr).group(1))
 
 
-def generation(path: Path) -> str:
-    """``"old"`` or ``"new"``: which whole dataset ``path`` is; fails on anything else."""
+def whole_samples(path: Path) -> list[dict]:
+    """The samples of dataset ``path``, checked to agree with its index: each sample where
+    its key's index says, each key where the sample says, and the checksums."""
     with MsgpackReader(path) as reader:
         samples = list(reader)
-        assert len(samples) == SAMPLES, f"{len(samples)} samples"
-        which = samples[0]["key"].split("-")[0]
-        assert samples == _samples(which), "a mix of samples"
         for i, sample in enumerate(samples):
             assert reader.find_index(sample["key"]) == i, f"find_index({sample['key']!r})"
             assert reader.get(i) == sample and reader.find_key(i) == sample["key"]
-        other = "new" if which == "old" else "old"
-        assert not any(s["key"] in reader for s in _samples(other)), "keys of the other dataset"
         assert reader.verify_data() and reader.verify_index(), "checksums"
+        return samples
+
+
+def generation(path: Path) -> str:
+    """``"old"`` or ``"new"``: which whole dataset ``path`` is; fails on anything else."""
+    samples = whole_samples(path)
+    assert len(samples) == SAMPLES, f"{len(samples)} samples"
+    which = samples[0]["key"].split("-")[0]
+    assert samples == _samples(which), "a mix of samples"
     return which
 
 
@@ -73,13 +78,18 @@ def _leftovers(folder: Path, expected: set[str]) -> set[str]:
     return set(os.listdir(folder)) - expected
 
 
+def _new_source(tmp_path: Path) -> Path:
+    source = tmp_path / "new.jsonl"
+    source.write_text("".join(json.dumps(s) + "\n" for s in _samples("new")), encoding="utf-8")
+    return source
+
+
 def _write_setup(tmp_path: Path) -> tuple[Path, list[str], set[str]]:
     folder = tmp_path / "out"
     folder.mkdir()
     target = write_dataset(folder / "data.msgpack", _samples("old"))
-    source = tmp_path / "new.jsonl"
-    source.write_text("".join(json.dumps(s) + "\n" for s in _samples("new")), encoding="utf-8")
-    return target, ["write", str(source), str(target), "-y", "-q"], set(os.listdir(folder))
+    args = ["write", str(_new_source(tmp_path)), str(target), "-y", "-q"]
+    return target, args, set(os.listdir(folder))
 
 
 @pytest.mark.parametrize("name", ["INT", "TERM"])
@@ -119,3 +129,19 @@ def test_sigkill_at_any_step_of_write_is_detected_and_finished(tmp_path, record)
         assert not _leftovers(target.parent, names), (n, _leftovers(target.parent, names))
     assert finished == steps - 1, "every step but the first comes after the old data file went"
     record("SIGKILL at each step of 'fpipe write -y''s commit", tried=steps)
+
+
+def test_ctrl_c_at_any_step_of_an_append_leaves_one_whole_dataset(tmp_path, record):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    target = write_dataset(folder / "data.msgpack", _samples("old"))
+    names = set(os.listdir(folder))
+    args = ["write", str(_new_source(tmp_path)), str(target), "--append", "-q"]
+    steps = counted_renames(folder, args)
+    for n in (1, steps // 2, steps):
+        write_dataset(target, _samples("old"))
+        done = run_interrupted(n, "INT", folder, args)
+        assert done.returncode == 130, (n, done.stderr)
+        assert whole_samples(target) == _samples("old") + _samples("new"), n
+        assert not _leftovers(folder, names), (n, _leftovers(folder, names))
+    record("SIGINT at steps of 'fpipe write --append''s commit", tried=3)
