@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FpipeError
-from ..storage._staging import staged_datasets
+from ..storage._staging import dataset_files, refuse_inputs, staged_datasets
 from ._common import (
     CLASSES_SUFFIX,
     UsageError,
@@ -276,6 +276,7 @@ def _write_files(args: argparse.Namespace) -> int:
                        _recoder(args), screen)
     with _ordered(listing.entries, out, args) as entries:
         if args.append:  # OUT has the class list that numbers the labels (or none is needed)
+            refuse_inputs(dataset_files(out), _read_files(args.source, listing.entries))
             written = _write_samples(out, entries, make, args, append=True)
         else:
             with staged_datasets([out], args.overwrite,
