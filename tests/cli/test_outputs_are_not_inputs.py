@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fpipe.cli import main
 from fpipe.storage import MsgpackReader, write_parquet, write_webdataset
 
 from .conftest import make_dataset, mistake
@@ -63,3 +64,51 @@ def test_append_refuses_a_foreign_input_as_its_output(tmp_path, capsys):
     assert "an output never replaces an input" in mistake(capsys, 2, "write", shard, shard,
                                                           "--append")
     assert _contents(tmp_path) == before
+
+
+def _shards(folder: Path, count: int, prefix: str = "s") -> list[str]:
+    samples = [{"key": f"{prefix}{i}", "txt": f"text {i}"} for i in range(count)]
+    return write_webdataset(samples, folder / "shard-%06d.tar", shard_size=1)
+
+
+def test_export_refuses_a_pattern_that_names_one_of_its_inputs(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _shards(tmp_path, 3)
+    before = _contents(tmp_path)
+    message = mistake(capsys, 2, "export", "shard-000000.tar", "shard-%06d.tar", "-y")
+    assert "an output never replaces an input" in message and "shard-000000.tar" in message
+    assert _contents(tmp_path) == before, "the input and the other shards are as they were"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".fpipe-")] == []
+
+
+def test_export_removes_only_the_shards_an_earlier_export_lists(tmp_path, capsys):
+    """Shards past the new ones go only if the earlier export's manifest lists them, as it
+    wrote them; the others stay, named in a warning."""
+    dataset = make_dataset(tmp_path / "train.msgpack", 4)
+    pattern = tmp_path / "out" / "t-%02d.tar"
+    args = ["export", dataset, pattern, "--rename", "data=bin", "--rename", "label=cls", "-y"]
+    assert main([str(a) for a in args + ["--shard-size", "1"]]) == 0  # 4 shards, listed
+    by_hand = tmp_path / "out" / "t-04.tar"
+    by_hand.write_bytes(b"not from an export")
+    changed = tmp_path / "out" / "t-03.tar"
+    changed.write_bytes(b"changed since the export")
+    capsys.readouterr()
+    assert main([str(a) for a in args + ["--shard-size", "2"]]) == 0
+    err = capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        ".t-%02d.tar.shards.json", "t-00.tar", "t-01.tar", "t-03.tar", "t-04.tar"]
+    assert by_hand.read_bytes() == b"not from an export"
+    assert changed.read_bytes() == b"changed since the export"
+    assert "t-03.tar" in err and "t-04.tar" in err and "left as they are" in err
+
+
+def test_export_without_a_manifest_removes_nothing(tmp_path, capsys, monkeypatch):
+    """Shards from before manifests (or made by hand) are not known to be an export's."""
+    monkeypatch.chdir(tmp_path)
+    _shards(tmp_path, 3, prefix="old")
+    (tmp_path / ".shard-%06d.tar.shards.json").unlink(missing_ok=True)  # none before manifests
+    make_dataset(tmp_path / "train.msgpack", 2)
+    assert main(["export", "train.msgpack", "shard-%06d.tar", "--shard-size", "1",
+                 "--rename", "data=bin", "--rename", "label=cls", "-y"]) == 0
+    assert "shard-000002.tar" in capsys.readouterr().err
+    assert (tmp_path / "shard-000002.tar").exists()

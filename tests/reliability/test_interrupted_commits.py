@@ -145,3 +145,44 @@ def test_ctrl_c_at_any_step_of_an_append_leaves_one_whole_dataset(tmp_path, reco
         assert whole_samples(target) == _samples("old") + _samples("new"), n
         assert not _leftovers(folder, names), (n, _leftovers(folder, names))
     record("SIGINT at steps of 'fpipe write --append''s commit", tried=3)
+
+
+def _export_setup(tmp_path: Path) -> tuple[Path, dict[str, list[str]]]:
+    """Datasets old (30 samples) and new (30 others) and the arguments that export each to
+    the shards out/part-%06d.tar: 4 shards of old, 2 of new."""
+    (tmp_path / "out").mkdir()
+    runs = {}
+    for which, size in (("old", 8), ("new", 15)):
+        write_dataset(tmp_path / f"{which}.msgpack", _samples(which))
+        runs[which] = ["export", str(tmp_path / f"{which}.msgpack"),
+                       str(tmp_path / "out" / "part-%06d.tar"), "--shard-size", str(size),
+                       "--rename", "v=txt", "-y", "-q"]
+    return tmp_path / "out", runs
+
+
+def export_generation(folder: Path, names: dict[str, set[str]]) -> str:
+    """Which whole export the shards in ``folder`` are: every file is one export's (its
+    shards and manifest, nothing else) and the shards read back as its samples."""
+    from fpipe.storage import WebDatasetReader
+
+    present = set(os.listdir(folder))
+    which = next((which for which, files in names.items() if present == files), None)
+    assert which is not None, f"a mix of files: {sorted(present)}"
+    samples = list(WebDatasetReader(str(folder / "part-*.tar"), decode=True))
+    assert [(s["key"], s["txt"]) for s in samples] == [(s["key"], s["v"]) for s in _samples(which)]
+    return which
+
+
+def test_a_signal_at_any_step_of_export_leaves_one_whole_export(tmp_path, record):
+    folder, runs = _export_setup(tmp_path)
+    names = {}
+    for which in ("new", "old"):
+        assert main(runs[which]) == 0
+        names[which] = set(os.listdir(folder))
+    steps = counted_renames(folder, runs["new"])
+    for n in range(1, steps + 1):
+        assert main(runs["old"]) == 0
+        done = run_interrupted(n, "INT", folder, runs["new"])
+        assert done.returncode == 130, (n, done.stderr)
+        assert export_generation(folder, names) == "new", n
+    record("SIGINT at each step of 'fpipe export -y''s commit", tried=steps)
