@@ -186,3 +186,23 @@ def test_a_signal_at_any_step_of_export_leaves_one_whole_export(tmp_path, record
         assert done.returncode == 130, (n, done.stderr)
         assert export_generation(folder, names) == "new", n
     record("SIGINT at each step of 'fpipe export -y''s commit", tried=steps)
+
+
+def test_ctrl_c_at_steps_of_mv_leaves_the_dataset_whole_under_one_name_or_both(tmp_path, record):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    source, target = folder / "a.msgpack", folder / "b.msgpack"
+    args = ["mv", str(source), str(target), "-q"]
+    write_dataset(source, _samples("old"))
+    steps = counted_renames(folder, args)
+    for n in range(1, steps + 1, 2):
+        for path in folder.iterdir():
+            path.unlink()
+        write_dataset(source, _samples("old"))
+        done = run_interrupted(n, "INT", folder, args)
+        assert done.returncode == 130, (n, done.stderr)
+        assert generation(target) == "old", n
+        left = {path.name for path in folder.iterdir() if not path.name.startswith("b.msgpack")}
+        assert not left or generation(source) == "old", (n, left)
+        assert not left or left == {path.name for path in folder.glob("a.msgpack*")}, left
+    record("SIGINT at steps of 'fpipe mv''s commit", tried=len(range(1, steps + 1, 2)))
