@@ -30,6 +30,7 @@ from typing import Any, Union
 import numpy as np
 
 from ..errors import FormatError, redacted_url
+from ._staging import DISK_FULL, disk_full, folder_size, refuse_inputs, signals_deferred
 from .base import Reader
 from .format import PathLike, key_salt, pack_sample
 
@@ -729,8 +730,6 @@ class ShardFiles:
         return glob.glob(wildcard)
 
     def _refuse_inputs(self, outputs: Iterable[str]) -> None:
-        from ._staging import refuse_inputs
-
         if self.inputs:
             refuse_inputs(outputs, self.inputs)
 
@@ -757,8 +756,6 @@ class ShardFiles:
     def commit(self) -> list[str]:
         """Rename the shards into place, remove the earlier export's other shards and write
         the manifest; the shard names."""
-        from ._staging import signals_deferred
-
         names = [self.name(i) for i in range(len(self.temporaries))]
         try:
             if names:
@@ -815,6 +812,10 @@ class ShardFiles:
             os.unlink(name)
         os.replace(staged, self.manifest)
 
+    def written(self) -> int:
+        """The bytes of the shards written so far."""
+        return sum(map(folder_size, self._folders.values()))
+
     def abort(self) -> None:
         """Remove the staging folders, and the shard folders this export made if empty."""
         for folder in self._folders.values():
@@ -863,12 +864,16 @@ def write_shards(samples: Iterable[dict], pattern: PathLike, open_shard: Callabl
         if shard is not None:
             shard.close()
             shard = None
-    except BaseException:
+    except BaseException as error:
+        written = files.written()
         try:
             if shard is not None:
                 shard.discard()
         finally:
             files.abort()
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            raise disk_full(error, files.name(len(files.temporaries) - 1), written,
+                            f" for the {len(files.temporaries)} shard(s) so far") from error
         raise
     return files.commit()
 

@@ -41,6 +41,7 @@ FileExistsError: ...out.msgpack exists; pass -y/--overwrite to replace it
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -55,13 +56,16 @@ from typing import Union
 
 from .format import DatasetFiles
 
-__all__ = ["commit_dataset", "dataset_files", "finish_commit", "interrupted_commit",
-           "refuse_inputs", "same_file", "signals_deferred", "staged_datasets", "staging_folder"]
+__all__ = ["commit_dataset", "dataset_files", "disk_full", "finish_commit", "folder_size",
+           "interrupted_commit", "refuse_inputs", "same_file", "signals_deferred",
+           "staged_datasets", "staging_folder"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 #: The journal of a commit under way, in the staging folder that holds the new files.
 JOURNAL = "commit.json"
+#: The errors of a disk (or a quota) that is full.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 #: The signals that wait until a commit is done.
 DEFERRED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
                          if hasattr(signal, name))
@@ -144,10 +148,13 @@ def staged_datasets(targets: Sequence[PathLike], overwrite: bool = False,
         _add_staging_folders(paths, folders)
         staged = [folders[path.parent] / path.name for path in paths]
         yield staged
-    except BaseException:
+    except BaseException as error:
+        written = sum(map(folder_size, folders.values()))
         _remove_staging_folders(folders)
         for folder in reversed(created):
             _remove_if_empty(folder)
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            raise disk_full(error, paths[0], written) from error
         raise
     with signals_deferred():  # a signal that ends the process finds the staging folders gone
         try:
@@ -155,6 +162,40 @@ def staged_datasets(targets: Sequence[PathLike], overwrite: bool = False,
                 commit_dataset(new, path)
         finally:
             _remove_staging_folders(folders)
+
+
+def folder_size(folder: PathLike) -> int:
+    """The bytes of the files under ``folder`` (0 if it is gone)."""
+    total = 0
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def disk_full(error: OSError, target: PathLike, written: int, what: str = "") -> OSError:
+    """The error to report when the disk filled up (``error``) while a command wrote
+    ``target`` and removed what it had written (``written`` bytes, for ``what``): it names
+    the target, not a staging file, and says how much room there is now.
+
+    >>> import tempfile
+    >>> target = os.path.join(tempfile.mkdtemp(), "out.msgpack")
+    >>> error = disk_full(OSError(errno.ENOSPC, "No space left on device"), target, 5000)
+    >>> print(error.filename == target, error.strerror)  # doctest: +ELLIPSIS
+    True No space left on device: it needs more than the 5,000 bytes written before the disk
+    filled, ... bytes are free there; nothing was kept, and ...out.msgpack is as it was
+    """
+    folder = next(parent for parent in Path(target).absolute().parents if parent.is_dir())
+    try:
+        free = f"{shutil.disk_usage(folder).free:,}"
+    except OSError:
+        free = "an unknown number of"
+    return OSError(error.errno, f"{os.strerror(error.errno)}: it needs more than the "
+                   f"{written:,} bytes written{what} before the disk filled, {free} bytes are "
+                   f"free there; nothing was kept, and {target} is as it was", str(target))
 
 
 def _check_targets(paths: list[Path], overwrite: bool) -> None:

@@ -203,6 +203,8 @@ class Writer:
 
     def flush(self) -> None:
         """Hand the buffered samples to the data file (the index is written at close)."""
+        if self._failure is not None:  # its index files are closed: nothing more goes in
+            raise self._failure
         if self._chunks and self._sink is not None:
             block = b"".join(self._chunks)
             try:  # the index's staging files fill the same disk as the data
@@ -240,8 +242,12 @@ class Writer:
             try:
                 digest = sink.finish()
             except OSError as error:
+                failure = self._failed(error)  # it reads the offsets in the staging folder
                 self._discard_staging()
-                raise self._failed(error) from error
+                raise failure from error
+            if self._failure is not None:  # an earlier write failed: no index
+                self._discard_staging()
+                raise self._failure
         committed = False
         try:
             built = self._builder.finish()
