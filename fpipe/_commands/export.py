@@ -33,7 +33,11 @@ file name become _), and a field that is not bytes must be named with an extensi
 encodes its type (.cls an int, .txt a str, .json, .npy an array, .msgpack anything): rename
 it with --rename label=label.cls. Parquet columns hold one type each; numpy arrays of one
 shape become tensor columns. A field that a format cannot carry stops the run, naming the
-field. Nothing appears under OUT's names unless every shard is written."""
+field. Nothing appears under OUT's names unless every shard is written; then all are renamed
+into place together (Ctrl-C waits until they are), and a manifest beside them,
+.PATTERN.shards.json, lists them. -y replaces shards, and removes those of an earlier, longer
+export that its manifest lists, and no other file. A pattern that names one of the inputs is
+refused."""
 
 _EXAMPLE = """\
   fpipe export train.msgpack 'shards/train-%06d.tar' --shard-size 1GB --rename label=cls
