@@ -245,8 +245,9 @@ def _write_known_set(dataset: KnownDataset, args: argparse.Namespace) -> int:
         return _fail(EXIT_USAGE_ERROR, error)
     except OSError as error:
         return _fail(EXIT_DATA_ERROR, error)
-    except KeyboardInterrupt:
-        return _fail(EXIT_INTERRUPTED, "interrupted; nothing was written")
+    except KeyboardInterrupt as error:  # with a message if the outputs were in place by then
+        return _fail(EXIT_INTERRUPTED, f"interrupted ({error})" if str(error) else
+                     "interrupted; nothing was written")
     if not args.quiet:
         _print_written(written)
     return 0

@@ -761,8 +761,12 @@ class ShardFiles:
             if names:
                 self._check(names)
                 stale = self._stale(names)
-                with signals_deferred():
-                    self._rename(names, stale)
+                with signals_deferred(done="during the commit, which was finished first: "
+                                           f"the {len(names)} new shard(s) are in place, whole"):
+                    try:
+                        self._rename(names, stale)
+                    finally:  # before a held SIGTERM ends the process
+                        self.abort()
         finally:
             self.abort()
         if self.left:

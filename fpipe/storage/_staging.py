@@ -57,8 +57,8 @@ from typing import Union
 from .format import DatasetFiles
 
 __all__ = ["commit_dataset", "dataset_files", "disk_full", "finish_commit", "folder_size",
-           "interrupted_commit", "refuse_inputs", "same_file", "signals_deferred",
-           "staged_datasets", "staging_folder"]
+           "interrupted_commit", "missing_data_reason", "refuse_inputs", "same_file",
+           "signals_deferred", "staged_datasets", "staging_folder"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -156,7 +156,11 @@ def staged_datasets(targets: Sequence[PathLike], overwrite: bool = False,
         if isinstance(error, OSError) and error.errno in DISK_FULL:
             raise disk_full(error, paths[0], written) from error
         raise
-    with signals_deferred():  # a signal that ends the process finds the staging folders gone
+    what = "dataset is" if len(paths) == 1 else "datasets are"
+    done = (f"during the commit, which was finished first: the new {what} in place, whole "
+            f"({', '.join(map(str, paths))})")
+    with signals_deferred(done=done):
+        # a signal that ends the process finds the staging folders gone
         try:
             for path, new in zip(paths, staged):
                 commit_dataset(new, path)
@@ -274,21 +278,23 @@ def _remove_staging_folders(folders: dict[Path, Path]) -> None:
 
 
 @contextmanager
-def signals_deferred(signals: Sequence[int] = DEFERRED_SIGNALS) -> Iterator[list[int]]:
+def signals_deferred(signals: Sequence[int] = DEFERRED_SIGNALS, done: str = ""
+                     ) -> Iterator[list[int]]:
     """Hold ``signals`` for the block: one that arrives is recorded (in the list the block
     gets) and delivered again, to the handler that was in place, once the block has ended.
     Signals that are ignored stay ignored; outside the main thread, where Python delivers no
-    signal, nothing changes.
+    signal, nothing changes. ``done`` says what a block that ran to its end did: it becomes
+    the message of the ``KeyboardInterrupt`` of a Ctrl-C held meanwhile.
 
     >>> import signal
     >>> try:
-    ...     with signals_deferred() as caught:
+    ...     with signals_deferred(done="the files are in place") as caught:
     ...         signal.raise_signal(signal.SIGINT)
     ...         print("the block goes on after", caught)
-    ... except KeyboardInterrupt:
-    ...     print("and then KeyboardInterrupt")
+    ... except KeyboardInterrupt as error:
+    ...     print("and then KeyboardInterrupt:", error)
     the block goes on after [2]
-    and then KeyboardInterrupt
+    and then KeyboardInterrupt: the files are in place
     """
     caught: list[int] = []
     if threading.current_thread() is not threading.main_thread():
@@ -298,13 +304,24 @@ def signals_deferred(signals: Sequence[int] = DEFERRED_SIGNALS) -> Iterator[list
             if signal.getsignal(number) not in (None, signal.SIG_IGN)]
     previous = {number: signal.signal(number, lambda number, _: caught.append(number))
                 for number in held}
+    finished = False
     try:
         yield caught
+        finished = True
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
         for number in dict.fromkeys(caught):
-            signal.raise_signal(number)
+            _deliver(number, done if finished else "")
+
+
+def _deliver(number: int, done: str) -> None:
+    try:
+        signal.raise_signal(number)
+    except KeyboardInterrupt as error:
+        if error.args or not done:
+            raise
+        raise KeyboardInterrupt(done) from None
 
 
 def commit_dataset(new: Path, target: Path) -> None:
@@ -361,6 +378,22 @@ def interrupted_commit(target: PathLike) -> Path | None:
         return None
     return next((journal.parent for journal in _journals(target)
                  if os.path.lexists(journal.parent / target.name)), None)
+
+
+def missing_data_reason(path: PathLike) -> str:
+    """Why the data file ``path`` is not there: not found, or a commit that replaced it was
+    killed midway (see :func:`interrupted_commit`).
+
+    >>> import tempfile
+    >>> missing_data_reason(os.path.join(tempfile.mkdtemp(), "x.msgpack"))
+    'dataset data file not found'
+    """
+    folder = interrupted_commit(path)
+    if folder is None:
+        return "dataset data file not found"
+    return (f"dataset data file not found: a command that replaced the dataset was stopped "
+            f"while it renamed the new files into place (they wait in {folder.name}); "
+            f"'fpipe index {path}' finishes it")
 
 
 def finish_commit(target: PathLike) -> bool:

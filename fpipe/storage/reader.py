@@ -43,7 +43,7 @@ import numpy as np
 
 from ..errors import FormatError, redacted_options
 from ._keytables import HashIndex, KeyTable, read_key_table
-from ._staging import interrupted_commit
+from ._staging import missing_data_reason
 from .base import Reader
 from .format import (
     DECODE_ERRORS,
@@ -294,7 +294,7 @@ class MsgpackReader(Reader):
         if self._remote is None and self.path.is_dir():
             raise IsADirectoryError(errno.EISDIR, _folder_message(self.path), str(self.path))
         if self._remote is None and not self.path.is_file():
-            raise FileNotFoundError(errno.ENOENT, _missing_message(self.path), str(self.path))
+            raise FileNotFoundError(errno.ENOENT, missing_data_reason(self.path), str(self.path))
         self._identity = None if self._remote else _identity(os.stat(self.path))
         self._legacy = not self._files.offsets.exists()
         self._len = self._legacy_length() if self._legacy else self._offsets_length()
@@ -717,17 +717,6 @@ def _split(buffer: Any, offsets: Sequence[int], first: int, raw: bool, copy: boo
 def _decoder(copy: bool) -> Callable[[dict], Any]:
     # with copy=False arrays stay read-only views of the bytes msgpack decoded (no copy)
     return _decode_numpy_copy if copy else _decode_numpy
-
-
-def _missing_message(path: Path) -> str:
-    """Why the data file ``path`` is not there: not found, or a commit that replaced it was
-    killed midway (see :mod:`fpipe.storage._staging`)."""
-    folder = interrupted_commit(path)
-    if folder is None:
-        return "dataset data file not found"
-    return (f"dataset data file not found: a command that replaced the dataset was stopped "
-            f"while it renamed the new files into place (they wait in {folder.name}); "
-            f"'fpipe index {path}' finishes it")
 
 
 def _folder_message(path: Path) -> str:

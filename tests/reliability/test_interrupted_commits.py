@@ -102,6 +102,9 @@ def test_a_signal_at_any_step_of_write_leaves_one_whole_dataset(tmp_path, name, 
         done = run_interrupted(n, name, target.parent, args)
         status = 130 if name == "INT" else -signal.SIGTERM
         assert done.returncode == status, (n, done.returncode, done.stderr)
+        if name == "INT":
+            assert "interrupted (during the commit, which was finished first: the new dataset " \
+                   "is in place" in done.stderr, done.stderr
         seen.add(generation(target))
         assert not _leftovers(target.parent, names), (n, _leftovers(target.parent, names))
         write_dataset(target, _samples("old"))
@@ -173,19 +176,20 @@ def export_generation(folder: Path, names: dict[str, set[str]]) -> str:
     return which
 
 
-def test_a_signal_at_any_step_of_export_leaves_one_whole_export(tmp_path, record):
+@pytest.mark.parametrize("name", ["INT", "TERM"])
+def test_a_signal_at_any_step_of_export_leaves_one_whole_export(tmp_path, name, record):
     folder, runs = _export_setup(tmp_path)
     names = {}
     for which in ("new", "old"):
         assert main(runs[which]) == 0
         names[which] = set(os.listdir(folder))
     steps = counted_renames(folder, runs["new"])
-    for n in range(1, steps + 1):
+    for n in range(1, steps + 1) if name == "INT" else (1, steps):
         assert main(runs["old"]) == 0
-        done = run_interrupted(n, "INT", folder, runs["new"])
-        assert done.returncode == 130, (n, done.stderr)
+        done = run_interrupted(n, name, folder, runs["new"])
+        assert done.returncode == (130 if name == "INT" else -signal.SIGTERM), (n, done.stderr)
         assert export_generation(folder, names) == "new", n
-    record("SIGINT at each step of 'fpipe export -y''s commit", tried=steps)
+    record(f"SIG{name} at steps of 'fpipe export -y''s commit", tried=steps)
 
 
 def test_ctrl_c_at_steps_of_mv_leaves_the_dataset_whole_under_one_name_or_both(tmp_path, record):
