@@ -354,11 +354,11 @@ def _replace_side_files(new: Path, target: Path, kept: set[str]) -> None:
 
 
 def _journals(target: Path) -> Iterator[Path]:
-    """The journals of commits onto ``target`` that did not finish."""
-    target = target.absolute()
+    """The journals of commits onto ``target`` that did not finish (by its name: the folder
+    may have moved since)."""
     for journal in target.parent.glob(f".fpipe-*/{JOURNAL}"):
         try:
-            if Path(json.loads(journal.read_text(encoding="utf-8"))["target"]) == target:
+            if Path(json.loads(journal.read_text(encoding="utf-8"))["target"]).name == target.name:
                 yield journal
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being written, or not ours

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import fpipe.storage._indexing as indexing_module
 import fpipe.storage.webdataset as webdataset_module
 import fpipe.storage.writer as writer_module
 from fpipe.cli import main
@@ -64,6 +65,27 @@ def test_write_to_a_full_disk(tmp_path, capsys, monkeypatch, shuffle, budget, ex
     _check_message(capsys.readouterr().err, out)
     assert _everything(tmp_path) == before, "nothing is left behind"
     assert file_bytes(out) == files, "the dataset is as it was"
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_write_whose_index_files_fill_the_disk(tmp_path, capsys, monkeypatch, shuffle):
+    """The index's staging files fill the same disk: the writer stops there, and writes
+    nothing more to the index files it closed."""
+    source = _inputs(tmp_path)
+    out = tmp_path / "out" / "data.msgpack"
+    before = _everything(tmp_path)
+
+    real, calls = indexing_module.IndexBuilder.add, []
+
+    def full_once(builder, *args, **kwargs):  # later writes find the files it closed
+        calls.append(args)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(builder, *args, **kwargs)
+    monkeypatch.setattr(indexing_module.IndexBuilder, "add", full_once)
+    assert main(["write", str(source), str(out), "-q"] + ["--shuffle"] * shuffle) == 1
+    _check_message(capsys.readouterr().err, out)
+    assert _everything(tmp_path) == before
 
 
 def _shard_full_after(budget: int):
