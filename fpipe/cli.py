@@ -85,8 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
-    except KeyboardInterrupt:
-        print(f"fpipe {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as error:  # its message says what it waited for, if anything
+        print(f"fpipe {args.command}: interrupted" + (f" ({error})" if str(error) else ""),
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     except MemoryError as error:
         detail = f" ({error})" if str(error) else ""

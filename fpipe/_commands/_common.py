@@ -24,6 +24,7 @@ from ..storage import (
     read_classes,
 )
 from ..storage._indexing import array_length
+from ..storage._staging import missing_data_reason
 from ..storage.format import SUFFIX_CLASSES
 
 __all__ = [
@@ -284,7 +285,7 @@ def data_file(path: str | Path) -> Path:
         held = f"it holds {', '.join(found[:_NAMED])}{more}" if found else "it holds no X.msgpack"
         raise UsageError(f"{path} is a folder, not a dataset ({held})")
     if not path.exists():
-        raise FileNotFoundError(f"dataset {path} not found")
+        raise FileNotFoundError(f"{path}: {missing_data_reason(path)}")
     if not path.is_file():
         raise UsageError(f"{path} is not a regular file, so not a dataset")
     reason = not_a_dataset(path)

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FpipeError
-from ..storage._staging import staged_datasets
+from ..storage._staging import dataset_files, refuse_inputs, staged_datasets
 from ._common import UsageError, chosen_seed, human_bytes, refuse_options, say, shows_progress
 
-__all__ = ["FORMATS", "open_source", "source_format", "write_from_format"]
+__all__ = ["FORMATS", "open_source", "source_files", "source_format", "write_from_format"]
 
 #: The formats, by the suffixes that name their files.
 FORMATS = {"webdataset": (".tar",), "parquet": (".parquet", ".arrow", ".feather", ".ipc"),
@@ -106,6 +106,21 @@ def source_format(sources: Sequence[str]) -> str | None:
     return kinds[0]
 
 
+def source_files(sources: Sequence[str]) -> Iterator[str]:
+    """The local files that the SOURCE arguments name (patterns expanded, folders listed),
+    which an output must not replace."""
+    from ..storage._foreign import expand_shards
+
+    for source in sources:
+        if "://" in source:
+            continue
+        if os.path.isdir(source):
+            yield from (str(path) for path in Path(source).rglob("*") if path.is_file())
+        else:
+            yield from (path for path in expand_shards(source, must_exist=False)
+                        if os.path.isfile(path))
+
+
 def open_source(kind: str, sources: Sequence[str]) -> Any:
     """The reader of ``sources`` in format ``kind`` (see :func:`source_format`)."""
     from ..storage import ParquetReader, TFRecordReader, WebDatasetReader
@@ -129,9 +144,10 @@ def write_from_format(kind: str, args: argparse.Namespace) -> int:
         reader = packing_reader(reader)
     out = Path(args.out)
     if args.append:
+        refuse_inputs(dataset_files(out), source_files(args.source))
         _write_packed(out, reader, args, append=True)
     else:
-        with staged_datasets([out], args.overwrite) as (staged,):
+        with staged_datasets([out], args.overwrite, sources=source_files(args.source)) as (staged,):
             _write_packed(staged, reader, args)
     say(args, f"{'appended' if args.append else 'wrote'} {len(reader)} samples from "
               f"{_NAMES[kind]} ({len(args.source)} source(s)) to {out} "

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..random import item_rng
+from ..storage._staging import DISK_FULL, disk_full, folder_size
 from ._inputs import Entry
 
 __all__ = ["BUCKET_ENTRIES", "DEALT_BYTES", "ShuffledEntries", "shuffled_entries"]
@@ -51,9 +52,21 @@ def shuffled_entries(entries: Iterable[Entry], seed: int, beside: Path
     parent = beside.parent if beside.parent.is_dir() else None
     folder = tempfile.mkdtemp(prefix=".fpipe-shuffle-", dir=parent)
     try:
-        yield ShuffledEntries.dealt(entries, seed, folder)
+        yield _dealt(entries, seed, folder, beside)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _dealt(entries: Iterable[Entry], seed: int, folder: str, beside: Path) -> ShuffledEntries:
+    """The entries dealt into ``folder``; a full disk is reported against ``beside``."""
+    try:
+        return ShuffledEntries.dealt(entries, seed, folder)
+    except OSError as error:
+        if error.errno not in DISK_FULL:
+            raise
+        written = folder_size(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise disk_full(error, beside, written, " into the bucket files of --shuffle") from error
 
 
 class ShuffledEntries:

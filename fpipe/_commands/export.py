@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 from ..errors import FpipeError
+from ..storage._staging import dataset_files
 from ._common import UsageError, add_command, open_dataset, positive_int, progress_bar, say
-from ._formats import open_source, source_format
+from ._formats import open_source, source_files, source_format
 
 __all__ = ["add_parsers", "shard_size"]
 
@@ -30,7 +33,11 @@ file name become _), and a field that is not bytes must be named with an extensi
 encodes its type (.cls an int, .txt a str, .json, .npy an array, .msgpack anything): rename
 it with --rename label=label.cls. Parquet columns hold one type each; numpy arrays of one
 shape become tensor columns. A field that a format cannot carry stops the run, naming the
-field. Nothing appears under OUT's names unless every shard is written."""
+field. Nothing appears under OUT's names unless every shard is written; then all are renamed
+into place together (Ctrl-C waits until they are), and a manifest beside them,
+.PATTERN.shards.json, lists them. -y replaces shards, and removes those of an earlier, longer
+export that its manifest lists, and no other file. A pattern that names one of the inputs is
+refused."""
 
 _EXAMPLE = """\
   fpipe export train.msgpack 'shards/train-%06d.tar' --shard-size 1GB --rename label=cls
@@ -59,7 +66,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                              "access cheaper)")
     parser.add_argument("-y", "--overwrite", action="store_true",
                         help="replace shards that exist (and remove those of an earlier, longer "
-                             "export to the same names)")
+                             "export to the same names that its manifest lists)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
 
@@ -122,6 +129,13 @@ def _reader(dataset: str) -> Any:
     return open_source(kind, [dataset]) if kind is not None else open_dataset(dataset)
 
 
+def _inputs(dataset: str) -> list:
+    """The files the export reads, which no shard may replace."""
+    if source_format([dataset]) is not None:
+        return list(source_files([dataset]))
+    return [] if "://" in dataset else dataset_files(dataset)
+
+
 def _samples(reader: Any, bar: Any) -> Any:
     for key, sample in reader.iter(yield_key=True, chunk_size=256):
         sample.setdefault("key", key)
@@ -141,11 +155,15 @@ def _run_export(args: argparse.Namespace) -> int:
     if kind == "parquet":
         options["row_group_size"] = args.row_group_size
     write = write_parquet if kind == "parquet" else write_webdataset
-    with progress_bar(args, total=len(reader), desc=Path(pattern).name, unit=" samples") as bar:
+    with progress_bar(args, total=len(reader), desc=Path(pattern).name, unit=" samples") as bar, \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
         try:
-            names = write(_samples(reader, bar), pattern, **options)
+            names = write(_samples(reader, bar), pattern, inputs=_inputs(args.dataset), **options)
         except TypeError as error:  # a field the format cannot carry: the message names it
             raise FpipeError(str(error)) from None
+    for warning in caught:
+        print(f"fpipe export: warning: {warning.message}", file=sys.stderr)
     say(args, f"wrote {len(reader)} samples to {len(names)} {kind} shard(s): "
               + (f"{names[0]} ... {names[-1]}" if len(names) > 1 else ", ".join(names) or "none"))
     return 0

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import FormatError
-from ..storage._staging import dataset_files, staged_datasets
+from ..storage._staging import dataset_files, signals_deferred, staged_datasets
 from ._common import add_command, add_output_options, data_file, say
 
 __all__ = ["add_parsers", "move_dataset"]
@@ -46,8 +46,9 @@ def move_dataset(source: Path, target: Path, overwrite: bool = False) -> list[Pa
                 _write_md5(file, staged.with_name(staged.name + suffix), source.name, target.name)
             else:
                 _link_or_copy(file, staged.with_name(staged.name + suffix))
-    for file in files:
-        file.unlink()
+    with signals_deferred():  # SRC goes whole: Ctrl-C midway would leave some of its files
+        for file in files:
+            file.unlink()
     return [target.with_name(target.name + file.name[len(source.name):]) for file in files]
 
 
@@ -66,8 +67,9 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 def _write_md5(md5: Path, target: Path, old: str, new: str) -> None:
     from ..storage import read_md5
+    from ..storage.format import md5_line
 
     entries = read_md5(md5.with_name(old))
-    lines = [f"{digest}  {new + name[len(old):] if name.startswith(old) else name}\n"
+    lines = [md5_line(digest, new + name[len(old):] if name.startswith(old) else name)
              for name, digest in entries.items()]
     target.write_text("".join(lines), encoding="utf-8")

@@ -22,7 +22,7 @@ from ..storage import (
     unpack_sample,
 )
 from ..storage._indexing import IndexBuilder
-from ..storage._staging import staging_folder
+from ..storage._staging import finish_commit, staging_folder
 from ..storage.recovery import DamagedDataError
 from ._common import (
     add_command,
@@ -93,7 +93,10 @@ def _add_index(commands: argparse._SubParsersAction) -> None:
         "original is kept as DATASET.damaged. --dry-run lists what would be done. A dataset "
         "with only a legacy X.msgpack.index (datadings < 3.1) is converted from that index "
         "instead (--scan reads the samples anyway). The new files are written beside the "
-        "dataset and renamed into place at the end. It holds the same memory at any size: the "
+        "dataset and renamed into place at the end. A dataset whose data file is missing "
+        "because a command that replaced it was killed while it renamed the new files into "
+        "place is finished instead: the new dataset is put in place. It holds the same memory "
+        "at any size: the "
         "index files are built as the scan finds the samples, or as the legacy index is read "
         "(about 40 bytes a sample beside the dataset meanwhile; with --dry-run, in the "
         "temporary folder, or none for a legacy index).",
@@ -271,6 +274,10 @@ def _hint(problems: list[str]) -> str:
 
 
 def _run_index(args: argparse.Namespace) -> int:
+    if not args.dry_run and finish_commit(args.dataset):
+        say(args, f"{args.dataset}: finished the interrupted command that replaced it: the new "
+                  "dataset is in place")
+        return 0
     files = DatasetFiles(data_file(args.dataset))
     if args.keys:
         refuse_options({"--scan": args.scan, "--dry-run": args.dry_run,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FpipeError
-from ..storage._staging import staged_datasets
+from ..storage._staging import dataset_files, refuse_inputs, staged_datasets
 from ._common import (
     CLASSES_SUFFIX,
     UsageError,
@@ -247,8 +247,9 @@ def _write_known_set(dataset: KnownDataset, args: argparse.Namespace) -> int:
         return _fail(EXIT_USAGE_ERROR, error)
     except OSError as error:
         return _fail(EXIT_DATA_ERROR, error)
-    except KeyboardInterrupt:
-        return _fail(EXIT_INTERRUPTED, "interrupted; nothing was written")
+    except KeyboardInterrupt as error:  # with a message if the outputs were in place by then
+        return _fail(EXIT_INTERRUPTED, f"interrupted ({error})" if str(error) else
+                     "interrupted; nothing was written")
     if not args.quiet:
         _print_written(written)
     return 0
@@ -278,6 +279,7 @@ def _write_files(args: argparse.Namespace) -> int:
                        _recoder(args), screen)
     with _ordered(listing.entries, out, args) as entries:
         if args.append:  # OUT has the class list that numbers the labels (or none is needed)
+            refuse_inputs(dataset_files(out), _read_files(args.source, listing.entries))
             written = _write_samples(out, entries, make, args, append=True)
         else:
             with staged_datasets([out], args.overwrite,

@@ -19,7 +19,10 @@ import itertools
 import json
 import os
 import re
+import shutil
 import struct
+import tempfile
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Union
@@ -27,6 +30,7 @@ from typing import Any, Union
 import numpy as np
 
 from ..errors import FormatError, redacted_url
+from ._staging import DISK_FULL, disk_full, folder_size, refuse_inputs, signals_deferred
 from .base import Reader
 from .format import PathLike, key_salt, pack_sample
 
@@ -681,18 +685,22 @@ def _runs(starts: np.ndarray, stops: np.ndarray, start: int, stop: int,
 
 class ShardFiles:
     """The files of a sharded export: shard ``i`` is ``pattern % i`` (``pattern`` holds one
-    ``%d``-style field, e.g. ``train-%06d.tar``). Each shard is written beside its name
-    (hidden) and all are renamed into place together once the last one is written, so a
-    failed export leaves no shard behind; existing files are replaced only with
-    ``overwrite``, which also removes the shards of an earlier, longer export of the same
-    pattern (and nothing else).
+    ``%d``-style field, e.g. ``train-%06d.tar``). Each shard is written in a hidden staging
+    folder beside its name, and all are renamed into place together once the last one is
+    written (SIGINT and SIGTERM wait until that is done), so a failed or interrupted export
+    leaves the shards as they were and nothing of its own. Existing files are replaced only
+    with ``overwrite``, and a shard that is one of ``inputs`` never. The shards an export
+    wrote are listed in its manifest (``.train-%06d.tar.shards.json`` beside them, written
+    last); ``overwrite`` removes those of an earlier, longer export that its manifest lists
+    and that are as it wrote them, and nothing else (:attr:`left` names the others).
 
     >>> files = ShardFiles("out-%03d.tar")
-    >>> files.name(7)
-    'out-007.tar'
+    >>> files.name(7), files.manifest
+    ('out-007.tar', '.out-%03d.tar.shards.json')
     """
 
-    def __init__(self, pattern: PathLike, overwrite: bool = False) -> None:
+    def __init__(self, pattern: PathLike, overwrite: bool = False,
+                 inputs: Iterable[PathLike] = ()) -> None:
         self.pattern, self.overwrite = os.fspath(pattern), overwrite
         try:
             distinct = self.pattern % 0 != self.pattern % 1
@@ -701,51 +709,157 @@ class ShardFiles:
         if not distinct:
             raise ValueError(f"pattern must hold one %d-style field for the shard number, as in "
                              f"'train-%06d.tar'; got pattern={self.pattern!r}")
+        self.inputs = [os.fspath(path) for path in inputs]
+        self._refuse_inputs(self._present())
         self.temporaries: list[str] = []
+        self.left: list[str] = []
+        self._folders: dict[str, str] = {}  # a shard folder -> its staging folder
+        self._created: list[str] = []  # shard folders this export made
+
+    @property
+    def manifest(self) -> str:
+        """The path of the manifest: the shards of the last export, with their sizes."""
+        folder, name = os.path.split(self.pattern)
+        return os.path.join(os.path.dirname(self.name(0)) if "%" in folder else folder,
+                            f".{name}.shards.json")
 
     def name(self, number: int) -> str:
         return self.pattern % number
 
+    def _present(self) -> list[str]:
+        """The files that the pattern names now."""
+        field = re.search(r"%[-#0 +]*\d*[diouxX]", self.pattern)
+        if field is None:
+            return []
+        wildcard = (glob.escape(self.pattern[:field.start()].replace("%%", "%")) + "*"
+                    + glob.escape(self.pattern[field.end():].replace("%%", "%")))
+        return glob.glob(wildcard)
+
+    def _refuse_inputs(self, outputs: Iterable[str]) -> None:
+        if self.inputs:
+            refuse_inputs(outputs, self.inputs)
+
     def temporary(self) -> str:
         """Where the next shard is written until :meth:`commit`."""
         folder, name = os.path.split(self.name(len(self.temporaries)))
-        path = os.path.join(folder, f".{name}.{os.getpid()}.partial")
-        if folder:
-            os.makedirs(folder, exist_ok=True)
+        folder = folder or "."
+        if folder not in self._folders:
+            self._make_folder(folder)
+            self._folders[folder] = tempfile.mkdtemp(prefix=".fpipe-", dir=folder)
+        path = os.path.join(self._folders[folder], name)
         self.temporaries.append(path)
         return path
 
+    def _make_folder(self, folder: str) -> None:
+        missing = []
+        while folder and not os.path.isdir(folder):
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+        for path in reversed(missing):
+            os.mkdir(path)
+            self._created.append(path)
+
     def commit(self) -> list[str]:
+        """Rename the shards into place, remove the earlier export's other shards and write
+        the manifest; the shard names."""
         names = [self.name(i) for i in range(len(self.temporaries))]
-        existing = [name for name in names if os.path.exists(name)]
-        if existing and not self.overwrite:
+        try:
+            if names:
+                self._check(names)
+                stale = self._stale(names)
+                with signals_deferred(done="during the commit, which was finished first: "
+                                           f"the {len(names)} new shard(s) are in place, whole"):
+                    try:
+                        self._rename(names, stale)
+                    finally:  # before a held SIGTERM ends the process
+                        self.abort()
+        finally:
             self.abort()
-            raise FileExistsError(errno.EEXIST, f"{len(existing)} shard(s) exist; pass "
-                                  "-y/--overwrite (overwrite=True) to replace them", existing[0])
-        for temporary, name in zip(self.temporaries, names):
-            os.replace(temporary, name)
-        number = len(names)
-        while self.overwrite and os.path.isfile(self.name(number)):
-            os.unlink(self.name(number))  # a shard of an earlier, longer export
-            number += 1
+        if self.left:
+            warnings.warn(f"{len(self.left)} file(s) named by the pattern follow the new shards "
+                          f"and were left as they are ({', '.join(self.left[:3])}"
+                          f"{', ...' if len(self.left) > 3 else ''}): no manifest of an earlier "
+                          "export lists them as it wrote them; remove them if they are an "
+                          "earlier export's", stacklevel=3)
         return names
 
+    def _check(self, names: list[str]) -> None:
+        self._refuse_inputs(names)
+        existing = [name for name in names if os.path.lexists(name)]
+        if existing and not self.overwrite:
+            raise FileExistsError(errno.EEXIST, f"{len(existing)} shard(s) exist; pass "
+                                  "-y/--overwrite (overwrite=True) to replace them", existing[0])
+
+    def _stale(self, names: list[str]) -> list[str]:
+        """The shards of the earlier export (as its manifest lists them, unchanged since) that
+        this one does not replace; the other files past the new ones go to :attr:`left`."""
+        if not self.overwrite:
+            return []
+        earlier = _manifest_shards(self.manifest)
+        kept = set(names)
+        stale = [name for name, size in earlier.items() if name not in kept
+                 and os.path.isfile(name) and os.path.getsize(name) == size]
+        self._refuse_inputs(stale)
+        number, left = len(names), []
+        while os.path.lexists(self.name(number)):
+            if self.name(number) not in stale:
+                left.append(self.name(number))
+            number += 1
+        self.left = left
+        return stale
+
+    def _rename(self, names: list[str], stale: list[str]) -> None:
+        staged = os.path.join(self._folders[os.path.dirname(names[0]) or "."], "manifest")
+        shards = {os.path.basename(name): os.path.getsize(temporary)
+                  for name, temporary in zip(names, self.temporaries)}
+        with open(staged, "w", encoding="utf-8") as file:
+            json.dump({"pattern": os.path.basename(self.pattern), "shards": shards}, file)
+        if os.path.lexists(self.manifest):
+            os.unlink(self.manifest)  # no manifest while the shards change
+        for temporary, name in zip(self.temporaries, names):
+            os.replace(temporary, name)
+        for name in stale:
+            os.unlink(name)
+        os.replace(staged, self.manifest)
+
+    def written(self) -> int:
+        """The bytes of the shards written so far."""
+        return sum(map(folder_size, self._folders.values()))
+
     def abort(self) -> None:
-        for temporary in self.temporaries:
+        """Remove the staging folders, and the shard folders this export made if empty."""
+        for folder in self._folders.values():
+            shutil.rmtree(folder, ignore_errors=True)
+        self._folders.clear()
+        for folder in reversed(self._created):
             try:
-                os.unlink(temporary)
-            except FileNotFoundError:
+                os.rmdir(folder)
+            except OSError:
                 pass
+        self._created.clear()
+
+
+def _manifest_shards(path: str) -> dict[str, int]:
+    """The shards (name: size) that the manifest ``path`` lists, beside it; none without one."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            listed = json.load(file)["shards"]
+        folder = os.path.dirname(path)
+        return {os.path.join(folder, os.path.basename(name)): int(size)
+                for name, size in listed.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
 def write_shards(samples: Iterable[dict], pattern: PathLike, open_shard: Callable[[str], Any],
-                 shard_size: int | None, shard_bytes: int | None, overwrite: bool) -> list[str]:
+                 shard_size: int | None, shard_bytes: int | None, overwrite: bool,
+                 inputs: Iterable[PathLike] = ()) -> list[str]:
     """Write ``samples`` into shards named by ``pattern`` (see :class:`ShardFiles`), starting a
     new shard after ``shard_size`` samples or once a shard holds ``shard_bytes`` bytes.
     ``open_shard(path)`` gives a shard writer: ``write(sample)``, ``size`` (bytes so far),
     ``close()``, and ``discard()`` (close after a failure, writing nothing more). Returns the
     shard names (none for no samples)."""
-    files = ShardFiles(pattern, overwrite)
+    files = ShardFiles(pattern, overwrite, inputs)
     shard, count = None, 0
     try:
         for sample in samples:
@@ -760,12 +874,16 @@ def write_shards(samples: Iterable[dict], pattern: PathLike, open_shard: Callabl
         if shard is not None:
             shard.close()
             shard = None
-    except BaseException:
+    except BaseException as error:
+        written = files.written()
         try:
             if shard is not None:
                 shard.discard()
         finally:
             files.abort()
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            raise disk_full(error, files.name(len(files.temporaries) - 1), written,
+                            f" for the {len(files.temporaries)} shard(s) so far") from error
         raise
     return files.commit()
 

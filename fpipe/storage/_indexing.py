@@ -42,7 +42,8 @@ import numpy as np
 
 from ..errors import FormatError
 from ._hashing import BloomFilter, key_salt, salted_hashes
-from .format import DECODE_ERRORS, DatasetFiles, open_regular
+from ._staging import signals_deferred
+from .format import DECODE_ERRORS, DatasetFiles, md5_line, open_regular
 from .keyindex import KeyIndexWriter, SortedPairs
 
 __all__ = ["Built", "IndexBuilder", "array_length", "without_samples"]
@@ -78,11 +79,12 @@ class Built:
         names = [target.data, *target.index_files]
         md5 = {target.data.name: data_md5, **{new.name: self.md5[old.name] for new, old in
                                              zip(target.index_files, self.files.index_files)}}
-        self.files.md5.write_text("".join(f"{md5[path.name]}  {path.name}\n" for path in names),
+        self.files.md5.write_text("".join(md5_line(md5[path.name], path.name) for path in names),
                                   encoding="utf-8")
-        for new, old in zip((*self.files.index_files, self.files.md5),
-                            (*target.index_files, target.md5)):
-            os.replace(new, old)
+        with signals_deferred():  # Ctrl-C amid the renames would leave two halves of indexes
+            for new, old in zip((*self.files.index_files, self.files.md5),
+                                (*target.index_files, target.md5)):
+                os.replace(new, old)
 
 
 class IndexBuilder:

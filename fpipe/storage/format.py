@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -61,6 +62,7 @@ __all__ = [
     "key_salt",
     "legacy_index_batches",
     "md5_file",
+    "md5_line",
     "new_packer",
     "open_regular",
     "pack_sample",
@@ -611,12 +613,37 @@ def read_md5(path: PathLike) -> dict[str, str]:
     except UnicodeDecodeError as error:
         raise FormatError(f"corrupt md5 file ({error})", path=files.md5) from error
     entries = {}
-    for line in text.splitlines():
-        # md5sum writes "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode).
-        digest, _, rest = line.partition(" ")
+    for line in text.split("\n"):  # names may hold other line breaks (\v, \x85) as they are
+        # md5sum writes "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode), and
+        # "\\<hex>  <name>" with a name that has a backslash or a line break escaped.
+        escaped = line.startswith("\\")
+        digest, _, rest = line[escaped:].partition(" ")
         if rest[:1] in (" ", "*") and rest[1:]:
-            entries[rest[1:]] = digest
+            entries[_unescaped(rest[1:]) if escaped else rest[1:]] = digest
     return _renamed(entries, files.data.name)
+
+
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
+_UNESCAPES = {escape[1]: char for char, escape in _ESCAPES.items()}
+
+
+def md5_line(digest: str, name: str) -> str:
+    """The line of an ``.md5`` file for file ``name``, as ``md5sum`` writes it (so that
+    ``md5sum -c`` checks it): a name with a backslash, newline or carriage return has them
+    escaped, and the line begins with a backslash.
+
+    >>> md5_line("d41d8cd98f00b204e9800998ecf8427e", "a.msgpack")
+    'd41d8cd98f00b204e9800998ecf8427e  a.msgpack\\n'
+    >>> md5_line("d41d8cd98f00b204e9800998ecf8427e", "two\\nlines")
+    '\\\\d41d8cd98f00b204e9800998ecf8427e  two\\\\nlines\\n'
+    """
+    escaped = "".join(_ESCAPES.get(char, char) for char in name)
+    mark = "\\" if escaped != name else ""
+    return f"{mark}{digest}  {escaped}\n"
+
+
+def _unescaped(name: str) -> str:
+    return re.sub(r"\\(.)", lambda found: _UNESCAPES.get(found.group(1), found.group(0)), name)
 
 
 _SUFFIXES = ("", ".offsets", ".keys", ".key_hashes", ".filter", ".index", ".key_index")

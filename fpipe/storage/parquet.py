@@ -783,7 +783,8 @@ def _cast(table: Any, schema: Any) -> Any:
 
 def write_parquet(samples: Iterable[dict], pattern: PathLike, *, shard_size: int | None = None,
                   shard_bytes: int | None = None, row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
-                  rename: dict[str, str] | None = None, overwrite: bool = False) -> list[str]:
+                  rename: dict[str, str] | None = None, overwrite: bool = False,
+                  inputs: Iterable[PathLike] = ()) -> list[str]:
     """Write ``samples`` as Parquet files named by ``pattern`` (one ``%d``-style field for the
     file number, e.g. ``out/train-%05d.parquet``), a new file after ``shard_size`` samples or
     once a file holds ``shard_bytes`` bytes, a row group every ``row_group_size`` samples
@@ -794,7 +795,9 @@ def write_parquet(samples: Iterable[dict], pattern: PathLike, *, shard_size: int
     tensor column; each column holds one type, and a field that does not fit raises
     :class:`TypeError` naming it. :class:`ParquetReader` reads the same samples back (a
     field missing from a sample reads back as None). Nothing appears under the names unless
-    all files are written; existing files are replaced only with ``overwrite``.
+    all files are written; existing files are replaced only with ``overwrite``, and never one
+    of ``inputs`` (the files the samples come from); see
+    :class:`~fpipe.storage._foreign.ShardFiles` for the manifest and what ``overwrite`` removes.
 
     >>> import os, tempfile
     >>> import numpy as np
@@ -808,4 +811,4 @@ def write_parquet(samples: Iterable[dict], pattern: PathLike, *, shard_size: int
     row_group_size = check_integer("row_group_size", row_group_size, 1)
     chosen = (renamed(sample, rename) for sample in samples)
     return write_shards(chosen, pattern, lambda path: _ParquetShard(path, row_group_size),
-                        shard_size, shard_bytes, overwrite)
+                        shard_size, shard_bytes, overwrite, inputs)

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..errors import FormatError, redacted_options
 from ._keytables import HashIndex, KeyTable, read_key_table
+from ._staging import missing_data_reason
 from .base import Reader
 from .format import (
     DECODE_ERRORS,
@@ -295,7 +296,7 @@ class MsgpackReader(Reader):
         if self._remote is None and self.path.is_dir():
             raise IsADirectoryError(errno.EISDIR, _folder_message(self.path), str(self.path))
         if self._remote is None and not self.path.is_file():
-            raise FileNotFoundError(errno.ENOENT, "dataset data file not found", str(self.path))
+            raise FileNotFoundError(errno.ENOENT, missing_data_reason(self.path), str(self.path))
         self._identity = None if self._remote else _identity(os.stat(self.path))
         self._legacy = not self._files.offsets.exists()
         self._len = self._legacy_length() if self._legacy else self._offsets_length()

@@ -607,7 +607,7 @@ class _TarShard:
 
 def write_webdataset(samples: Iterable[dict], pattern: PathLike, *, shard_size: int | None = None,
                      shard_bytes: int | None = None, rename: dict[str, str] | None = None,
-                     overwrite: bool = False) -> list[str]:
+                     overwrite: bool = False, inputs: Iterable[PathLike] = ()) -> list[str]:
     """Write ``samples`` as WebDataset tar shards named by ``pattern`` (one ``%d``-style field
     for the shard number, e.g. ``out/train-%06d.tar``), a new shard after ``shard_size``
     samples or once a shard holds ``shard_bytes`` bytes; returns the shard names.
@@ -618,7 +618,9 @@ def write_webdataset(samples: Iterable[dict], pattern: PathLike, *, shard_size: 
     :func:`encode_field`); ``rename`` renames fields first (``{"label": "cls"}``). Any other
     value raises :class:`TypeError` naming the field. Reading the shards back with
     ``decode=True`` gives the same samples. Nothing appears under the shard names unless all
-    shards are written; existing shards are replaced only with ``overwrite``.
+    shards are written; existing shards are replaced only with ``overwrite``, and never one of
+    ``inputs`` (the files the samples come from); see :class:`~fpipe.storage._foreign.ShardFiles`
+    for the manifest and what ``overwrite`` removes.
 
     >>> import os, tempfile
     >>> pattern = os.path.join(tempfile.mkdtemp(), "train-%03d.tar")
@@ -630,4 +632,4 @@ def write_webdataset(samples: Iterable[dict], pattern: PathLike, *, shard_size: 
     {'key': 's4', 'jpg': b'...', 'cls': 4}
     """
     chosen = (renamed(sample, rename) for sample in samples)
-    return write_shards(chosen, pattern, _TarShard, shard_size, shard_bytes, overwrite)
+    return write_shards(chosen, pattern, _TarShard, shard_size, shard_bytes, overwrite, inputs)

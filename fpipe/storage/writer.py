@@ -42,6 +42,7 @@ from typing import Any
 
 from ..errors import FormatError, check_integer, check_keywords, redacted_url
 from ._indexing import IndexBuilder, array_length, without_samples
+from ._staging import signals_deferred
 from .format import (
     DatasetFiles,
     PathLike,
@@ -219,6 +220,8 @@ class Writer:
 
     def flush(self) -> None:
         """Hand the buffered samples to the data file (the index is written at close)."""
+        if self._failure is not None:  # its index files are closed: nothing more goes in
+            raise self._failure
         if self._chunks and self._sink is not None:
             block = b"".join(self._chunks)
             try:  # the index's staging files fill the same disk as the data
@@ -256,19 +259,26 @@ class Writer:
             try:
                 digest = sink.finish()
             except OSError as error:
+                failure = self._failed(error)  # it reads the offsets in the staging folder
                 self._discard_staging()
-                raise self._failed(error) from error
+                raise failure from error
+            if self._failure is not None:  # an earlier write failed: no index
+                self._discard_staging()
+                raise self._failure
+        committed = False
         try:
             built = self._builder.finish()
             repeated = built.duplicates
             if repeated:
                 built, digest = without_samples(built, self._files, self._base.count,
                                                 self._base.end, self._base.md5)
-            built.commit(self._files, digest)
+            with signals_deferred():  # Ctrl-C here comes after the commit: the index stays
+                built.commit(self._files, digest)
+                committed = True
         except OSError as error:  # a full disk while the index is built: the data is whole
             raise self._failed(error) from error
         except BaseException:
-            if self._base.existing:
+            if self._base.existing and not committed:
                 os.truncate(self.path, self._base.end)
             raise
         finally:

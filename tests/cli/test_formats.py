@@ -110,7 +110,7 @@ def test_export_webdataset_round_trip_with_renamed_fields(tmp_path):
                   "--rename", "score=score.json", "--rename", "box=box.npy", cwd=tmp_path)
     assert "wrote 25 samples to 3 webdataset shard(s)" in out
     assert sorted(p.name for p in (tmp_path / "wds").iterdir()) == [
-        "train-0000.tar", "train-0001.tar", "train-0002.tar"]
+        ".train-%04d.tar.shards.json", "train-0000.tar", "train-0001.tar", "train-0002.tar"]
     back = list(WebDatasetReader(str(tmp_path / "wds" / "train-*.tar"), decode=True))
     for original, read in zip(_all(packed), back):
         assert read["key"] == original["key"].replace(".jpg", "_jpg")
@@ -124,7 +124,8 @@ def test_export_parquet_round_trip_is_exact(tmp_path):
     _run_ok("export", "train.msgpack", "pq", "--format", "parquet", "--shard-size", "8",
             "--row-group-size", "3", cwd=tmp_path)
     files = sorted((tmp_path / "pq").iterdir())
-    assert [p.name for p in files] == [f"train-{i:06d}.parquet" for i in range(4)]
+    assert [p.name for p in files] == [".train-%06d.parquet.shards.json",
+                                       *(f"train-{i:06d}.parquet" for i in range(4))]
     reader = ParquetReader(tmp_path / "pq")
     for original, read in zip(_all(packed), reader):
         assert read.keys() == original.keys()
@@ -147,13 +148,13 @@ def test_a_field_a_format_cannot_carry_stops_the_run_and_leaves_no_shard(tmp_pat
     result = fpipe("export", "train.msgpack", "wds/t-%03d.tar", "--shard-size", "5", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "field 'label' holds int" in result.stderr and "--rename label=label.cls" in result.stderr
-    assert not list((tmp_path / "wds").iterdir())
+    assert not (tmp_path / "wds").exists(), "the folder it made is gone too"
     with FileWriter(tmp_path / "mixed.msgpack") as writer:
         writer.write({"key": "a", "x": 1})
         writer.write({"key": "b", "x": "one"})
     result = fpipe("export", "mixed.msgpack", "pq/m-%d.parquet", cwd=tmp_path)
     assert result.returncode == 1 and "field 'x' holds int and str" in result.stderr
-    assert not list((tmp_path / "pq").iterdir())
+    assert not (tmp_path / "pq").exists()
 
 
 def test_export_never_clobbers_unless_asked_and_then_removes_stale_shards(tmp_path):
@@ -162,11 +163,11 @@ def test_export_never_clobbers_unless_asked_and_then_removes_stale_shards(tmp_pa
     _run_ok(*args, "5", cwd=tmp_path)
     result = fpipe(*args, "10", cwd=tmp_path)
     assert result.returncode == 2 and "exist" in result.stderr
-    assert len(list((tmp_path / "pq").iterdir())) == 4
+    assert len(list((tmp_path / "pq").iterdir())) == 5, "4 shards and their manifest"
     (tmp_path / "pq" / "t-other.parquet").write_bytes(b"not ours")
     _run_ok(*args, "10", "-y", cwd=tmp_path)
-    assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == ["t-00.parquet", "t-01.parquet",
-                                                                   "t-other.parquet"]
+    assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == [
+        ".t-%02d.parquet.shards.json", "t-00.parquet", "t-01.parquet", "t-other.parquet"]
     assert len(ParquetReader(str(tmp_path / "pq" / "t-0*.parquet"))) == 20
 
 

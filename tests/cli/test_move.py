@@ -54,3 +54,21 @@ def test_mv_refuses_to_replace_a_dataset_or_find_nothing(tmp_path):
     assert "an output never replaces an input" in fails(2, "mv", first, first)
     ok("mv", first, second, "-y", "-q")
     assert len(keys(second)) == 5 and not first.exists() and not leftovers(tmp_path)
+
+
+def test_mv_to_a_name_with_a_line_break_or_backslash_writes_an_md5_that_md5sum_checks(tmp_path):
+    from fpipe.cli import main
+    from fpipe.storage import read_md5
+
+    source = make_dataset(tmp_path / "toy.msgpack", 5)
+    expected = keys(source)
+    for name in ("two\nlines.msgpack", "back\\slash.msgpack", "carriage\rreturn.msgpack"):
+        target = tmp_path / name
+        assert main(["mv", str(source), str(target), "-q"]) == 0
+        md5 = subprocess.run(["md5sum", "-c", DatasetFiles(target).md5.name], cwd=tmp_path,
+                             capture_output=True)
+        assert md5.returncode == 0 and md5.stdout.count(b": OK") == 6, (name, md5.stdout)
+        assert set(read_md5(target)) == {p.name for p in DatasetFiles(target).all_files[:-1]}
+        assert MsgpackReader(target).verify_data() and MsgpackReader(target).verify_index()
+        assert keys(target) == expected
+        source = target

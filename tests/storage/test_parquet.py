@@ -186,7 +186,7 @@ def test_export_takes_a_column_type_that_shows_only_after_nones_and_empty_lists(
     assert list(ParquetReader(names)) == samples
     with pytest.raises(TypeError, match="field 'n' holds int and str"):
         write_parquet([{"key": "a", "n": 1}, {"key": "b", "n": "1"}], str(tmp_path / "q-%d.parquet"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p-0.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".p-%d.parquet.shards.json", "p-0.parquet"]
 
 
 def _write_arrow(path, table, stream: bool, rows_per_batch: int, **options) -> None:
