@@ -30,6 +30,7 @@ image and its label costs one read.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterable, Sequence
@@ -70,7 +71,12 @@ _MSGPACK_EXTENSIONS = ("msgpack", "mp", "mpk")
 _INLINE_SIZE = 64
 _INLINE_LIMIT = 16 << 20
 # The index's name in the cache: a new one when its arrays change, so old ones are rebuilt.
-_INDEX_KIND = "tar-2"
+_INDEX_KIND = "tar-3"
+# An index in the cache is checked against the shard at each open by a digest of bytes it was
+# made from: the first and last blocks, and the header and first block of data of this many
+# members spread over the shard (a shard copied over another with ``cp -p`` keeps its size,
+# modification time and inode, and the same layout would give the same offsets).
+_CHECKED_MEMBERS = 16
 
 
 def decode_field(extension: str, data: bytes) -> Any:
@@ -313,12 +319,35 @@ def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
     damaged = -1
     if scan.stopped_at is not None:
         damaged, keys, starts, stops, first = _with_damage(scan, source, keys, starts, stops, first)
+    spans = _checked_spans(np.array([m.offset for m in scan.members], np.int64),
+                           np.array([m.size for m in scan.members], np.int64), source.size)
     return {**_arrays("key", keys), **_arrays("ext", extensions), **_arrays("reason", [scan.reason]),
             "first": np.array(first, np.int64), "offsets": np.array(offsets, np.int64),
             "sizes": np.array(sizes, np.int64), "starts": starts, "stops": stops,
             "inline_at": np.array(inline_at, np.int64),
             "inline_blob": np.frombuffer(b"".join(inline), np.uint8),
-            "damaged": np.array([damaged], np.int64)}
+            "damaged": np.array([damaged], np.int64),
+            "checked_spans": spans, "checked_digest": _digest(source, spans)}
+
+
+def _checked_spans(offsets: np.ndarray, sizes: np.ndarray, size: int) -> np.ndarray:
+    """The ``(start, stop)`` of the bytes whose digest ties an index to its shard: the first
+    and last blocks of the file, and the header and first data block of up to
+    ``_CHECKED_MEMBERS`` members, the first and last among them (their names, sizes and tiny
+    members' data, which the index keeps)."""
+    picked = np.unique(np.linspace(0, len(offsets) - 1, min(len(offsets), _CHECKED_MEMBERS))
+                       .astype(np.int64))
+    members = np.stack([offsets[picked] - _BLOCK, offsets[picked] + np.minimum(sizes[picked], _BLOCK)],
+                       axis=1)
+    ends = np.array([[0, min(size, _BLOCK)], [max(0, size - _BLOCK), size]], np.int64)
+    return np.concatenate([ends, members.reshape(-1, 2)]).astype(np.int64)
+
+
+def _digest(source: ByteSource, spans: np.ndarray) -> np.ndarray:
+    digest = hashlib.blake2b(digest_size=16)
+    for start, stop in spans.tolist():
+        digest.update(source.read(start, stop))
+    return np.frombuffer(digest.digest(), np.uint8)
 
 
 def _with_damage(scan: _Scan, source: ByteSource, keys: list, starts: np.ndarray,
@@ -346,7 +375,8 @@ class TarReader(SpanReader):
 
     The first open reads the tar headers (not the members' data) and keeps the index in the
     cache folder (``cache_dir``, default that of :mod:`fpipe.storage.remote`), keyed by the
-    file's path, size and modification time; later opens, and every DataLoader worker, load
+    file's path, size, modification and change times and inode; later opens check it against
+    a digest of a few of the shard's headers (a few reads), and every DataLoader worker loads
     it. ``fields`` chooses the extensions to read, and a sample that lacks one raises
     :class:`~fpipe.errors.FormatError` naming the file, the sample and the field.
     ``decode=True`` turns the extensions that WebDataset's default decoders know into values
@@ -393,7 +423,18 @@ class TarReader(SpanReader):
                     and (np.diff(first) >= 0).all() and (first[-1] == len(offsets))
                     and (starts <= stops).all() and (stops <= size).all()
                     and -1 <= int(index["damaged"][0]) < n
-                    and _inline_fits(index["inline_at"], sizes, len(index["inline_blob"])))
+                    and _inline_fits(index["inline_at"], sizes, len(index["inline_blob"]))
+                    and self._same_bytes(index["checked_spans"], index["checked_digest"]))
+
+    def _same_bytes(self, spans: np.ndarray, digest: np.ndarray) -> bool:
+        """Whether the bytes that the index was made from are still in the file (a few reads);
+        a file at a URL has a new ETag when its bytes change, and is not read again for it."""
+        if self.source.remote:
+            return True
+        return bool(spans.ndim == 2 and spans.shape[1] == 2 and len(spans) <= _CHECKED_MEMBERS + 2
+                    and (spans[:, 0] >= 0).all() and (spans[:, 0] <= spans[:, 1]).all()
+                    and (spans[:, 1] <= self.source.size).all()
+                    and np.array_equal(_digest(self.source, spans), digest))
 
     def _load(self, index: dict[str, np.ndarray]) -> None:
         offsets, sizes, first = index["offsets"], index["sizes"], index["first"]
