@@ -42,6 +42,7 @@ from ._common import (
     refuse_options,
     say,
 )
+from ._formats import source_format
 
 __all__ = ["Augment", "add_parsers", "make_images"]
 
@@ -75,7 +76,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 def _add_data_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", metavar="DIR",
                         help="use your own image folder (ImageFolder layout, or anything "
-                             "'fpipe write' reads) instead of generated images")
+                             "'fpipe write' reads: a packed .msgpack dataset too, whose samples "
+                             "have an 'image' and a 'label') instead of generated images")
     parser.add_argument("--keep", metavar="DIR",
                         help="write the images and the packed dataset into DIR and keep them")
     parser.add_argument("--images", type=positive_int,
@@ -188,7 +190,8 @@ def _pack(source: str, dataset: Path, args: argparse.Namespace) -> None:
     argv = ["write", source, str(dataset), "--shuffle", "--seed", str(args.seed), "--workers", "2"]
     argv += ["-y"] if args.overwrite else []
     # someone else's images may not decode: find out at packing, in one line naming the file
-    argv += ["--check"] if args.data is not None else []
+    # (a dataset in a training format, a packed one too, is written as it is read)
+    argv += ["--check"] if args.data is not None and source_format([source]) is None else []
     say(args, f"2. $ fpipe {' '.join(argv)}")
     written = _write_parser().parse_args(argv + (["-q"] if args.quiet else []))
     status = written.run(written)
@@ -197,8 +200,14 @@ def _pack(source: str, dataset: Path, args: argparse.Namespace) -> None:
 
 
 def _class_count(dataset: Path) -> int:
+    """The number of classes: the names stored beside the dataset, else the largest label and
+    one (a dataset of yours may come without names)."""
     stored = load_classes(dataset) or {}
-    return max(1, len((stored.get("classes") or {}).get("label", [])))
+    named = len((stored.get("classes") or {}).get("label", []))
+    if named:
+        return named
+    with MsgpackReader(dataset) as reader:
+        return 1 + max((int(sample.get("label", 0)) for sample in reader), default=0)
 
 
 # --- 3. augmentation --------------------------------------------------------------------

@@ -161,7 +161,10 @@ def _octal(field: bytes) -> int:
 
 
 def _checksum_ok(header: bytes) -> bool:
-    stored = _octal(header[148:156])
+    try:
+        stored = _octal(header[148:156])
+    except ValueError:  # not a number: not a header (a text file named .tar, say)
+        return False
     unsigned = sum(header[:148]) + 8 * 32 + sum(header[156:])
     if stored == unsigned:
         return True
@@ -296,6 +299,8 @@ def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
     its extension, offset and size, and where its data is in ``inline_blob`` (-1: not
     there, read it from the file)."""
     scan = _Scan(source).run()
+    if scan.stopped_at == 0 and not scan.members:
+        raise FormatError(f"not a tar file: {scan.reason}", path=source.path, offset=0)
     keys, first, extensions, offsets, sizes, inline_at, inline = [], [], [], [], [], [], []
     kept = 0
     for member in scan.members:

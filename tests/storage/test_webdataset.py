@@ -390,3 +390,12 @@ def test_a_shard_copied_over_keeping_size_and_times_gets_a_new_index(tmp_path, c
     assert shard.stat().st_ino == inode
     name, label = new[1]
     assert TarReader(shard, cache_dir=cache)[1] == {"key": name, "jpg": name.encode() * 50, "cls": label}
+
+
+@pytest.mark.parametrize("data", [b"my notes\nline two\n" * 40, b"short notes\n"])
+def test_a_file_that_is_not_a_tar_raises_format_error_naming_it(tmp_path, cache, data):
+    path = tmp_path / "notes.tar"
+    path.write_bytes(data)
+    with pytest.raises(FormatError, match=r"notes\.tar: byte 0: not a tar file") as error:
+        TarReader(path, cache_dir=cache)
+    assert error.value.path == str(path)
