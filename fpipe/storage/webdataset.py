@@ -62,6 +62,8 @@ _BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
 _FILE_TYPES = (b"0", b"\0", b"7")
 _META_TYPES = (b"x", b"g", b"L", b"K")
+# links, devices, folders and FIFOs: no data follows their headers, whatever their size says
+_NO_DATA_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")
 _INT_EXTENSIONS = ("cls", "cls2", "index", "inx", "id")
 _TEXT_EXTENSIONS = ("txt", "text", "transcript")
 _JSON_EXTENSIONS = ("json", "jsn")
@@ -172,18 +174,23 @@ def _checksum_ok(header: bytes) -> bool:
     return stored == signed
 
 
-def _pax_records(data: bytes) -> dict[str, str]:
+def _pax_records(data: bytes, padding: bytes) -> dict[str, str]:
+    """The records of a pax header's ``data``, each ``<length> <keyword>=<value>\\n``. Anything
+    else, or anything but zeros in the ``padding`` of its last block, raises ValueError:
+    tarfile reads records from the whole blocks, and would find others."""
     records, position = {}, 0
     while position < len(data):
         space = data.find(b" ", position)
-        if space < 0:
-            break
-        length = int(data[position:space])
-        if length <= 0:
-            raise ValueError("a pax record of length 0")
-        key, _, value = data[space + 1:position + length - 1].partition(b"=")
-        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
-        position += length
+        if space < 0 or not data[position:space].isdigit():
+            raise ValueError("a pax record without its length")
+        end, equals = position + int(data[position:space]), data.find(b"=", space)
+        if not space + 1 < equals < end <= len(data) or data[end - 1:end] != b"\n":
+            raise ValueError("a pax record that does not fit its length")
+        records[data[space + 1:equals].decode("utf-8", "surrogateescape")] = \
+            data[equals + 1:end - 1].decode("utf-8", "surrogateescape")
+        position = end
+    if padding.strip(b"\0"):
+        raise ValueError("data after the records of a pax header")
     return records
 
 
@@ -219,7 +226,7 @@ class _Scan:
         while position + _BLOCK <= size:
             header = self.scanner.take(position, position + _BLOCK)
             if header == _ZERO_BLOCK:
-                return self
+                return self._end(position)
             if not _checksum_ok(header):
                 return self.stop(position, "not a tar header (its checksum does not match)")
             position = self._member(header, position)
@@ -232,31 +239,56 @@ class _Scan:
         the member is damaged, :meth:`stop` and ``position``)."""
         typeflag, size = header[156:157], self.source.size
         name = self.pax.get("path") or self.long_name or _header_name(header)
+        if typeflag in _NO_DATA_TYPES:  # what their size says is not there (as tarfile reads)
+            self.long_name, self.pax = None, {}
+            return position + _BLOCK
+        if typeflag == b"S":
+            return self._damaged(position, f"member {name!r} is a sparse file, which fpipe does "
+                                           "not read", name)
         try:
             length = int(self.pax["size"]) if "size" in self.pax and typeflag not in _META_TYPES \
                 else _octal(header[124:136])
         except ValueError:
-            self.stop(position, f"member {name!r}: its size is not a number", name)
-            return position
+            return self._damaged(position, f"member {name!r}: its size is not a number", name)
         start = position + _BLOCK
         if length < 0 or start + length > size:
-            self.stop(position, f"truncated: member {name!r} ends at byte {start + length} but "
-                                f"the file has {size} bytes", name)
-            return position
-        if typeflag == b"L":
-            self.long_name = self.scanner.take(start, start + length).split(b"\0", 1)[0].decode(
-                "utf-8", "surrogateescape")
-        elif typeflag == b"x":
-            try:
-                self.pax = _pax_records(self.scanner.take(start, start + length))
-            except ValueError:
-                self.stop(position, "a pax header that does not parse")
-                return position
-        elif typeflag not in _META_TYPES:
+            return self._damaged(position, f"truncated: member {name!r} ends at byte "
+                                           f"{start + length} but the file has {size} bytes", name)
+        if typeflag in _META_TYPES:
+            reason = self._meta(typeflag, self.scanner.take(start, start + length),
+                                self.scanner.take(start + length, start + -(-length // _BLOCK) * _BLOCK))
+            if reason:
+                return self._damaged(position, reason)
+        else:
             if typeflag in _FILE_TYPES:
                 self.members.append(_Member(name, start, length, self._inline(start, length)))
             self.long_name, self.pax = None, {}
         return start + -(-length // _BLOCK) * _BLOCK
+
+    def _damaged(self, position: int, reason: str, cut: str | None = None) -> int:
+        self.stop(position, reason, cut)
+        return position
+
+    def _meta(self, typeflag: bytes, data: bytes, padding: bytes) -> str:
+        """Take the data of a pax or long-name header (and the ``padding`` of its last block);
+        why it is damaged ("" if it is not)."""
+        if typeflag in (b"L", b"K"):
+            if b"\0" not in data:  # its writer ends it with one; without, where it ends is a guess
+                return "a long name without the NUL that ends it"
+            if typeflag == b"L":
+                self.long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            return ""
+        try:
+            records = _pax_records(data, padding)
+        except ValueError as error:
+            return f"a pax header that does not parse ({error})"
+        if any(key.startswith("GNU.sparse.") for key in records):
+            return "a pax header of a sparse file, which fpipe does not read"
+        if typeflag == b"x":
+            self.pax = records
+        elif {"path", "size"} & set(records):  # tarfile would apply it to every member after
+            return "a global pax header that sets the path or size of the members after it"
+        return ""
 
     def _inline(self, start: int, length: int) -> bytes | None:
         """The data of a member small enough to keep in the index (it is in the scanner's
@@ -265,6 +297,16 @@ class _Scan:
             return None
         self.inline_left -= length
         return self.scanner.take(start, start + length)
+
+    def _end(self, position: int) -> _Scan:
+        """The zero block at ``position`` ends the archive if a second one (or the end of the
+        file) follows it; one with a header after it is a header that was zeroed, and the
+        members after it would be lost (tarfile ends there without a word)."""
+        following = self.scanner.take(position + _BLOCK, position + 2 * _BLOCK)
+        if following.strip(b"\0"):
+            return self.stop(position, f"a zero block at byte {position} with more data after "
+                                       "it: a damaged header, not the end of the archive")
+        return self
 
     def _tail(self, position: int) -> _Scan:
         """The end of a file that ran out before the end-of-archive blocks."""

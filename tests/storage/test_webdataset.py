@@ -399,3 +399,40 @@ def test_a_file_that_is_not_a_tar_raises_format_error_naming_it(tmp_path, cache,
     with pytest.raises(FormatError, match=r"notes\.tar: byte 0: not a tar file") as error:
         TarReader(path, cache_dir=cache)
     assert error.value.path == str(path)
+
+
+def test_a_zeroed_header_is_damage_not_the_end_of_the_shard(tmp_path, cache):
+    path = tmp_path / "zeroed.tar"
+    _tar(path, _members(4))
+    data = bytearray(path.read_bytes())
+    header = data.index(b"002.cls") // 512 * 512
+    data[header:header + 512] = bytes(512)  # sample 2 loses its label, and 3 would be lost
+    path.write_bytes(bytes(data))
+    reader = TarReader(path, cache_dir=cache)
+    assert [reader[i]["key"] for i in range(2)] == ["000", "001"]
+    with pytest.raises(FormatError, match=r"zeroed\.tar: sample 2 .*a zero block at byte \d+ with more"):
+        reader[2]
+
+
+@pytest.mark.parametrize("typeflag, data_follows", [(b"5", False), (b"2", False), (b"S", None)])
+def test_a_member_type_without_data_skips_nothing_and_a_sparse_one_is_refused(
+        tmp_path, cache, typeflag, data_follows):
+    """As tarfile reads them: a folder's or a link's size says nothing (no data follows its
+    header); a sparse member is not read, and is damage rather than a member left out."""
+    path = tmp_path / "types.tar"
+    _tar(path, [("000.jpg", b"a" * 10), ("000.cls", b"1"), ("001.jpg", b"b")])
+    data = bytearray(path.read_bytes())
+    header = data.index(b"000.cls") // 512 * 512
+    data[header + 156:header + 157] = typeflag
+    data[header + 148:header + 156] = b" " * 8
+    data[header + 148:header + 156] = b"%06o\0 " % sum(data[header:header + 512])
+    path.write_bytes(bytes(data))
+    if data_follows is None:
+        with pytest.raises(FormatError, match="a sparse file"):
+            TarReader(path, cache_dir=cache)[0]
+        return
+    with tarfile.open(path) as tar:
+        theirs = [m.name for m in tar if m.isreg()]
+    assert theirs == ["000.jpg"]  # its data block, read as a header, ends the archive
+    with pytest.raises(FormatError, match="sample 0 .*checksum"):
+        TarReader(path, cache_dir=cache)[0]
