@@ -272,6 +272,10 @@ class _Scan:
     def _meta(self, typeflag: bytes, data: bytes, padding: bytes) -> str:
         """Take the data of a pax or long-name header (and the ``padding`` of its last block);
         why it is damaged ("" if it is not)."""
+        if (typeflag == b"x" and (self.pax or self.long_name is not None)) or (
+                typeflag == b"L" and self.long_name is not None):
+            # which one names the member is a guess (tarfile lets the outer one win)
+            return "two headers in a row that each name the member after them"
         if typeflag in (b"L", b"K"):
             if b"\0" not in data:  # its writer ends it with one; without, where it ends is a guess
                 return "a long name without the NUL that ends it"
