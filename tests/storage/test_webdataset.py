@@ -436,3 +436,30 @@ def test_a_member_type_without_data_skips_nothing_and_a_sparse_one_is_refused(
     assert theirs == ["000.jpg"]  # its data block, read as a header, ends the archive
     with pytest.raises(FormatError, match="sample 0 .*checksum"):
         TarReader(path, cache_dir=cache)[0]
+
+
+def _pax_header(records: bytes) -> bytes:
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = tarfile.XHDTYPE, len(records)
+    return info.tobuf(tarfile.USTAR_FORMAT) + records + bytes(-len(records) % 512)
+
+
+@pytest.mark.parametrize("records, reason", [
+    (b"18 path=other.jpg\n", "two headers in a row"),  # a second pax header before the member
+    (b"18 path=other.jpg", "does not parse"),  # no newline, and a length that runs past it
+    (b"18 path=other.jpg\n" + b"x", "does not parse"),  # more than records
+    (b"22 GNU.sparse.size=10\n", "sparse"),
+])
+def test_pax_headers_that_tarfile_would_read_otherwise_are_damage(tmp_path, cache, records, reason):
+    path = tmp_path / "pax.tar"
+    _tar(path, [("000.jpg", b"a"), ("000.cls", b"1")])
+    data = path.read_bytes()
+    info = tarfile.TarInfo("000.txt")
+    info.size = 2
+    member = info.tobuf(tarfile.USTAR_FORMAT) + b"hi" + bytes(510)
+    second = b"" if "two" not in reason else _pax_header(b"18 path=first.jpg\n")
+    end = data.index(bytes(1024), data.index(b"000.cls") // 512 * 512 + 1024)
+    path.write_bytes(data[:end] + second + _pax_header(records) + member + bytes(1024))
+    reader = TarReader(path, cache_dir=cache)
+    with pytest.raises(FormatError, match=f"pax\\.tar: sample 0 .*{reason}"):
+        list(reader)
