@@ -345,8 +345,10 @@ def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
     its extension, offset and size, and where its data is in ``inline_blob`` (-1: not
     there, read it from the file)."""
     scan = _Scan(source).run()
-    if scan.stopped_at == 0 and not scan.members:
-        raise FormatError(f"not a tar file: {scan.reason}", path=source.path, offset=0)
+    if scan.stopped_at == 0 and not scan.members:  # nothing to read: say so at once
+        reason = scan.reason if scan.reason.startswith("truncated") else \
+            f"not a tar file ({scan.reason})"
+        raise FormatError(reason, path=source.path, offset=0)
     keys, first, extensions, offsets, sizes, inline_at, inline = [], [], [], [], [], [], []
     kept = 0
     for member in scan.members:
