@@ -32,7 +32,8 @@ def campaign(kind: str, folder: Path, seed: int, count: int) -> list[dict]:
     if done.returncode != 0:
         last = lines[-1] if lines else {"what": "before the first mutant"}
         how = (f"died of {signal.Signals(-done.returncode).name}" if done.returncode < 0
-               else f"exited {done.returncode} (a case over the per-case timeout is stopped so)")
+               else "hung (stopped after the per-case timeout)" if "Timeout (" in done.stderr
+               else f"exited {done.returncode}")
         pytest.fail(f"the reader's process {how} on mutant {last.get('what')!r}: "
                     f"{done.stderr[-3000:]}")
     results = [line for line in lines if "case" in line]
