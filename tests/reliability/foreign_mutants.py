@@ -220,11 +220,44 @@ def framed(record: bytes) -> bytes:
                      struct.pack("<I", masked_crc(record))])
 
 
+def field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    tag, length, size = bytes([number << 3 | 2]), bytearray(), len(payload)
+    while size >= 0x80:
+        length.append(size & 0x7F | 0x80)
+        size >>= 7
+    return tag + bytes(length) + bytes([size]) + payload
+
+
+def merged_feature(record: bytes, rng: np.random.Generator) -> tuple[bytes, str]:
+    """The Example with one more entry for one of its names, whose feature comes in pieces
+    of one or two kinds (protobuf merges the Examples, keeps the last entry of a name, and
+    merges the pieces of its feature while they are of one kind)."""
+    from tfrecord import example_pb2
+
+    name = str(rng.choice(sorted(example_pb2.Example.FromString(record).features.feature)))
+    pieces = []
+    for _ in range(int(rng.integers(1, 4))):
+        feature = example_pb2.Feature()
+        kind = ("int64_list", "float_list", "bytes_list")[rng.integers(3) if rng.random() < 0.3 else 0]
+        values = {"int64_list": lambda: [int(v) for v in rng.integers(-9, 9, 2)],
+                  "float_list": lambda: rng.random(2).tolist(),
+                  "bytes_list": lambda: [rng.bytes(3)]}[kind]()
+        getattr(feature, kind).value.extend(values)
+        pieces.append(feature.SerializeToString())
+    if rng.random() < 0.5:  # the pieces in one feature field, else each a field of the entry
+        pieces = [b"".join(pieces)]
+    entry = field(1, name.encode()) + b"".join(field(2, piece) for piece in pieces)
+    return record + field(1, field(1, entry)), f"feature {name!r} again, in {len(pieces)} pieces"
+
+
 def payload_mutant(record: bytes, rng: np.random.Generator) -> tuple[bytes, str]:
     """A record's Example changed where parsing must find it: a flip, a cut, bytes put in,
-    or a piece of it repeated (which protobuf merges)."""
+    a piece of it repeated, or a feature given again in pieces (which protobuf merges)."""
     at = int(rng.integers(0, max(1, len(record))))
-    kind = rng.integers(4)
+    kind = rng.integers(5)
+    if kind == 4:
+        return merged_feature(record, rng)
     if kind == 0 and record:
         return flipped(record, rng, min(at, len(record) - 1))
     if kind == 1:
