@@ -109,7 +109,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         source = args.data or make_images(folder / "images", args.images or _IMAGES,
                                           args.classes or _CLASSES, args.seed, args)
         dataset = folder / "demo.msgpack"
-        _pack(source, dataset, args)
+        pack = _pack if args.data is None or source_format([args.data]) is None else _rewrite
+        pack(source, dataset, args)
         classes = _class_count(dataset)
         train = _train_torch if use_torch else _train_numpy
         seen, seconds = train(dataset, classes, args)
@@ -190,8 +191,7 @@ def _pack(source: str, dataset: Path, args: argparse.Namespace) -> None:
     argv = ["write", source, str(dataset), "--shuffle", "--seed", str(args.seed), "--workers", "2"]
     argv += ["-y"] if args.overwrite else []
     # someone else's images may not decode: find out at packing, in one line naming the file
-    # (a dataset in a training format, a packed one too, is written as it is read)
-    argv += ["--check"] if args.data is not None and source_format([source]) is None else []
+    argv += ["--check"] if args.data is not None else []
     say(args, f"2. $ fpipe {' '.join(argv)}")
     written = _write_parser().parse_args(argv + (["-q"] if args.quiet else []))
     status = written.run(written)
@@ -208,6 +208,17 @@ def _class_count(dataset: Path) -> int:
         return named
     with MsgpackReader(dataset) as reader:
         return 1 + max((int(sample.get("label", 0)) for sample in reader), default=0)
+
+
+def _rewrite(source: str, dataset: Path, args: argparse.Namespace) -> None:
+    """Write ``source``, a dataset in a training format (a packed one too), into ``dataset``,
+    shuffled: its samples as they are read (the image options of ``_pack`` are for files)."""
+    argv = ["write", source, str(dataset), "--shuffle", "--seed", str(args.seed), "--workers", "2"]
+    argv += ["-y"] if args.overwrite else []
+    say(args, f"2. $ fpipe {' '.join(argv)}")
+    written = _write_parser().parse_args(argv + (["-q"] if args.quiet else []))
+    if written.run(written):
+        raise UsageError(f"writing {source} failed")
 
 
 # --- 3. augmentation --------------------------------------------------------------------

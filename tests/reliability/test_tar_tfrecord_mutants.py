@@ -2,7 +2,7 @@
 file (flipped bytes, cuts, zeroed spans; headers edited with their checksums made right;
 Examples changed with their CRCs made right, so that parsing itself is tried), each read
 through fpipe and through the reference reader in a child process with a per-case timeout
-(``tests/reliability/foreign_mutants.py``). Every read gives exactly what the reference
+(``tests/reliability/tar_tfrecord_mutants.py``). Every read gives exactly what the reference
 gives, or raises FormatError naming the file: no crash, no hang, no wrong or lost sample.
 """
 
@@ -25,7 +25,7 @@ MUTANTS = 300
 def campaign(kind: str, folder: Path, seed: int, count: int) -> list[dict]:
     """The results of the child process, one a mutant; a crash or a hang fails the test,
     naming the mutant it was on."""
-    done = subprocess.run([sys.executable, "-m", "tests.reliability.foreign_mutants", kind,
+    done = subprocess.run([sys.executable, "-m", "tests.reliability.tar_tfrecord_mutants", kind,
                            str(folder), str(seed), str(count)],
                           cwd=ROOT, capture_output=True, text=True, timeout=500)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

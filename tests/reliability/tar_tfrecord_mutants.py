@@ -1,5 +1,5 @@
 """Damaged WebDataset shards and TFRecord files, read through fpipe and through the reference
-readers, in a process of its own: ``python -m tests.reliability.foreign_mutants KIND FOLDER
+readers, in a process of its own: ``python -m tests.reliability.tar_tfrecord_mutants KIND FOLDER
 SEED COUNT`` writes COUNT seeded mutants of a base file of KIND (``tar`` or ``tfrecord``) in
 FOLDER and prints, for each, a JSON line ``{"start": case}`` and then one with what fpipe and
 the reference made of it; the test judges them (``test_tar_tfrecord_mutants.py``).
