@@ -22,7 +22,7 @@ from ..errors import FpipeError
 from ..storage._staging import staged_datasets
 from ._common import UsageError, chosen_seed, human_bytes, refuse_options, say, shows_progress
 
-__all__ = ["FORMATS", "open_source", "source_format", "text_names", "write_from_format"]
+__all__ = ["FORMATS", "open_source", "source_format", "write_from_format"]
 
 #: The formats, by the suffixes that name their files.
 FORMATS = {"webdataset": (".tar",), "parquet": (".parquet", ".arrow", ".feather", ".ipc"),
@@ -220,7 +220,7 @@ def _packed_span(span: tuple[int, int], source: Any) -> list[tuple[str, bytes]]:
         try:
             packed.append((key, _packed(pack, sample)))
         except UnicodeEncodeError:
-            sample = text_names(sample)
+            sample = _text_names(sample)
             packed.append((sample["key"], _packed(pack, sample)))
     return packed
 
@@ -259,7 +259,7 @@ def _write_all(writer: Any, pairs: Iterator[tuple[str, dict]]) -> None:
             _name_the_field(sample, error)
             raise
         except UnicodeEncodeError:  # the packer refused the name before anything was written
-            write(text_names(sample))
+            write(_text_names(sample))
 
 
 # The surrogate escapes of bytes 0x80-0xFF (as Python and fpipe read names that are not
@@ -267,11 +267,11 @@ def _write_all(writer: Any, pairs: Iterator[tuple[str, dict]]) -> None:
 _LATIN_1 = {0xDC80 + byte: 0x80 + byte for byte in range(0x80)}
 
 
-def text_names(sample: dict) -> dict:
+def _text_names(sample: dict) -> dict:
     """``sample`` with the bytes of its key and field names that are not UTF-8 read as Latin-1:
     a packed dataset holds its keys as text, and ``b"caf\\xe9"`` was most likely ``café``.
 
-    >>> text_names({"key": "caf\\udce9", "jpg": b"..."})
+    >>> _text_names({"key": "caf\\udce9", "jpg": b"..."})
     {'key': 'café', 'jpg': b'...'}
     """
     return {(name.translate(_LATIN_1) if isinstance(name, str) else name):
