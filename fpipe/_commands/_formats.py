@@ -1,6 +1,6 @@
 """Datasets in other training formats on the command line: which format a SOURCE is in
-(WebDataset tar shards, Parquet or Arrow files and Hugging Face folders, TFRecord files), its
-reader, and ``fpipe write`` from it into a packed dataset.
+(WebDataset tar shards, Parquet or Arrow files and Hugging Face folders, TFRecord files, and
+packed fpipe datasets too), its reader, and ``fpipe write`` from it into a packed dataset.
 
 >>> source_format(["shards-{000..009}.tar"]), source_format(["data/*.parquet"])
 ('webdataset', 'parquet')
@@ -26,9 +26,9 @@ __all__ = ["FORMATS", "open_source", "source_files", "source_format", "write_fro
 
 #: The formats, by the suffixes that name their files.
 FORMATS = {"webdataset": (".tar",), "parquet": (".parquet", ".arrow", ".feather", ".ipc"),
-           "tfrecord": (".tfrecord", ".tfrecords", ".tfr")}
+           "tfrecord": (".tfrecord", ".tfrecords", ".tfr"), "packed": (".msgpack",)}
 _NAMES = {"webdataset": "WebDataset shards", "parquet": "Parquet/Arrow files",
-          "tfrecord": "TFRecord files"}
+          "tfrecord": "TFRecord files", "packed": "packed fpipe datasets"}
 # options of ``fpipe write`` that only files (images) take
 _FILE_OPTIONS = ("field", "resize", "encode", "quality", "separator", "include", "exclude",
                  "classes", "strict", "check", "skip_bad", "origin", "download",
@@ -45,9 +45,13 @@ def _format_of_name(name: str) -> str | None:
 
 def _sniffed(path: str) -> str | None:
     """The format of a file whose name does not say it, from its first bytes: a TFRecord
-    record header (length and its CRC), a Parquet or Arrow magic, a tar header."""
+    record header (length and its CRC), a Parquet or Arrow magic, a tar header; a packed
+    dataset by its ``.offsets`` file."""
+    from ..storage import DatasetFiles
     from ..storage._crc32c import masked_crc32c
 
+    if DatasetFiles(path).offsets.is_file():
+        return "packed"
     try:
         with open(path, "rb") as file:
             head = file.read(512)
@@ -125,8 +129,35 @@ def open_source(kind: str, sources: Sequence[str]) -> Any:
     """The reader of ``sources`` in format ``kind`` (see :func:`source_format`)."""
     from ..storage import ParquetReader, TFRecordReader, WebDatasetReader
 
-    readers = {"webdataset": WebDatasetReader, "parquet": ParquetReader, "tfrecord": TFRecordReader}
+    readers = {"webdataset": WebDatasetReader, "parquet": ParquetReader, "tfrecord": TFRecordReader,
+               "packed": _packed_datasets}
     return readers[kind](list(sources))
+
+
+def _packed_datasets(sources: list[str]) -> Any:
+    """The packed datasets that ``sources`` name (paths, URLs, glob or brace patterns) read
+    as one: each sample with its key, to write again (shuffled, merged, or simply copied)."""
+    from ..storage import ShardedReader
+    from ..storage._foreign import expand_shards
+    from ._common import open_dataset
+
+    readers = [open_dataset(path) for path in expand_shards(sources)]
+    return readers[0] if len(readers) == 1 else ShardedReader(readers)
+
+
+def _carry_classes(sources: Sequence[str], target: Path) -> None:
+    """Store the class names of the packed datasets ``sources`` beside ``target`` when they
+    all hold the same ones (else the labels would mean different classes: none are stored)."""
+    from ..storage._foreign import expand_shards
+    from ..storage.class_lists import read_classes
+
+    stored = [read_classes(path) for path in expand_shards(sources)]
+    if stored[0] is None or any(other != stored[0] for other in stored[1:]):
+        return
+    from ..storage import DatasetFiles
+
+    text = DatasetFiles(expand_shards(sources)[0]).classes.read_text(encoding="utf-8")
+    DatasetFiles(target).classes.write_text(text, encoding="utf-8")
 
 
 def write_from_format(kind: str, args: argparse.Namespace) -> int:
@@ -149,6 +180,8 @@ def write_from_format(kind: str, args: argparse.Namespace) -> int:
     else:
         with staged_datasets([out], args.overwrite, sources=source_files(args.source)) as (staged,):
             _write_packed(staged, reader, args)
+            if kind == "packed":
+                _carry_classes(args.source, staged)
     say(args, f"{'appended' if args.append else 'wrote'} {len(reader)} samples from "
               f"{_NAMES[kind]} ({len(args.source)} source(s)) to {out} "
               f"({human_bytes(out.stat().st_size)})")
@@ -202,7 +235,11 @@ def _packed_span(span: tuple[int, int], source: Any) -> list[tuple[str, bytes]]:
     pack, packed = new_packer().pack, []
     for key, sample in source.iter(*span, yield_key=True, chunk_size=256):
         sample["key"] = key
-        packed.append((key, _packed(pack, sample)))
+        try:
+            packed.append((key, _packed(pack, sample)))
+        except UnicodeEncodeError:
+            sample = _text_names(sample)
+            packed.append((sample["key"], _packed(pack, sample)))
     return packed
 
 
@@ -239,6 +276,25 @@ def _write_all(writer: Any, pairs: Iterator[tuple[str, dict]]) -> None:
         except TypeError as error:
             _name_the_field(sample, error)
             raise
+        except UnicodeEncodeError:  # the packer refused the name before anything was written
+            write(_text_names(sample))
+
+
+# The surrogate escapes of bytes 0x80-0xFF (as Python and fpipe read names that are not
+# UTF-8, e.g. tar members named on a Latin-1 system) and the Latin-1 characters of the bytes.
+_LATIN_1 = {0xDC80 + byte: 0x80 + byte for byte in range(0x80)}
+
+
+def _text_names(sample: dict) -> dict:
+    """``sample`` with the bytes of its key and field names that are not UTF-8 read as Latin-1:
+    a packed dataset holds its keys as text, and ``b"caf\\xe9"`` was most likely ``café``.
+
+    >>> _text_names({"key": "caf\\udce9", "jpg": b"..."})
+    {'key': 'café', 'jpg': b'...'}
+    """
+    return {(name.translate(_LATIN_1) if isinstance(name, str) else name):
+            (value.translate(_LATIN_1) if name == "key" and isinstance(value, str) else value)
+            for name, value in sample.items()}
 
 
 def _packed(pack: Callable[[dict], bytes], sample: dict) -> bytes:

@@ -42,6 +42,7 @@ from ._common import (
     refuse_options,
     say,
 )
+from ._formats import source_format
 
 __all__ = ["Augment", "add_parsers", "make_images"]
 
@@ -76,7 +77,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 def _add_data_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", metavar="DIR",
                         help="use your own image folder (ImageFolder layout, or anything "
-                             "'fpipe write' reads) instead of generated images")
+                             "'fpipe write' reads: a packed .msgpack dataset too, whose samples "
+                             "have an 'image' and a 'label') instead of generated images")
     parser.add_argument("--keep", metavar="DIR",
                         help="write the images and the packed dataset into DIR and keep them")
     parser.add_argument("--images", type=positive_int,
@@ -108,7 +110,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         source = args.data or make_images(folder / "images", args.images or _IMAGES,
                                           args.classes or _CLASSES, args.seed, args)
         dataset = folder / "demo.msgpack"
-        _pack(source, dataset, args)
+        pack = _pack if args.data is None or source_format([args.data]) is None else _rewrite
+        pack(source, dataset, args)
         classes = _class_count(dataset)
         train = _train_torch if use_torch else _train_numpy
         seen, seconds = train(dataset, classes, args)
@@ -204,8 +207,25 @@ def _pack(source: str, dataset: Path, args: argparse.Namespace) -> None:
 
 
 def _class_count(dataset: Path) -> int:
+    """The number of classes: the names stored beside the dataset, else the largest label and
+    one (a dataset of yours may come without names)."""
     stored = load_classes(dataset) or {}
-    return max(1, len((stored.get("classes") or {}).get("label", [])))
+    named = len((stored.get("classes") or {}).get("label", []))
+    if named:
+        return named
+    with MsgpackReader(dataset) as reader:
+        return 1 + max((int(sample.get("label", 0)) for sample in reader), default=0)
+
+
+def _rewrite(source: str, dataset: Path, args: argparse.Namespace) -> None:
+    """Write ``source``, a dataset in a training format (a packed one too), into ``dataset``,
+    shuffled: its samples as they are read (the image options of ``_pack`` are for files)."""
+    argv = ["write", source, str(dataset), "--shuffle", "--seed", str(args.seed), "--workers", "2"]
+    argv += ["-y"] if args.overwrite else []
+    say(args, f"2. $ fpipe {' '.join(argv)}")
+    written = _write_parser().parse_args(argv + (["-q"] if args.quiet else []))
+    if written.run(written):
+        raise UsageError(f"writing {source} failed")
 
 
 # --- 3. augmentation --------------------------------------------------------------------

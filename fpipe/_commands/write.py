@@ -68,7 +68,10 @@ Write a packed dataset. SOURCE is one of:
   a JSON-lines file (.jsonl), one sample object per line, written as it is;
   datasets in other formats: WebDataset tar shards, Parquet or Arrow files (or a Hugging Face
     save_to_disk folder), TFRecord files of tf.train.Example; several, or a glob or brace
-    pattern ('shards-{{000..099}}.tar'); every sample is written as it is read, with its key.
+    pattern ('shards-{{000..099}}.tar'); every sample is written as it is read, with its key
+    (tar member names that are not UTF-8 are read as Latin-1);
+  packed fpipe datasets (X.msgpack, or any file with its .offsets): written again, with their
+    keys and class names (to shuffle one with --shuffle, or merge several).
 
 For files, OUT is the dataset's file (e.g. train.msgpack); each sample is
 {{"key": the file's relative path, "image" (--field): the file's bytes, "label": number}}.
@@ -113,8 +116,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                          _DESCRIPTION.format(known=known), _EXAMPLE, _run_write)
     parser.add_argument("source", metavar="SOURCE", nargs="+",
                         help=f"a folder, glob pattern, list file, .jsonl file, or one of {known}; "
-                             "or WebDataset (.tar), Parquet/Arrow or TFRecord files (several, "
-                             "or a pattern)")
+                             "or WebDataset (.tar), Parquet/Arrow, TFRecord files or packed "
+                             "datasets (several, or a pattern)")
     parser.add_argument("out", metavar="OUT",
                         help="the dataset file to write (a folder for well-known datasets)")
     parser.add_argument("-y", "--overwrite", action="store_true",

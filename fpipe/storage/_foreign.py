@@ -148,8 +148,9 @@ class ByteSource:
                                  f"{self.path!r}")
             stat = _stat_file(self.path)
             self.size = stat.st_size
+            # the change time too: a copy over the file (cp -p) keeps the rest
             self.identity = (f"{os.path.realpath(self.path)}\0{stat.st_size}\0{stat.st_mtime_ns}"
-                             f"\0{stat.st_ino}")
+                             f"\0{stat.st_ino}\0{stat.st_ctime_ns}")
 
     @property
     def remote(self) -> bool:
@@ -303,9 +304,10 @@ def cached_index(source: ByteSource, kind: str, build: Callable[[], dict[str, np
                  fits: Callable[[dict[str, np.ndarray]], bool] = lambda index: True,
                  ) -> dict[str, np.ndarray]:
     """The index arrays of ``source``, made by ``build()`` once and kept in the cache folder
-    (keyed by the file's path or URL, size and modification time or ETag, so a changed file
-    gets a new index). A cache that cannot be written leaves the index unsaved; a cached index
-    that cannot be read, or that ``fits(index)`` finds does not fit the file, is rebuilt.
+    (keyed by the file's path or URL, size, modification and change times and inode, or
+    ETag, so a changed file gets a new index). A cache that cannot be written leaves the
+    index unsaved; a cached index that cannot be read, or that ``fits(index)`` finds does not
+    fit the file, is rebuilt.
 
     >>> import tempfile
     >>> folder = tempfile.mkdtemp()

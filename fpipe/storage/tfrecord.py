@@ -16,6 +16,8 @@ else from a slower fallback.
 An Example is a map of feature name to a list of bytes, of float32 or of int64; fpipe reads
 them as the ``tfrecord`` package does: a list of one bytes value as those bytes (several as a
 list of bytes), float and int64 lists as NumPy arrays.
+Bytes that writers never lay out so (a field twice, unknown fields, groups) are read by
+protobuf's rules, as its Python package reads them: see :func:`parse_example`.
 
 >>> import os, tempfile
 >>> import numpy as np
@@ -81,9 +83,28 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
             raise ValueError("a varint longer than 10 bytes")
 
 
+def _length(data: bytes, position: int) -> tuple[int, int]:
+    """The length at ``position`` and where its bytes end: a varint of at most 5 bytes, as
+    protobuf reads lengths (a longer one, even of leading zeros, is not a message)."""
+    length, end = _varint(data, position)
+    if end - position > 5:
+        raise ValueError("a length longer than 5 bytes")
+    return length, end
+
+
 def _tag(data: bytes, position: int) -> tuple[int, int]:
+    """The tag at ``position`` and where it ends: a varint of at most 5 bytes and 32 bits, of
+    a field number from 1 (protobuf refuses the others)."""
     byte = data[position]
-    return (byte, position + 1) if byte < 0x80 else _varint(data, position)
+    if byte < 0x80:
+        end = position + 1
+    else:
+        byte, end = _varint(data, position)
+        if end - position > 5 or byte >> 32:
+            raise ValueError("a tag longer than 32 bits")
+    if byte < 8:
+        raise ValueError("field number 0, which no message has")
+    return byte, end
 
 
 def _span(data: bytes, position: int, stop: int) -> tuple[int, int]:
@@ -95,15 +116,20 @@ def _span(data: bytes, position: int, stop: int) -> tuple[int, int]:
         start = position + 2
         end = start + ((first & 0x7F) | data[position + 1] << 7)
     else:
-        length, start = _varint(data, position)
+        length, start = _length(data, position)
         end = start + length
     if end > stop:
         raise ValueError("a field runs past the end of its message")
     return start, end
 
 
-def _skip(data: bytes, position: int, stop: int, tag: int) -> int:
-    """Where the value of an unknown field with ``tag`` ends."""
+#: How deep protobuf lets messages and groups nest (the Example is at depth 0, a list at 4).
+_MAX_DEPTH = 100
+_START_GROUP, _END_GROUP = 3, 4
+
+
+def _skip(data: bytes, position: int, stop: int, tag: int, depth: int) -> int:
+    """Where the value of an unknown field with ``tag`` ends, in a message at ``depth``."""
     wire = tag & 7
     if wire == _VARINT:
         end = _varint(data, position)[1]
@@ -111,11 +137,30 @@ def _skip(data: bytes, position: int, stop: int, tag: int) -> int:
         end = _span(data, position, stop)[1]
     elif wire in (_FIXED64, _FIXED32):
         end = position + (8 if wire == _FIXED64 else 4)
+    elif wire == _START_GROUP:
+        end = _group_end(data, position, stop, tag >> 3, depth + 1)
+    elif wire == _END_GROUP:
+        raise ValueError(f"the end of a group {tag >> 3} that did not start")
     else:
-        raise ValueError(f"field {tag >> 3} has wire type {wire}, which an Example never holds")
+        raise ValueError(f"field {tag >> 3} has wire type {wire}, which no field has")
     if end > stop:
         raise ValueError(f"field {tag >> 3} runs past the end of its message")
     return end
+
+
+def _group_end(data: bytes, position: int, stop: int, number: int, depth: int) -> int:
+    """Where the group of field ``number`` that starts at ``position`` ends (after its end
+    tag): unknown fields to skip, as protobuf skips them."""
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"groups nested deeper than {_MAX_DEPTH}")
+    while position < stop:
+        tag, position = _tag(data, position)
+        if tag & 7 == _END_GROUP:
+            if tag >> 3 != number:
+                raise ValueError(f"group {number} ends with the end of group {tag >> 3}")
+            return position
+        position = _skip(data, position, stop, tag, depth)
+    raise ValueError(f"group {number} runs past the end of its message")
 
 
 # tags (field number << 3 | wire type) of the fields an Example is made of
@@ -125,8 +170,16 @@ _FIRST_VARINT, _FIRST_FIXED32 = 0x08, 0x0D
 
 def parse_example(data: Any) -> dict:
     """The features of a serialized ``tf.train.Example``: a bytes list of one value as bytes
-    (several as a list of bytes), float lists as float32 arrays, int64 lists as int64 arrays.
-    Bytes that are not an Example raise :class:`ValueError`.
+    (several as a list of bytes), float lists as float32 arrays, int64 lists as int64 arrays,
+    a feature without a list as None. Bytes that are not an Example raise :class:`ValueError`.
+
+    A field that comes twice merges as protobuf merges it: a name's last entry counts; lists
+    of one kind in a feature add up, and a list of another kind replaces them. protobuf's
+    Python package (upb) is the reference, and leaves out of the map an entry with a field
+    that an entry does not have.
+
+    >>> parse_example(encode_example({"a": 1, "b": 2}) + encode_example({"a": 3}))  # merged
+    {'a': array([3]), 'b': array([2])}
 
     >>> parse_example(encode_example({"text": b"hi", "ids": [1, -2]}))
     {'text': b'hi', 'ids': array([ 1, -2])}
@@ -186,7 +239,7 @@ def _common_example(data: bytes, numbers: dict) -> dict | None:
         else:
             start, length = position + 3, length & 0x7F | data[position + 2] << 7
             if data[position + 2] >= 0x80:
-                length, start = _varint(data, position + 1)
+                length, start = _length(data, position + 1)
         if data[position] != _FIRST_LENGTH or start + length > stop:
             return None
         position = start + length
@@ -214,7 +267,7 @@ def _common_feature(data: bytes, position: int, stop: int, numbers: dict) -> Any
     else:
         position, length = position + 2, length & 0x7F | data[position + 1] << 7
         if data[position - 1] >= 0x80:
-            length, position = _varint(data, position - 2)
+            length, position = _length(data, position - 2)
     if position + length != stop:
         return None
     kind, length = data[position], data[position + 1]  # the list
@@ -223,7 +276,7 @@ def _common_feature(data: bytes, position: int, stop: int, numbers: dict) -> Any
     else:
         position, length = position + 3, length & 0x7F | data[position + 2] << 7
         if data[position - 1] >= 0x80:
-            length, position = _varint(data, position - 2)
+            length, position = _length(data, position - 2)
     if position + length != stop:
         return None
     if kind != _FIRST_LENGTH:
@@ -235,7 +288,7 @@ def _common_feature(data: bytes, position: int, stop: int, numbers: dict) -> Any
         else:
             start, length = position + 3, length & 0x7F | data[position + 2] << 7
             if data[position + 2] >= 0x80:
-                length, start = _varint(data, position + 1)
+                length, start = _length(data, position + 1)
         if start + length == stop:
             return data[start:stop]
     return _common_bytes_list(data, position, stop)
@@ -257,7 +310,7 @@ def _common_bytes_list(data: bytes, position: int, stop: int) -> Any:
         else:
             start, length = position + 3, length & 0x7F | data[position + 2] << 7
             if data[position + 2] >= 0x80:
-                length, start = _varint(data, position + 1)
+                length, start = _length(data, position + 1)
         if data[position] != _FIRST_LENGTH or start + length > stop:
             return None
         position = start + length
@@ -329,6 +382,12 @@ _PACKABLE_NUMBERS = {_SECOND_LENGTH: _packable_float_list, _THIRD_LENGTH: _packa
 
 
 # --- any Example --------------------------------------------------------------------------------
+# protobuf's rules for a field that comes more than once, which writers never do but
+# concatenated messages do: Example.features (a message) merges; Features.feature (a map)
+# keeps the last entry of a name; in an entry, the last name counts and the features merge;
+# a feature's lists (a oneof of messages) merge while they are of one kind, and one of
+# another kind replaces them; the values of a list add up. The depths are those of the
+# messages (the Example at 0), which bound how deep unknown groups may nest.
 
 def _any_example(data: bytes) -> dict:
     features: dict = {}
@@ -339,7 +398,7 @@ def _any_example(data: bytes) -> dict:
             start, position = _span(data, position, stop)
             _features(data, start, position, features)
         else:
-            position = _skip(data, position, stop, tag)
+            position = _skip(data, position, stop, tag, 0)
     return features
 
 
@@ -348,14 +407,18 @@ def _features(data: bytes, position: int, stop: int, features: dict) -> None:
         tag, position = _tag(data, position)
         if tag == _FIRST_LENGTH:  # an entry of Features.feature, a map
             start, position = _span(data, position, stop)
-            name, value = _map_entry(data, start, position)
-            features[name] = value
+            name, value, whole = _map_entry(data, start, position)
+            if whole:
+                features[name] = value
         else:
-            position = _skip(data, position, stop, tag)
+            position = _skip(data, position, stop, tag, 1)
 
 
-def _map_entry(data: bytes, position: int, stop: int) -> tuple[str, Any]:
-    name, value = "", None
+def _map_entry(data: bytes, position: int, stop: int) -> tuple[str, Any, bool]:
+    """The name and feature of a map entry, and whether it holds nothing else: protobuf
+    (upb, which the ``protobuf`` package runs on) leaves an entry with other fields out of
+    the map."""
+    name, feature, whole = "", _Feature(), True
     while position < stop:
         tag, position = _tag(data, position)
         if tag == _FIRST_LENGTH:
@@ -363,38 +426,55 @@ def _map_entry(data: bytes, position: int, stop: int) -> tuple[str, Any]:
             name = data[start:position].decode("utf-8")
         elif tag == _SECOND_LENGTH:
             start, position = _span(data, position, stop)
-            value = _feature(data, start, position)
+            feature.merge(data, start, position)
         else:
-            position = _skip(data, position, stop, tag)
-    return name, value
+            position, whole = _skip(data, position, stop, tag, 2), False
+    return name, feature.value(), whole
 
 
-def _feature(data: bytes, position: int, stop: int) -> Any:
-    value = None
-    while position < stop:
-        tag, position = _tag(data, position)
-        if tag in _LISTS:  # the oneof: the last one set wins
-            start, position = _span(data, position, stop)
-            value = _LISTS[tag](data, start, position)
-        else:
-            position = _skip(data, position, stop, tag)
-    return value
+class _Feature:
+    """A Feature as its serialized pieces merge into it: the tag of its list (None before
+    any), and the list's values so far."""
+
+    __slots__ = ("kind", "values")
+
+    def __init__(self) -> None:
+        self.kind: int | None = None
+        self.values: list = []
+
+    def merge(self, data: bytes, position: int, stop: int) -> None:
+        while position < stop:
+            tag, position = _tag(data, position)
+            if tag in _LISTS:  # the oneof: a list of another kind replaces the one so far
+                start, position = _span(data, position, stop)
+                if tag != self.kind:
+                    self.kind, self.values = tag, []
+                _LISTS[tag](data, start, position, self.values)
+            else:
+                position = _skip(data, position, stop, tag, 3)
+
+    def value(self) -> Any:
+        """The feature as :func:`parse_example` gives it; None for a Feature without a list."""
+        values = self.values
+        if self.kind == _FIRST_LENGTH:
+            return values[0] if len(values) == 1 else values
+        if self.kind == _SECOND_LENGTH:
+            # a copy: writable, and not holding on to the record's bytes
+            return np.concatenate(values).astype(np.float32) if values else np.zeros(0, np.float32)
+        return None if self.kind is None else np.array(values, np.int64)
 
 
-def _bytes_list(data: bytes, position: int, stop: int) -> Any:
-    items = []
+def _bytes_list(data: bytes, position: int, stop: int, items: list) -> None:
     while position < stop:
         tag, position = _tag(data, position)
         if tag == _FIRST_LENGTH:
             start, position = _span(data, position, stop)
             items.append(data[start:position])
         else:
-            position = _skip(data, position, stop, tag)
-    return items[0] if len(items) == 1 else items
+            position = _skip(data, position, stop, tag, 4)
 
 
-def _float_list(data: bytes, position: int, stop: int) -> np.ndarray:
-    parts = []
+def _float_list(data: bytes, position: int, stop: int, parts: list) -> None:
     while position < stop:
         tag, position = _tag(data, position)
         if tag == _FIRST_LENGTH:  # packed
@@ -408,13 +488,10 @@ def _float_list(data: bytes, position: int, stop: int) -> np.ndarray:
             parts.append(np.frombuffer(data, "<f4", 1, position))
             position += 4
         else:
-            position = _skip(data, position, stop, tag)
-    # a copy: writable, and not holding on to the record's bytes
-    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+            position = _skip(data, position, stop, tag, 4)
 
 
-def _int64_list(data: bytes, position: int, stop: int) -> np.ndarray:
-    values: list[int] = []
+def _int64_list(data: bytes, position: int, stop: int, values: list) -> None:
     while position < stop:
         tag, position = _tag(data, position)
         if tag == _FIRST_LENGTH:  # packed
@@ -424,10 +501,9 @@ def _int64_list(data: bytes, position: int, stop: int) -> np.ndarray:
             value, position = _varint(data, position)
             values.append(_int64(value))
         else:
-            position = _skip(data, position, stop, tag)
+            position = _skip(data, position, stop, tag, 4)
     if position > stop:
         raise ValueError("a varint runs past the end of its list")
-    return np.array(values, np.int64)
 
 
 def _packed_varints(data: bytes, start: int, stop: int) -> list[int]:

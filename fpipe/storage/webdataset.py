@@ -30,6 +30,7 @@ image and its label costs one read.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterable, Sequence
@@ -61,6 +62,8 @@ _BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
 _FILE_TYPES = (b"0", b"\0", b"7")
 _META_TYPES = (b"x", b"g", b"L", b"K")
+# links, devices, folders and FIFOs: no data follows their headers, whatever their size says
+_NO_DATA_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")
 _INT_EXTENSIONS = ("cls", "cls2", "index", "inx", "id")
 _TEXT_EXTENSIONS = ("txt", "text", "transcript")
 _JSON_EXTENSIONS = ("json", "jsn")
@@ -70,7 +73,12 @@ _MSGPACK_EXTENSIONS = ("msgpack", "mp", "mpk")
 _INLINE_SIZE = 64
 _INLINE_LIMIT = 16 << 20
 # The index's name in the cache: a new one when its arrays change, so old ones are rebuilt.
-_INDEX_KIND = "tar-2"
+_INDEX_KIND = "tar-3"
+# An index in the cache is checked against the shard at each open by a digest of bytes it was
+# made from: the first and last blocks, and the header and first block of data of this many
+# members spread over the shard (a shard copied over another with ``cp -p`` keeps its size,
+# modification time and inode, and the same layout would give the same offsets).
+_CHECKED_MEMBERS = 16
 
 
 def decode_field(extension: str, data: bytes) -> Any:
@@ -155,7 +163,10 @@ def _octal(field: bytes) -> int:
 
 
 def _checksum_ok(header: bytes) -> bool:
-    stored = _octal(header[148:156])
+    try:
+        stored = _octal(header[148:156])
+    except ValueError:  # not a number: not a header (a text file named .tar, say)
+        return False
     unsigned = sum(header[:148]) + 8 * 32 + sum(header[156:])
     if stored == unsigned:
         return True
@@ -163,18 +174,23 @@ def _checksum_ok(header: bytes) -> bool:
     return stored == signed
 
 
-def _pax_records(data: bytes) -> dict[str, str]:
+def _pax_records(data: bytes, padding: bytes) -> dict[str, str]:
+    """The records of a pax header's ``data``, each ``<length> <keyword>=<value>\\n``. Anything
+    else, or anything but zeros in the ``padding`` of its last block, raises ValueError:
+    tarfile reads records from the whole blocks, and would find others."""
     records, position = {}, 0
     while position < len(data):
         space = data.find(b" ", position)
-        if space < 0:
-            break
-        length = int(data[position:space])
-        if length <= 0:
-            raise ValueError("a pax record of length 0")
-        key, _, value = data[space + 1:position + length - 1].partition(b"=")
-        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
-        position += length
+        if space < 0 or not data[position:space].isdigit():
+            raise ValueError("a pax record without its length")
+        end, equals = position + int(data[position:space]), data.find(b"=", space)
+        if not space + 1 < equals < end <= len(data) or data[end - 1:end] != b"\n":
+            raise ValueError("a pax record that does not fit its length")
+        records[data[space + 1:equals].decode("utf-8", "surrogateescape")] = \
+            data[equals + 1:end - 1].decode("utf-8", "surrogateescape")
+        position = end
+    if padding.strip(b"\0"):
+        raise ValueError("data after the records of a pax header")
     return records
 
 
@@ -210,7 +226,7 @@ class _Scan:
         while position + _BLOCK <= size:
             header = self.scanner.take(position, position + _BLOCK)
             if header == _ZERO_BLOCK:
-                return self
+                return self._end(position)
             if not _checksum_ok(header):
                 return self.stop(position, "not a tar header (its checksum does not match)")
             position = self._member(header, position)
@@ -223,31 +239,60 @@ class _Scan:
         the member is damaged, :meth:`stop` and ``position``)."""
         typeflag, size = header[156:157], self.source.size
         name = self.pax.get("path") or self.long_name or _header_name(header)
+        if typeflag in _NO_DATA_TYPES:  # what their size says is not there (as tarfile reads)
+            self.long_name, self.pax = None, {}
+            return position + _BLOCK
+        if typeflag == b"S":
+            return self._damaged(position, f"member {name!r} is a sparse file, which fpipe does "
+                                           "not read", name)
         try:
             length = int(self.pax["size"]) if "size" in self.pax and typeflag not in _META_TYPES \
                 else _octal(header[124:136])
         except ValueError:
-            self.stop(position, f"member {name!r}: its size is not a number", name)
-            return position
+            return self._damaged(position, f"member {name!r}: its size is not a number", name)
         start = position + _BLOCK
         if length < 0 or start + length > size:
-            self.stop(position, f"truncated: member {name!r} ends at byte {start + length} but "
-                                f"the file has {size} bytes", name)
-            return position
-        if typeflag == b"L":
-            self.long_name = self.scanner.take(start, start + length).split(b"\0", 1)[0].decode(
-                "utf-8", "surrogateescape")
-        elif typeflag == b"x":
-            try:
-                self.pax = _pax_records(self.scanner.take(start, start + length))
-            except ValueError:
-                self.stop(position, "a pax header that does not parse")
-                return position
-        elif typeflag not in _META_TYPES:
+            return self._damaged(position, f"truncated: member {name!r} ends at byte "
+                                           f"{start + length} but the file has {size} bytes", name)
+        if typeflag in _META_TYPES:
+            reason = self._meta(typeflag, self.scanner.take(start, start + length),
+                                self.scanner.take(start + length, start + -(-length // _BLOCK) * _BLOCK))
+            if reason:
+                return self._damaged(position, reason)
+        else:
             if typeflag in _FILE_TYPES:
                 self.members.append(_Member(name, start, length, self._inline(start, length)))
             self.long_name, self.pax = None, {}
         return start + -(-length // _BLOCK) * _BLOCK
+
+    def _damaged(self, position: int, reason: str, cut: str | None = None) -> int:
+        self.stop(position, reason, cut)
+        return position
+
+    def _meta(self, typeflag: bytes, data: bytes, padding: bytes) -> str:
+        """Take the data of a pax or long-name header (and the ``padding`` of its last block);
+        why it is damaged ("" if it is not)."""
+        if (typeflag == b"x" and (self.pax or self.long_name is not None)) or (
+                typeflag == b"L" and self.long_name is not None):
+            # which one names the member is a guess (tarfile lets the outer one win)
+            return "two headers in a row that each name the member after them"
+        if typeflag in (b"L", b"K"):
+            if b"\0" not in data:  # its writer ends it with one; without, where it ends is a guess
+                return "a long name without the NUL that ends it"
+            if typeflag == b"L":
+                self.long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            return ""
+        try:
+            records = _pax_records(data, padding)
+        except ValueError as error:
+            return f"a pax header that does not parse ({error})"
+        if any(key.startswith("GNU.sparse.") for key in records):
+            return "a pax header of a sparse file, which fpipe does not read"
+        if typeflag == b"x":
+            self.pax = records
+        elif {"path", "size"} & set(records):  # tarfile would apply it to every member after
+            return "a global pax header that sets the path or size of the members after it"
+        return ""
 
     def _inline(self, start: int, length: int) -> bytes | None:
         """The data of a member small enough to keep in the index (it is in the scanner's
@@ -256,6 +301,16 @@ class _Scan:
             return None
         self.inline_left -= length
         return self.scanner.take(start, start + length)
+
+    def _end(self, position: int) -> _Scan:
+        """The zero block at ``position`` ends the archive if a second one (or the end of the
+        file) follows it; one with a header after it is a header that was zeroed, and the
+        members after it would be lost (tarfile ends there without a word)."""
+        following = self.scanner.take(position + _BLOCK, position + 2 * _BLOCK)
+        if following.strip(b"\0"):
+            return self.stop(position, f"a zero block at byte {position} with more data after "
+                                       "it: a damaged header, not the end of the archive")
+        return self
 
     def _tail(self, position: int) -> _Scan:
         """The end of a file that ran out before the end-of-archive blocks."""
@@ -290,6 +345,10 @@ def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
     its extension, offset and size, and where its data is in ``inline_blob`` (-1: not
     there, read it from the file)."""
     scan = _Scan(source).run()
+    if scan.stopped_at == 0 and not scan.members:  # nothing to read: say so at once
+        reason = scan.reason if scan.reason.startswith("truncated") else \
+            f"not a tar file ({scan.reason})"
+        raise FormatError(reason, path=source.path, offset=0)
     keys, first, extensions, offsets, sizes, inline_at, inline = [], [], [], [], [], [], []
     kept = 0
     for member in scan.members:
@@ -313,12 +372,35 @@ def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
     damaged = -1
     if scan.stopped_at is not None:
         damaged, keys, starts, stops, first = _with_damage(scan, source, keys, starts, stops, first)
+    spans = _checked_spans(np.array([m.offset for m in scan.members], np.int64),
+                           np.array([m.size for m in scan.members], np.int64), source.size)
     return {**_arrays("key", keys), **_arrays("ext", extensions), **_arrays("reason", [scan.reason]),
             "first": np.array(first, np.int64), "offsets": np.array(offsets, np.int64),
             "sizes": np.array(sizes, np.int64), "starts": starts, "stops": stops,
             "inline_at": np.array(inline_at, np.int64),
             "inline_blob": np.frombuffer(b"".join(inline), np.uint8),
-            "damaged": np.array([damaged], np.int64)}
+            "damaged": np.array([damaged], np.int64),
+            "checked_spans": spans, "checked_digest": _digest(source, spans)}
+
+
+def _checked_spans(offsets: np.ndarray, sizes: np.ndarray, size: int) -> np.ndarray:
+    """The ``(start, stop)`` of the bytes whose digest ties an index to its shard: the first
+    and last blocks of the file, and the header and first data block of up to
+    ``_CHECKED_MEMBERS`` members, the first and last among them (their names, sizes and tiny
+    members' data, which the index keeps)."""
+    picked = np.unique(np.linspace(0, len(offsets) - 1, min(len(offsets), _CHECKED_MEMBERS))
+                       .astype(np.int64))
+    members = np.stack([offsets[picked] - _BLOCK, offsets[picked] + np.minimum(sizes[picked], _BLOCK)],
+                       axis=1)
+    ends = np.array([[0, min(size, _BLOCK)], [max(0, size - _BLOCK), size]], np.int64)
+    return np.concatenate([ends, members.reshape(-1, 2)]).astype(np.int64)
+
+
+def _digest(source: ByteSource, spans: np.ndarray) -> np.ndarray:
+    digest = hashlib.blake2b(digest_size=16)
+    for start, stop in spans.tolist():
+        digest.update(source.read(start, stop))
+    return np.frombuffer(digest.digest(), np.uint8)
 
 
 def _with_damage(scan: _Scan, source: ByteSource, keys: list, starts: np.ndarray,
@@ -346,7 +428,8 @@ class TarReader(SpanReader):
 
     The first open reads the tar headers (not the members' data) and keeps the index in the
     cache folder (``cache_dir``, default that of :mod:`fpipe.storage.remote`), keyed by the
-    file's path, size and modification time; later opens, and every DataLoader worker, load
+    file's path, size, modification and change times and inode; later opens check it against
+    a digest of a few of the shard's headers (a few reads), and every DataLoader worker loads
     it. ``fields`` chooses the extensions to read, and a sample that lacks one raises
     :class:`~fpipe.errors.FormatError` naming the file, the sample and the field.
     ``decode=True`` turns the extensions that WebDataset's default decoders know into values
@@ -393,7 +476,18 @@ class TarReader(SpanReader):
                     and (np.diff(first) >= 0).all() and (first[-1] == len(offsets))
                     and (starts <= stops).all() and (stops <= size).all()
                     and -1 <= int(index["damaged"][0]) < n
-                    and _inline_fits(index["inline_at"], sizes, len(index["inline_blob"])))
+                    and _inline_fits(index["inline_at"], sizes, len(index["inline_blob"]))
+                    and self._same_bytes(index["checked_spans"], index["checked_digest"]))
+
+    def _same_bytes(self, spans: np.ndarray, digest: np.ndarray) -> bool:
+        """Whether the bytes that the index was made from are still in the file (a few reads);
+        a file at a URL has a new ETag when its bytes change, and is not read again for it."""
+        if self.source.remote:
+            return True
+        return bool(spans.ndim == 2 and spans.shape[1] == 2 and len(spans) <= _CHECKED_MEMBERS + 2
+                    and (spans[:, 0] >= 0).all() and (spans[:, 0] <= spans[:, 1]).all()
+                    and (spans[:, 1] <= self.source.size).all()
+                    and np.array_equal(_digest(self.source, spans), digest))
 
     def _load(self, index: dict[str, np.ndarray]) -> None:
         offsets, sizes, first = index["offsets"], index["sizes"], index["first"]

@@ -73,3 +73,18 @@ def test_the_demo_without_torch_runs_fpipe_stages_and_keeps_files_when_asked(tmp
     assert sorted(p.name for p in (keep / "images").iterdir()) == ["green", "red"]
     assert "exists; pass -y/--overwrite" in fails(2, "demo", "--no-torch", "--keep", keep)
     assert "--classes must be at most 8" in mistake(capsys, 2, "demo", "--classes", "9")
+
+
+def test_the_demo_takes_a_packed_dataset_as_its_data(tmp_path):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    with FileWriter(tmp_path / "mine.msgpack") as writer:
+        for i in range(40):
+            image = io.BytesIO()
+            Image.fromarray(np.full((16, 16, 3), 80 * (i % 3), np.uint8)).save(image, "PNG")
+            writer.write({"key": f"k{i}", "image": image.getvalue(), "label": i % 3})
+    out = ok("demo", "--no-torch", "--data", tmp_path / "mine.msgpack", "--epochs", "1")
+    assert "wrote 40 samples from packed fpipe datasets" in out and "epoch 1/1" in out

@@ -254,3 +254,41 @@ def test_write_from_tfrecord_packs_every_feature_kind_as_the_parsed_samples_pack
         assert ((tmp_path / f"out.msgpack{suffix}").read_bytes()
                 == (tmp_path / f"expected.msgpack{suffix}").read_bytes()), suffix
     assert _all(tmp_path / "out.msgpack")[6]["ids"].tolist() == [-(2**63), 2**63 - 1, 6000]
+
+
+def test_write_reads_tar_member_names_that_are_not_utf8_as_latin1(tmp_path, capsys):
+    with tarfile.open(tmp_path / "latin.tar", "w", format=tarfile.GNU_FORMAT, encoding="latin-1") as tar:
+        for name, data in [("café.jpg", b"x" * 100), ("café.cls", b"1"), ("naïve.jpg", b"y")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    for workers in ("1", "2"):
+        out = tmp_path / f"w{workers}.msgpack"
+        assert main(["write", str(tmp_path / "latin.tar"), str(out), "--workers", workers, "-q"]) == 0
+        with MsgpackReader(out) as reader:
+            assert list(reader.iter(yield_key=True)) == [
+                ("café", {"key": "café", "jpg": b"x" * 100, "cls": b"1"}),
+                ("naïve", {"key": "naïve", "jpg": b"y"})]
+
+
+def test_write_names_a_text_file_named_tar(tmp_path, capsys):
+    (tmp_path / "notes.tar").write_text("my notes\n" * 100)
+    message = mistake(capsys, 1, "write", tmp_path / "notes.tar", tmp_path / "out.msgpack")
+    assert "notes.tar: byte 0: not a tar file" in message and "base 8" not in message
+
+
+def test_write_reads_a_packed_dataset_with_its_keys_and_class_names(tmp_path, capsys):
+    from fpipe.storage import pack_sample
+
+    source = _packed(tmp_path / "a.msgpack")
+    classes = '{"dataset": "a", "classes": {"label": ["w", "x", "y", "z"]}}\n'
+    (tmp_path / "a.msgpack.classes.json").write_text(classes)
+    for argv in (["b.msgpack"], ["c.msgpack", "--shuffle", "--seed", "1", "--workers", "2"]):
+        assert main(["write", str(source), str(tmp_path / argv[0]), *argv[1:], "-q"]) == 0
+        assert (tmp_path / f"{argv[0]}.classes.json").read_text() == classes
+    with MsgpackReader(source) as a, MsgpackReader(tmp_path / "b.msgpack") as b:
+        assert [(k, pack_sample(s)) for k, s in a.iter(yield_key=True)] == [
+            (k, pack_sample(s)) for k, s in b.iter(yield_key=True)]
+    with MsgpackReader(tmp_path / "c.msgpack") as c:
+        keys = [c.find_key(i) for i in range(len(c))]
+        assert sorted(keys) == [f"img/{i:03d}.jpg" for i in range(25)] != keys

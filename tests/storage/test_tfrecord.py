@@ -92,8 +92,12 @@ def test_parse_example_refuses_what_is_not_an_example(data):
 
 
 def _message(field: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field (payloads shorter than 128 bytes)."""
-    return bytes([field << 3 | 2, len(payload)]) + payload
+    """A length-delimited protobuf field (of a number below 16)."""
+    length, size = bytearray(), len(payload)
+    while size >= 0x80:
+        length.append(size & 0x7F | 0x80)
+        size >>= 7
+    return bytes([field << 3 | 2, *length, size]) + payload
 
 
 def _example_of_int64s(name: bytes, int64_list: bytes) -> bytes:
@@ -249,3 +253,69 @@ def test_writer_leaves_nothing_when_its_block_raises(tmp_path):
     TFRecordWriter(path).close()
     with pytest.raises(FileExistsError):
         TFRecordWriter(path)
+
+
+def _protobuf_reads(data: bytes):
+    """What protobuf makes of ``data`` as an Example, as fpipe gives features, or "error"."""
+    from google.protobuf.message import DecodeError
+    from tfrecord import example_pb2
+
+    try:
+        example = example_pb2.Example.FromString(data)
+    except DecodeError:
+        return "error"
+    features = {}
+    for name, feature in example.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        values = list(getattr(feature, kind).value) if kind else None
+        features[name] = (None if kind is None else np.array(values, np.float32)
+                          if kind == "float_list" else np.array(values, np.int64)
+                          if kind == "int64_list" else values[0] if len(values) == 1 else values)
+    return features
+
+
+def _fpipe_reads(data: bytes):
+    try:
+        return parse_example(data)
+    except ValueError:
+        return "error"
+
+
+def _group(number: int, inside: bytes = b"") -> bytes:
+    return bytes([number << 3 | 3]) + inside + bytes([number << 3 | 4])
+
+
+_ONE, _TWO = _message(3, _message(1, b"\x01")), _message(3, _message(1, b"\x02"))
+
+
+@pytest.mark.parametrize("data", [
+    _message(1, _message(1, _message(1, b"a") + _message(2, _ONE + _TWO))),  # a list twice
+    _message(1, _message(1, _message(1, b"a") + _message(2, _ONE) + _message(2, _TWO))),
+    _message(1, _message(1, _message(1, b"a") + _message(2, _ONE))
+             + _message(1, _message(1, b"a") + _message(2, _TWO))),  # an entry twice: the last
+    _message(1, _message(1, _message(1, b"a") + _message(2, _ONE + _message(1, b"") + _TWO))),
+    _message(1, _message(1, _message(1, b"a") + _message(2, _ONE))) + _message(
+        1, _message(1, _message(1, b"b") + _message(2, _TWO))),  # Example.features merges
+    b"\x00\x01", b"\x08\x01\x00\x01", _message(1, b"\x00\x01"),  # field number 0
+    b"\x26\x00", b"\x27\x00", b"\x24", _group(4, b"\x2c"),  # wire types 6, 7; ends of groups
+    _group(4), _group(4, _group(5, b"\x28\x01")) + _example_of_int64s(b"x", b"\x08\x05"),
+    _message(1, _message(1, _message(1, b"a") + _message(2, _message(3, _group(2) + b"\x08\x07")))),
+    b"\x88\x80\x80\x80\x00\x01", b"\x88\x80\x80\x80\x10\x01",  # tags of 5 bytes, 32 bits or more
+    b"\x0a\x80\x80\x80\x80\x00", b"\x0a\x80\x80\x80\x80\x80\x00",  # lengths of 5 and 6 bytes
+    bytes([4 << 3 | 3]) * 100 + bytes([4 << 3 | 4]) * 100,  # as deep as groups may nest
+    bytes([4 << 3 | 3]) * 101 + bytes([4 << 3 | 4]) * 101,  # deeper
+    _example_of_int64s(b"x", bytes([2 << 3 | 3]) * 96 + bytes([2 << 3 | 4]) * 96),
+    _example_of_int64s(b"x", bytes([2 << 3 | 3]) * 97 + bytes([2 << 3 | 4]) * 97),
+])
+def test_parse_example_merges_and_refuses_as_protobuf_does(data):
+    ours, theirs = _fpipe_reads(data), _protobuf_reads(data)
+    assert type(ours) is type(theirs) and (ours == theirs if isinstance(ours, str) else
+                                           ours.keys() == theirs.keys())
+    for name in theirs if isinstance(theirs, dict) else ():
+        np.testing.assert_array_equal(ours[name], theirs[name])
+        assert type(ours[name]) is type(theirs[name])
+
+
+def test_a_feature_list_that_comes_twice_merges():
+    data = _message(1, _message(1, _message(1, b"a") + _message(2, _ONE + _TWO)))
+    assert parse_example(data)["a"].tolist() == [1, 2]

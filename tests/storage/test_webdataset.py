@@ -4,6 +4,7 @@ packages, which write and read the same shards; damaged shards."""
 import io
 import os
 import pickle
+import shutil
 import tarfile
 
 import numpy as np
@@ -353,3 +354,112 @@ def test_an_index_whose_kept_members_do_not_fit_is_built_again(shards, cache, da
     assert list(again) == list(reader) and [again[i] for i in range(PER_SHARD)] == list(reader)
     assert (again._inline_at >= 0).sum() == len(kept)
 
+
+
+def _shard_of(path, names_and_labels) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, label in names_and_labels:
+            for extension, data in (("jpg", name.encode() * 50), ("cls", label)):
+                info = tarfile.TarInfo(f"{name}.{extension}")
+                info.size, info.mtime = len(data), 0
+                tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("change_time", ["seen", "the same"])
+@pytest.mark.parametrize("new", [[("b1", b"7"), ("b2", b"8")], [("a1", b"7"), ("a2", b"8")]],
+                         ids=["other keys", "other labels"])
+def test_a_shard_copied_over_keeping_size_and_times_gets_a_new_index(tmp_path, cache, monkeypatch,
+                                                                      change_time, new):
+    shard, other = tmp_path / "shard.tar", tmp_path / "other.tar"
+    _shard_of(shard, [("a1", b"1"), ("a2", b"2")])
+    _shard_of(other, new)
+    assert shard.stat().st_size == other.stat().st_size
+    if change_time == "the same":  # a file system whose change times do not tell (the digest does)
+        import types
+
+        import fpipe.storage._foreign as foreign
+
+        real = foreign._stat_file
+        monkeypatch.setattr(foreign, "_stat_file", lambda path: types.SimpleNamespace(
+            **{name: getattr(real(path), name) for name in ("st_size", "st_mtime_ns", "st_ino")},
+            st_ctime_ns=0))
+    assert TarReader(shard, cache_dir=cache)[1] == {"key": "a2", "jpg": b"a2" * 50, "cls": b"2"}
+    inode, times = shard.stat().st_ino, (shard.stat().st_atime_ns, shard.stat().st_mtime_ns)
+    shutil.copyfile(other, shard)  # as cp -p does: the same file, its times put back
+    os.utime(shard, ns=times)
+    assert shard.stat().st_ino == inode
+    name, label = new[1]
+    assert TarReader(shard, cache_dir=cache)[1] == {"key": name, "jpg": name.encode() * 50, "cls": label}
+
+
+@pytest.mark.parametrize("data", [b"my notes\nline two\n" * 40, b"short notes\n"])
+def test_a_file_that_is_not_a_tar_raises_format_error_naming_it(tmp_path, cache, data):
+    path = tmp_path / "notes.tar"
+    path.write_bytes(data)
+    with pytest.raises(FormatError, match=r"notes\.tar: byte 0: (not a tar file|truncated)") as error:
+        TarReader(path, cache_dir=cache)
+    assert error.value.path == str(path)
+
+
+def test_a_zeroed_header_is_damage_not_the_end_of_the_shard(tmp_path, cache):
+    path = tmp_path / "zeroed.tar"
+    _tar(path, _members(4))
+    data = bytearray(path.read_bytes())
+    header = data.index(b"002.cls") // 512 * 512
+    data[header:header + 512] = bytes(512)  # sample 2 loses its label, and 3 would be lost
+    path.write_bytes(bytes(data))
+    reader = TarReader(path, cache_dir=cache)
+    assert [reader[i]["key"] for i in range(2)] == ["000", "001"]
+    with pytest.raises(FormatError, match=r"zeroed\.tar: sample 2 .*a zero block at byte \d+ with more"):
+        reader[2]
+
+
+@pytest.mark.parametrize("typeflag, data_follows", [(b"5", False), (b"2", False), (b"S", None)])
+def test_a_member_type_without_data_skips_nothing_and_a_sparse_one_is_refused(
+        tmp_path, cache, typeflag, data_follows):
+    """As tarfile reads them: a folder's or a link's size says nothing (no data follows its
+    header); a sparse member is not read, and is damage rather than a member left out."""
+    path = tmp_path / "types.tar"
+    _tar(path, [("000.jpg", b"a" * 10), ("000.cls", b"1"), ("001.jpg", b"b")])
+    data = bytearray(path.read_bytes())
+    header = data.index(b"000.cls") // 512 * 512
+    data[header + 156:header + 157] = typeflag
+    data[header + 148:header + 156] = b" " * 8
+    data[header + 148:header + 156] = b"%06o\0 " % sum(data[header:header + 512])
+    path.write_bytes(bytes(data))
+    if data_follows is None:
+        with pytest.raises(FormatError, match="a sparse file"):
+            TarReader(path, cache_dir=cache)[0]
+        return
+    with tarfile.open(path) as tar:
+        theirs = [m.name for m in tar if m.isreg()]
+    assert theirs == ["000.jpg"]  # its data block, read as a header, ends the archive
+    with pytest.raises(FormatError, match="sample 0 .*checksum"):
+        TarReader(path, cache_dir=cache)[0]
+
+
+def _pax_header(records: bytes) -> bytes:
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = tarfile.XHDTYPE, len(records)
+    return info.tobuf(tarfile.USTAR_FORMAT) + records + bytes(-len(records) % 512)
+
+
+@pytest.mark.parametrize("records, reason", [
+    (b"18 path=other.jpg\n", "two headers in a row"),  # a second pax header before the member
+    (b"18 path=other.jpg", "does not parse"),  # no newline, and a length that runs past it
+    (b"18 path=other.jpg\n" + b"x", "does not parse"),  # more than records
+    (b"22 GNU.sparse.size=10\n", "sparse"),
+])
+def test_pax_headers_that_tarfile_would_read_otherwise_are_damage(tmp_path, cache, records, reason):
+    path = tmp_path / "pax.tar"
+    _tar(path, [("000.jpg", b"a"), ("000.cls", b"1")])
+    data = path.read_bytes()
+    info = tarfile.TarInfo("000.txt")
+    info.size = 2
+    member = info.tobuf(tarfile.USTAR_FORMAT) + b"hi" + bytes(510)
+    second = b"" if "two" not in reason else _pax_header(b"18 path=first.jpg\n")
+    end = data.index(bytes(1024), data.index(b"000.cls") // 512 * 512 + 1024)
+    path.write_bytes(data[:end] + second + _pax_header(records) + member + bytes(1024))
+    reader = TarReader(path, cache_dir=cache)
+    with pytest.raises(FormatError, match=f"pax\\.tar: sample 0 .*{reason}"):
+        list(reader)
