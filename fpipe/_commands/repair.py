@@ -306,6 +306,8 @@ def _rebuild_summary(data: Path, size: int, report: Any, dry_run: bool) -> str:
         cut = "would cut off" if dry_run else "cut off"
         text += (f"; {cut} {report.incomplete_bytes} bytes of an incomplete sample at byte "
                  f"{size - report.incomplete_bytes}")
+        if report.cut_copy is not None:
+            text += f" ({'would keep' if dry_run else 'kept'} them as {report.cut_copy})"
     return text
 
 
