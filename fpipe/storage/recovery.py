@@ -638,7 +638,7 @@ def _next_start(file: BinaryIO, floor: int, failure: int, scan: _Scan
         reach = min(max(stop, failure) + window, size)
         data = _Bytes(fd, memoryview(os.pread(fd, reach - base, base)), base)
         for offset in _candidates(data, stop, window):
-            if offset < nested_until:
+            if offset < nested_until or offset == failure:  # what failed there fails again
                 continue
             if offset < failure and values is None:  # in the sample before the failure
                 values = _value_starts(data.at(floor - 1, failure - floor + 1))
