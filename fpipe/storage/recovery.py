@@ -73,6 +73,7 @@ _KEY = b"\xa3key"  # the str "key", as msgpack packs it
 # How many bytes before a candidate an array header ends, by its size: fixarray, array 16, 32
 _ARRAY_HEADERS = ((1, range(0x90, 0xA0)), (3, (0xDC,)), (5, (0xDD,)))
 _MAPS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])  # the first bytes of a msgpack map
+_STRS = frozenset([*range(0xA0, 0xC0), 0xD9, 0xDA, 0xDB])  # ... and of a str
 # A sample swallowed by another is looked for where a map begins at most this many bytes
 # before a "key" inside that other sample.
 _INNER_REACH = 256
@@ -802,9 +803,8 @@ class _Inside:
 
     def holds_samples(self, start: int, stop: int) -> bool:
         """Whether samples lie back to back from a map inside the sample ``[start, stop)``
-        up to exactly its end, beginning where no value of the sample begins (in the bytes of
-        a str or bin that a damaged length made too long, say): a map nested in a sample, as
-        a value, begins where a value does."""
+        up to exactly its end, beginning where a map nested in it would not (see
+        :func:`_value_starts`)."""
         anchors = self._within(start, stop)
         if len(anchors) < 2:
             return False
@@ -855,13 +855,27 @@ def _finds(block: bytes, part: bytes) -> list[int]:
 
 
 def _value_starts(message: Any) -> set[int]:
-    """Where the values of one msgpack message begin (itself, and every value nested in it),
-    as offsets into its bytes."""
-    starts, at, pending = set(), 0, 1
-    while pending:
-        starts.add(at)
+    """Where, in the bytes of one msgpack message, a map nested in a sample may begin: the
+    message itself, the items of its arrays, and the values of its maps under a str key. A
+    damaged length that swallowed samples leaves them in the bytes of a str or bin, or under
+    a key made of other bytes."""
+    starts, at = set(), 0
+    frames = [[False, 1, True]]  # per container: a map?, items left, the last key a str?
+    while frames:
+        frame = frames[-1]
+        if not frame[1]:
+            frames.pop()
+            continue
+        is_key = frame[0] and frame[1] % 2 == 0
+        frame[1] -= 1
+        first = message[at]
+        if is_key:
+            frame[2] = first in _STRS
+        elif frame[2]:
+            starts.add(at)
         at, items = _skip_header(message, at)
-        pending += items - 1
+        if items:
+            frames.append([first in _MAPS, items, True])
     return starts
 
 
