@@ -74,6 +74,9 @@ _KEY = b"\xa3key"  # the str "key", as msgpack packs it
 _ARRAY_HEADERS = ((1, range(0x90, 0xA0)), (3, (0xDC,)), (5, (0xDD,)))
 _MAPS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])  # the first bytes of a msgpack map
 _STRS = frozenset([*range(0xA0, 0xC0), 0xD9, 0xDA, 0xDB])  # ... and of a str
+# A message walked by its headers is decoded too if it is this small (or may be a sample);
+# one with more items than this is decoded at once (in C), not walked.
+_DECODED_WHOLE, _WALKED_ITEMS = 1 << 16, 1 << 16
 # A sample swallowed by another is looked for where a map begins at most this many bytes
 # before a "key" inside that other sample.
 _INNER_REACH = 256
@@ -752,27 +755,110 @@ def _samples_end_at(data: _Bytes, offset: int, stop: int, size: int) -> bool:
 
 def _messages(data: _Bytes, offset: int, window: int) -> Iterator[tuple[Any, int]]:
     """The messages from ``offset`` on, each with the offset where it ends, up to ``window``
-    bytes; then why they stopped (a :class:`_Stop`) and where. The bytes go to the decoder
-    4 KiB at first, then 4 times more each time it wants more."""
+    bytes; then why they stopped (a :class:`_Stop`) and where.
+
+    Each message is walked first, reading its headers only (see :func:`_walk`), so that
+    random bytes that declare a long str or bin cost nothing. A message that may be a sample
+    (a map with a str ``"key"``), or is small, is decoded as a reader decodes it; another,
+    large one, stands in as an empty map if it is a map, else as None: what it holds
+    matters to no caller."""
+    stop, at = offset + window, offset
+    while at < stop:
+        walked = _walk(data, at, stop)
+        if walked is None:  # too many items to walk in Python
+            message, end = _unpacked(data, at, stop)
+        elif isinstance(walked, _Stop):
+            message, end = walked, at
+        else:
+            end, is_map, has_key = walked
+            if has_key or end - at <= _DECODED_WHOLE:
+                message = _decoded(data.at(at, end - at))
+            else:
+                message = {} if is_map else None
+        if isinstance(message, _Stop):
+            yield message, at
+            return
+        yield message, end
+        at = end
+    yield _Stop.END, at
+
+
+def _walk(data: _Bytes, start: int, stop: int) -> tuple[int, bool, bool] | _Stop | None:
+    """Where the message at ``start`` ends, by its headers alone (the bytes of its str and
+    bin values are not read), whether it is a map, and whether it has the str ``"key"`` as
+    a key with a str value; a :class:`_Stop` if it runs past ``stop`` (or declares more
+    items than bytes are left) or has a byte that begins no message; None if it has more
+    than ``_WALKED_ITEMS`` items."""
+    at, frames, walked, is_map, keyed, has_key = start, [[False, 1]], 0, False, False, False
+    while frames:
+        frame = frames[-1]
+        if not frame[1]:
+            frames.pop()
+            continue
+        walked += 1
+        if walked > _WALKED_ITEMS:
+            return None
+        head = data.at(at, min(9, stop - at))
+        if not len(head):
+            return _Stop.CUT
+        if head[0] == 0xC1:
+            return _Stop.BROKEN
+        is_key, top = frame[0] and frame[1] % 2 == 0, len(frames) == 2
+        frame[1] -= 1
+        if _header_size(head[0]) > len(head):
+            return _Stop.CUT
+        end, items = _skip_header(head, 0)
+        if top and is_key:
+            keyed = bytes(head[:4]) == _KEY
+        elif top:
+            has_key = has_key or (keyed and head[0] in _STRS)
+        at += end
+        if at > stop or items > stop - at:
+            return _Stop.CUT
+        if len(frames) == 1:
+            is_map = head[0] in _MAPS
+        if items:
+            frames.append([head[0] in _MAPS, items])
+    return at, is_map, has_key
+
+
+def _header_size(first: int) -> int:
+    """How many bytes the header of a msgpack value that begins with byte ``first`` takes
+    (its first byte, and the count or length after it)."""
+    if first in _COUNTED:
+        return 1 + _COUNTED[first][0]
+    if first in _SIZED:
+        return 1 + _SIZED[first][0]
+    return 1
+
+
+def _decoded(message: Any) -> Any:
+    """The bytes of one message decoded as a reader decodes them, or _Stop.BROKEN."""
+    try:
+        return msgpack.unpackb(message, strict_map_key=False, object_hook=decode_numpy)
+    except DECODE_ERRORS:
+        return _Stop.BROKEN
+
+
+def _unpacked(data: _Bytes, offset: int, stop: int) -> tuple[Any, int]:
+    """The message at ``offset`` decoded, and where it ends; or why it does not decode
+    before ``stop`` (a :class:`_Stop`). The bytes go to the decoder 4 KiB at first, then 4
+    times more each time it wants more."""
+    window = stop - offset
     unpacker = msgpack.Unpacker(max_buffer_size=max(1, min(window, _MAX_MESSAGE)),
                                 strict_map_key=False, object_hook=decode_numpy)
     fed, more = 0, _CANDIDATE_READ
     while True:
-        start = offset + unpacker.tell()
         try:
-            message = unpacker.unpack()
+            return unpacker.unpack(), offset + unpacker.tell()
         except msgpack.OutOfData:
             if fed == window:
-                yield (_Stop.END if start == offset + window else _Stop.CUT), start
-                return
+                return _Stop.CUT, offset
             size = min(more, window - fed)
             unpacker.feed(data.at(offset + fed, size))
             fed, more = fed + size, 4 * more
-            continue
         except DECODE_ERRORS as error:
-            yield (_Stop.CUT if _past_the_end(error) else _Stop.BROKEN), start
-            return
-        yield message, offset + unpacker.tell()
+            return (_Stop.CUT if _past_the_end(error) else _Stop.BROKEN), offset
 
 
 # --- a sample that holds others ------------------------------------------------------------
