@@ -575,11 +575,16 @@ def _resynchronise(file: BinaryIO, failure: _Failure, scan: _Scan) -> int:
     elif failure.reason is None and start == failure.offset and doubt is None:
         scan.tail = failure.offset
     else:
-        if doubt is not None:
-            reason += (f"; a sample at byte {doubt} decodes, but what follows it runs past the "
-                       "end of the file: it may be intact, so it is not cut off")
-        scan.damaged.append(DamagedRegion(start, scan.size, reason))
+        scan.damaged.append(DamagedRegion(start, scan.size, _with_doubt(reason, doubt)))
     return scan.size if again is None else again
+
+
+def _with_doubt(reason: str, doubt: int | None) -> str:
+    """Why a damaged region runs to the end of the file, with the sample in it, if any."""
+    if doubt is None:
+        return reason
+    return (f"{reason}; a sample at byte {doubt} decodes, but what follows it runs past the "
+            "end of the file: it may be intact, so it is not cut off")
 
 
 def _cut_short(scan: _Scan, start: int, stop: int) -> bool:
@@ -627,40 +632,64 @@ class _Stop(enum.Enum):
 def _next_start(file: BinaryIO, floor: int, failure: int, scan: _Scan
                 ) -> tuple[int | None, int | None]:
     """The first offset from ``floor`` on where intact samples begin again, found by decoding
-    (see :func:`_verdict`), or None; and the first offset before it where a sample decodes
+    (see :class:`_Search`), or None; and the first offset before it where a sample decodes
     that could not be told from a map nested in an incomplete message (a doubt), or None.
 
     Candidates are the bytes that begin a msgpack map (a sample is a map) and have the str
     ``"key"`` within ``scan.window()`` after them (a sample has a ``"key"``): the random
-    bytes of an image cost a byte test each, not a decoding. A candidate that a list nested
-    in a sample holds (see :func:`_holder`) is not a sample, nor is any up to the list's
-    end."""
+    bytes of an image cost a byte test each, not a decoding."""
     fd, window, size = file.fileno(), scan.window(), scan.size
-    doubt, nested_until, values = None, floor, None
+    search = _Search(floor, failure, size)
     for base in range(floor, size, _SEARCH_BLOCK):
         stop = min(base + _SEARCH_BLOCK, size)
         reach = min(max(stop, failure) + window, size)
         data = _Bytes(fd, memoryview(os.pread(fd, reach - base, base)), base)
         for offset in _candidates(data, stop, window):
-            if offset < nested_until or offset == failure:  # what failed there fails again
-                continue
-            if offset < failure and values is None:  # in the sample before the failure
-                values = _value_starts(data.at(floor - 1, failure - floor + 1))
-            swallowed = offset < failure and offset - floor + 1 not in values
-            verdict = _verdict(data, offset, failure, size, swallowed)
-            if verdict is _Verdict.SKIP:
-                continue
-            holder_end = _holder(data, offset, floor, failure, size)
-            if holder_end is not None:
-                nested_until = holder_end
-            elif verdict is _Verdict.ACCEPT:
+            if search.accepts(data, offset):
                 holding = _holding_sample(data, offset, failure, size)
                 if holding is not None:
                     scan.undecided.append(holding)
-                return offset, doubt
-            elif doubt is None:
-                doubt = offset
-    return None, doubt
+                return offset, search.doubt
+    return None, search.doubt
+
+
+class _Search:
+    """The candidates looked at so far in one search for where samples begin again, from
+    ``floor`` on, after the failure at byte ``failure``: the first doubt, and where the list
+    nested in a sample that held the last candidate ends (no candidate before it is a
+    sample)."""
+
+    def __init__(self, floor: int, failure: int, size: int) -> None:
+        self.floor, self.failure, self.size = floor, failure, size
+        self.doubt: int | None = None
+        self.nested_until = floor
+        self._values: set[int] | None = None  # of the sample before the failure
+
+    def accepts(self, data: _Bytes, offset: int) -> bool:
+        """Whether intact samples begin at ``offset`` (see :func:`_verdict`), not held by a
+        list nested in a sample (see :func:`_holder`)."""
+        if offset < self.nested_until or offset == self.failure:  # that failed already
+            return False
+        verdict = _verdict(data, offset, self.failure, self.size, self._swallowed(data, offset))
+        if verdict is _Verdict.SKIP:
+            return False
+        holder_end = _holder(data, offset, self.floor, self.failure, self.size)
+        if holder_end is not None:
+            self.nested_until = holder_end
+            return False
+        if verdict is _Verdict.DOUBT and self.doubt is None:
+            self.doubt = offset
+        return verdict is _Verdict.ACCEPT
+
+    def _swallowed(self, data: _Bytes, offset: int) -> bool:
+        """Whether ``offset`` lies inside the sample before the failure, where none of its
+        values begins (see :func:`_value_starts`)."""
+        if offset >= self.failure:
+            return False
+        first = self.floor - 1
+        if self._values is None:
+            self._values = _value_starts(data.at(first, self.failure - first))
+        return offset - first not in self._values
 
 
 def _candidates(data: _Bytes, stop: int, window: int) -> list[int]:
