@@ -828,19 +828,14 @@ def _walk(data: _Bytes, start: int, stop: int) -> tuple[int, bool, bool] | _Stop
         if walked > _WALKED_ITEMS:
             return None
         head = data.at(at, min(9, stop - at))
-        if not len(head):
+        if not len(head) or _header_size(head[0]) > len(head):
             return _Stop.CUT
         if head[0] == 0xC1:
             return _Stop.BROKEN
-        is_key, top = frame[0] and frame[1] % 2 == 0, len(frames) == 2
+        if len(frames) == 2:  # an item of the message itself
+            keyed, has_key = _key_entry(keyed, has_key, frame[0] and frame[1] % 2 == 0, head)
         frame[1] -= 1
-        if _header_size(head[0]) > len(head):
-            return _Stop.CUT
         end, items = _skip_header(head, 0)
-        if top and is_key:
-            keyed = bytes(head[:4]) == _KEY
-        elif top:
-            has_key = has_key or (keyed and head[0] in _STRS)
         at += end
         if at > stop or items > stop - at:
             return _Stop.CUT
@@ -849,6 +844,15 @@ def _walk(data: _Bytes, start: int, stop: int) -> tuple[int, bool, bool] | _Stop
         if items:
             frames.append([head[0] in _MAPS, items])
     return at, is_map, has_key
+
+
+def _key_entry(keyed: bool, has_key: bool, is_key: bool, head: Any) -> tuple[bool, bool]:
+    """After the item of a map that begins with ``head`` (a key if ``is_key``): whether it is
+    the str ``"key"``, and whether the map has that key with a str value, given what they
+    were before it (``keyed``, ``has_key``)."""
+    if is_key:
+        return bytes(head[:4]) == _KEY, has_key
+    return False, has_key or (keyed and head[0] in _STRS)
 
 
 def _header_size(first: int) -> int:
