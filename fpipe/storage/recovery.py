@@ -28,6 +28,7 @@ fpipe.storage.recovery.DamagedDataError: ...hurt.msgpack: 1 damaged region (18 b
 
 from __future__ import annotations
 
+import bisect
 import enum
 import errno
 import hashlib
@@ -73,6 +74,7 @@ _KEY = b"\xa3key"  # the str "key", as msgpack packs it
 # How many bytes before a candidate an array header ends, by its size: fixarray, array 16, 32
 _ARRAY_HEADERS = ((1, range(0x90, 0xA0)), (3, (0xDC,)), (5, (0xDD,)))
 _MAPS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])  # the first bytes of a msgpack map
+_MAP_BYTES = np.isin(np.arange(256), sorted(_MAPS))  # ... as a table
 _STRS = frozenset([*range(0xA0, 0xC0), 0xD9, 0xDA, 0xDB])  # ... and of a str
 # A message walked by its headers is decoded too if it is this small (or may be a sample);
 # one with more items than this is decoded at once (in C), not walked.
@@ -775,11 +777,18 @@ def _holder(data: _Bytes, offset: int, floor: int, failure: int, size: int) -> i
 
 
 def _samples_end_at(data: _Bytes, offset: int, stop: int, size: int) -> bool:
-    """Whether samples lie back to back from ``offset`` to exactly ``stop``."""
-    for message, end in _messages(data, offset, size - offset):
-        if not _is_sample(message) or end >= stop:
-            return _is_sample(message) and end == stop
-    return False
+    """Whether samples lie back to back from ``offset`` to exactly ``stop`` (only the bytes
+    before ``stop``, and in the file of ``size`` bytes, are decoded)."""
+    unpacker = msgpack.Unpacker(max_buffer_size=max(1, min(stop - offset, _MAX_MESSAGE)),
+                                strict_map_key=False, object_hook=decode_numpy)
+    unpacker.feed(data.at(offset, min(stop, size) - offset))
+    try:
+        while unpacker.tell() < stop - offset:
+            if not _is_sample(unpacker.unpack()):
+                return False
+    except (msgpack.OutOfData, *DECODE_ERRORS):
+        return False
+    return True
 
 
 def _messages(data: _Bytes, offset: int, window: int) -> Iterator[tuple[Any, int]]:
@@ -907,18 +916,18 @@ class _Inside:
     def __init__(self, fd: int, size: int) -> None:
         self.fd, self.size = fd, size
         self.data = _Bytes(fd, memoryview(b""), 0)
-        self.anchors = np.zeros(0, np.int64)
+        self.anchors: list[int] = []
 
-    def _within(self, start: int, stop: int) -> np.ndarray:
+    def _within(self, start: int, stop: int) -> list[int]:
         """Where the str "key" lies whole in bytes ``[start, stop)``."""
         data = self.data
         if not data.base <= start or stop > data.base + len(data.block):
             end = min(self.size, max(stop, start + _SEARCH_BLOCK))
             self.data = data = _Bytes(self.fd, memoryview(os.pread(self.fd, end - start,
                                                                    start)), start)
-            self.anchors = data.anchors()
-        low, high = np.searchsorted(self.anchors, [start, stop - len(_KEY) + 1])
-        return self.anchors[low:high]
+            self.anchors = data.anchors().tolist()
+        low = bisect.bisect_left(self.anchors, start)
+        return self.anchors[low:bisect.bisect_left(self.anchors, stop - len(_KEY) + 1)]
 
     def holds_samples(self, start: int, stop: int) -> bool:
         """Whether samples lie back to back from a map inside the sample ``[start, stop)``
@@ -927,23 +936,26 @@ class _Inside:
         anchors = self._within(start, stop)
         if len(anchors) < 2:
             return False
-        values = _value_starts(self.data.at(start, stop - start))
-        return _held_samples(self.data, start, stop, self.size, anchors.tolist(),
-                             values) is not None
+        values = None
+        for inner in _held_samples(self.data, start, stop, self.size, np.array(anchors)):
+            if values is None:
+                values = _value_starts(self.data.at(start, stop - start))
+            if inner - start not in values:
+                return True
+        return False
 
 
-def _held_samples(data: _Bytes, start: int, stop: int, size: int, anchors: list[int],
-                  values: set[int] | None) -> int | None:
-    """The first map inside the sample ``[start, stop)``, less than ``_INNER_REACH`` bytes
-    before one of its ``anchors`` (where it holds the str ``"key"``), from which samples lie
-    back to back up to exactly its end; if ``values`` (offsets into the sample) are given,
-    only one where none of them begins. None if there is none."""
-    for anchor in anchors:
-        for inner in range(max(start + 1, anchor - _INNER_REACH), anchor):
-            if (values is None or inner - start not in values) and \
-                    data.at(inner, 1)[0] in _MAPS and _samples_end_at(data, inner, stop, size):
-                return inner
-    return None
+def _held_samples(data: _Bytes, start: int, stop: int, size: int,
+                  anchors: np.ndarray) -> Iterator[int]:
+    """The maps inside the sample ``[start, stop)``, less than ``_INNER_REACH`` bytes before
+    one of its ``anchors`` (where it holds the str ``"key"``), from which samples lie back to
+    back up to exactly its end."""
+    sample = np.frombuffer(data.at(start, stop - start), np.uint8)
+    maps = np.flatnonzero(_MAP_BYTES[sample][1:]) + start + 1
+    following = np.append(anchors, np.iinfo(np.int64).max)[np.searchsorted(anchors, maps)]
+    for inner in maps[following - maps < _INNER_REACH].tolist():
+        if _samples_end_at(data, inner, stop, size):
+            yield inner
 
 
 def _holding_sample(data: _Bytes, offset: int, past: int, size: int) -> tuple[int, int] | None:
@@ -953,9 +965,8 @@ def _holding_sample(data: _Bytes, offset: int, past: int, size: int) -> tuple[in
     for message, end in _messages(data, offset, size - offset):
         if not _is_sample(message):
             return None
-        block = bytes(data.at(start, end - start))
-        anchors = [start + at for at in _finds(block, _KEY)]
-        inner = _held_samples(data, start, end, size, anchors, None)
+        anchors = np.array(_finds(bytes(data.at(start, end - start)), _KEY), np.int64) + start
+        inner = next(_held_samples(data, start, end, size, anchors), None)
         if inner is not None:
             return start, inner
         if last:
