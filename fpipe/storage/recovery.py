@@ -76,6 +76,7 @@ _ARRAY_HEADERS = ((1, range(0x90, 0xA0)), (3, (0xDC,)), (5, (0xDD,)))
 _MAPS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])  # the first bytes of a msgpack map
 _MAP_BYTES = np.isin(np.arange(256), sorted(_MAPS))  # ... as a table
 _STRS = frozenset([*range(0xA0, 0xC0), 0xD9, 0xDA, 0xDB])  # ... and of a str
+_BYTES = _STRS | {0xC4, 0xC5, 0xC6}  # ... and of a str or bin
 # A message walked by its headers is decoded too if it is this small (or may be a sample);
 # one with more items than this is decoded at once (in C), not walked.
 _DECODED_WHOLE, _WALKED_ITEMS = 1 << 16, 1 << 16
@@ -458,6 +459,11 @@ class _OldOffsets:
         self._after = after
         return 0 < after < count and self._item(after - 1) == start and self._item(after) < stop
 
+    def spans(self, start: int, stop: int) -> bool:
+        """Whether the old index has a sample begin at ``start`` and the next at ``stop``."""
+        return self.was_boundary(start) and self.was_boundary(stop) and \
+            not self.any_between(start, stop)
+
     def was_boundary(self, offset: int) -> bool:
         """Whether the old index has a sample begin (or the data end) at ``offset``."""
         at = self.search(offset)
@@ -531,11 +537,12 @@ def _read_run(file: BinaryIO, position: int, scan: _Scan,
                             first)
         if not _is_sample(sample):
             return _Failure(start, 'a message that is not a map with a str "key"', first)
-        if scan.old.overruns(start, position + unpacker.tell()):
+        end = position + unpacker.tell()
+        if scan.old.overruns(start, end):
             return _Failure(start, _OVERRUN, first)
-        if inside.holds_samples(start, position + unpacker.tell()):
+        if not scan.old.spans(start, end) and inside.holds_samples(start, end):
             return _Failure(start, _HOLDS, first)
-        scan.add(sample, start, position + unpacker.tell())
+        scan.add(sample, start, end)
         if scan.count % _PROGRESS_EVERY == _PROGRESS_EVERY - 1:
             progress(scan.end)
     return None
@@ -986,9 +993,10 @@ def _finds(block: bytes, part: bytes) -> list[int]:
 
 def _value_starts(message: Any) -> set[int]:
     """Where, in the bytes of one msgpack message, a map nested in a sample may begin: the
-    message itself, the items of its arrays, and the values of its maps under a str key. A
-    damaged length that swallowed samples leaves them in the bytes of a str or bin, or under
-    a key made of other bytes."""
+    message itself, the items of its arrays, and the values of its maps under a str key; and
+    the first byte of such a value's str or bin (a packed sample kept as bytes). A damaged
+    length that swallowed samples leaves them further inside the bytes of a str or bin, or
+    under a key made of other bytes."""
     starts, at = set(), 0
     frames = [[False, 1, True]]  # per container: a map?, items left, the last key a str?
     while frames:
@@ -1003,6 +1011,8 @@ def _value_starts(message: Any) -> set[int]:
             frame[2] = first in _STRS
         elif frame[2]:
             starts.add(at)
+            if first in _BYTES:
+                starts.add(at + _header_size(first))
         at, items = _skip_header(message, at)
         if items:
             frames.append([first in _MAPS, items, True])

@@ -398,3 +398,31 @@ def test_the_incomplete_sample_cut_off_is_kept(tmp_path):
         rebuild_index(path)
     assert os.path.getsize(path) == len(whole) - last + 1
     assert rebuild_index(path, cut_copy=tmp_path / "second").cut_copy.read_bytes() == b"\x82"
+
+
+def test_a_packed_sample_kept_as_bytes_in_the_last_field_is_no_damage(tmp_path):
+    """A sample whose last field is another sample packed as bytes holds a sample up to its
+    end, as a sample that swallowed the next does; but it begins where the bytes do."""
+    samples = [{"key": f"k{i}", "raw": pack_sample({"key": f"inner{i}", "n": i})} for i in range(5)]
+    path = write(tmp_path / "set.msgpack", samples)
+    for file in (*DatasetFiles(path).index_files, DatasetFiles(path).md5):
+        file.unlink()
+    report = rebuild_index(path)
+    assert report.samples == 5 and not report.damaged
+    assert list(MsgpackReader(path)) == samples
+
+
+def test_an_old_index_that_confirms_a_sample_holding_samples_is_believed(tmp_path):
+    """The same samples with their old index: the scan does not stop at them (it looped)."""
+    samples = [{"key": f"k{i}", "meta": {"key": f"m{i}"}, "raw": pack_sample({"key": f"r{i}"})[1:]}
+               for i in range(3)]
+    samples.append({"key": "last", "raw": b"\x00" + pack_sample({"key": "inner"})})
+    path = write(tmp_path / "set.msgpack", samples)
+    data = open(path, "rb").read()
+    with open(path, "r+b") as file:  # damage in the first sample: the scan searches again
+        file.seek(0)
+        file.write(b"\xc1")
+    report = rebuild_index(path, drop_damaged=True)
+    assert report.samples == 3 and report.damaged[0].start == 0
+    assert [s["key"] for s in MsgpackReader(path)] == ["k1", "k2", "last"]
+    assert len(data) == os.path.getsize(str(path) + ".damaged")
