@@ -3,11 +3,14 @@
 A data file is msgpack messages back to back, so its index can be rebuilt by reading them in
 order: what :func:`rebuild_index` (and ``fpipe index``) does for a dataset whose writer was
 killed, or whose index files are lost. Damage in the middle does not end the scan. At a message
-that is not a sample, the scan looks for the next place where samples parse again, two in a row
-or one up to the end of the file, and goes on from there; the bytes in between are a
-:class:`DamagedRegion`. Only a tail that is one incomplete message (a writer killed while
-writing it) is cut off without asking. A damaged region between samples is dropped only when
-``drop_damaged=True`` says so, and then the original data file is kept beside the new one:
+that is not a sample, the scan looks for the next place where samples decode again, by
+decoding, whatever the samples before looked like: a sample and the next after it (or one up
+to the end of the file, or one that damage follows), and goes on from there; the bytes in
+between are a :class:`DamagedRegion`. Only a tail that is one incomplete message (a writer
+killed while writing it), in which no sample decodes, is cut off without asking, and its bytes
+are kept beside the data file. A damaged region between samples is dropped only when
+``drop_damaged=True`` says so, and then the original data file is kept beside the new one.
+What the bytes cannot tell apart (see :class:`UndecidedDataError`) is refused:
 
 >>> import os, tempfile
 >>> from fpipe.storage import MsgpackReader, pack_sample
