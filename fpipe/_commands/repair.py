@@ -87,10 +87,14 @@ def _add_index(commands: argparse._SubParsersAction) -> None:
         "Rebuild the index files (.offsets, .keys, .key_hashes, .filter) and .md5 of a data "
         "file by reading its samples, e.g. after the writer was killed. Every intact sample is "
         "kept. An incomplete last sample (a writer killed while writing it) is cut off the data "
-        "file. Damage elsewhere does not end the scan: it goes on where samples parse again, "
-        "and the bytes in between are a damaged region. With damaged regions nothing is changed "
-        "unless -y is given; then the intact samples are written to a new data file, and the "
-        "original is kept as DATASET.damaged. --dry-run lists what would be done. A dataset "
+        "file and kept as DATASET.incomplete. Damage elsewhere does not end the scan: it goes "
+        "on where samples decode again (a sample and the next, or one up to the end of the "
+        "file), and the bytes in between are a damaged region; bytes in which a sample decodes "
+        "are never cut off. With damaged regions nothing is changed unless -y is given; then "
+        "the intact samples are written to a new data file, and the original is kept as "
+        "DATASET.damaged. Where the bytes cannot tell an intact sample from a damaged one, "
+        "nothing is changed, with or without -y (exit status 1). --dry-run lists what would "
+        "be done. A dataset "
         "with only a legacy X.msgpack.index (datadings < 3.1) is converted from that index "
         "instead (--scan reads the samples anyway). The new files are written beside the "
         "dataset and renamed into place at the end. A dataset whose data file is missing "
@@ -323,6 +327,8 @@ def _rebuild_summary(data: Path, size: int, report: Any, dry_run: bool) -> str:
         cut = "would cut off" if dry_run else "cut off"
         text += (f"; {cut} {report.incomplete_bytes} bytes of an incomplete sample at byte "
                  f"{size - report.incomplete_bytes}")
+        if report.cut_copy is not None:
+            text += f" ({'would keep' if dry_run else 'kept'} them as {report.cut_copy})"
     return text
 
 

@@ -4,7 +4,7 @@ import msgpack
 import pytest
 
 from fpipe.cli import main
-from fpipe.storage import DatasetFiles, MsgpackReader, read_offsets
+from fpipe.storage import DatasetFiles, MsgpackReader, pack_sample, read_offsets
 
 from .conftest import fails, keys, leftovers, make_dataset, ok, ok_or_failure
 
@@ -50,7 +50,9 @@ def test_index_recovers_a_data_file_cut_mid_sample(tmp_path):
     dry = ok("index", path, "--dry-run")
     assert "would index 21 samples" in dry and "would cut off 9 bytes" in dry
     assert path.read_bytes() == data and not DatasetFiles(path).offsets.exists()
-    assert "cut off 9 bytes of an incomplete sample" in ok("index", path)
+    assert f"cut off 9 bytes of an incomplete sample at byte {offsets[21]} (kept them as " \
+           f"{path}.incomplete)" in ok("index", path)
+    assert (tmp_path / "killed.msgpack.incomplete").read_bytes() == data[offsets[21]:]
     assert keys(path) == [f"s{i:04d}" for i in range(21)]
     assert path.stat().st_size == offsets[21]
     assert ok("verify", path).startswith(f"{path}: ok")
@@ -164,3 +166,35 @@ def test_index_keys_adds_the_key_index_reading_only_the_index_files(tmp_path, ca
     assert MsgpackReader(path).find_index("k042") == 42
     assert main(["index", str(path), "--keys", "--scan"]) == 2
     assert "--scan has no effect with --keys" in capsys.readouterr().err
+
+
+def test_index_without_offsets_keeps_later_samples_that_look_different(tmp_path):
+    """Regression: one changed byte made sample 59 claim more bytes than the file has, and the
+    samples after it have a field the first 60 lack: ``fpipe index`` cut them all off as one
+    incomplete sample and exited 0."""
+    spans = [pack_sample({"key": f"k{i:03d}", "x": bytes(50), **({"extra": i} if i >= 60 else {})})
+             for i in range(120)]
+    data = bytearray(b"".join(spans))
+    data[sum(map(len, spans[:59]))] = 0xDB  # a str 32 header
+    path = tmp_path / "hurt.msgpack"
+    path.write_bytes(data)
+    refusal = fails(1, "index", path)
+    assert "1 damaged region (" in refusal and "Nothing was changed" in refusal
+    assert path.read_bytes() == data and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    assert "indexed 119 samples" in ok("index", path, "-y")
+    with MsgpackReader(path) as reader:
+        assert list(reader.iter(raw=True)) == spans[:59] + spans[60:]
+    assert (tmp_path / "hurt.msgpack.damaged").read_bytes() == data
+
+
+def test_index_refuses_what_it_cannot_tell_with_or_without_y(tmp_path):
+    spans = [pack_sample({"key": f"n{i}", "meta": {"key": f"m{i}"}}) for i in range(4)]
+    data = bytearray(b"".join(spans))
+    data[len(spans[0])] = 0xC1
+    path = tmp_path / "nested.msgpack"
+    path.write_bytes(data)
+    for y in ((), ("-y",)):
+        refusal = fails(1, "index", path, *y)
+        assert f"{path}: after damage, the sample at byte " in refusal
+        assert "cannot be told, so nothing was changed" in refusal
+        assert path.read_bytes() == data and [p.name for p in tmp_path.iterdir()] == [path.name]

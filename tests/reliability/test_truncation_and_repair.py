@@ -122,7 +122,7 @@ def verify(path) -> list[str]:
 def rebuilt(path, copy, drop_damaged: bool = False) -> tuple[object, list]:
     """``rebuild_index`` on a copy of the data file (and its old index): its report, and the
     samples it indexed (their raw bytes); or the FormatError it raised."""
-    for suffix in ("", ".offsets", ".damaged"):
+    for suffix in ("", ".offsets", ".damaged", ".incomplete"):
         Path(str(copy) + suffix).unlink(missing_ok=True)
     shutil.copyfile(path, copy)
     shutil.copyfile(DatasetFiles(path).offsets, DatasetFiles(copy).offsets)
@@ -155,6 +155,8 @@ def test_verify_and_rebuild_index_agree_on_cuts(original, tmp_path, record, ever
         assert report.samples == complete and report.valid_bytes == offsets[complete]
         assert report.incomplete_bytes == cut - offsets[complete]
         assert recovered == [data[a:b] for a, b in zip(offsets[:complete], offsets[1:complete + 1])]
+        if report.incomplete_bytes:  # the bytes cut off are kept
+            assert report.cut_copy.read_bytes() == data[offsets[complete]:cut]
         assert verify(copy) == []
     record("verify vs rebuild_index: the data file cut", tried=len(cuts))
 

@@ -171,8 +171,10 @@ def test_a_write_that_fills_a_real_tmpfs(tmp_path, record):
             whole = whole_samples(path.stat().st_size, count + 1)
             assert error.errno == errno.ENOSPC and f"first {whole} samples whole" in str(error)
             assert sorted(p.name for p in disk.iterdir()) == [path.name]
-            # room for the index: what a user does before running fpipe index
-            moved = shutil.move(path, tmp_path / path.name)
+            # room for the index: what a user does before running fpipe index (a folder of
+            # its own each time, where the cut-off incomplete sample is kept too)
+            (tmp_path / f"{buffering}").mkdir()
+            moved = shutil.move(path, tmp_path / f"{buffering}" / path.name)
             assert recovered(Path(moved)) == [sample(i) for i in range(whole)]
             record(f"ENOSPC on a real 256 KiB tmpfs, buffering {buffering}", tried=1,
                    samples_kept=whole)

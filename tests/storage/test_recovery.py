@@ -16,6 +16,7 @@ from fpipe.storage import (
     FileWriter,
     MsgpackReader,
     RebuildReport,
+    UndecidedDataError,
     pack_sample,
     read_md5,
     read_offsets,
@@ -278,3 +279,150 @@ def test_a_backup_that_exists_is_never_replaced(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["set.msgpack", "set.msgpack.damaged"]
     report = rebuild_index(path, drop_damaged=True, backup=tmp_path / "elsewhere")
     assert report.backup == tmp_path / "elsewhere" and len(MsgpackReader(path)) == 2
+
+
+# --- samples found again by decoding, whatever the samples before them looked like ------------
+
+
+def _one_byte_changed(folder, spans: list[bytes], hit: int, value: int):
+    """A data file (no index) of ``spans`` whose sample ``hit`` has its first byte (the map
+    header) changed to ``value``; its path and bytes."""
+    data = bytearray(b"".join(spans))
+    data[sum(map(len, spans[:hit]))] = value
+    path = folder / "set.msgpack"
+    path.write_bytes(data)
+    return path, bytes(data)
+
+
+def _recovers_every_intact_sample(path, data: bytes, spans: list[bytes], hit: int) -> None:
+    """Asked first, rebuild_index refuses and changes nothing; with drop_damaged, every
+    sample but ``hit`` comes back byte for byte, and the original is kept."""
+    with pytest.raises(DamagedDataError):
+        rebuild_index(path)
+    assert path.read_bytes() == data and os.listdir(path.parent) == ["set.msgpack"]
+    report = rebuild_index(path, drop_damaged=True)
+    with MsgpackReader(path) as reader:
+        assert list(reader.iter(raw=True)) == spans[:hit] + spans[hit + 1:]
+    assert report.backup.read_bytes() == data
+
+
+def test_later_samples_with_a_field_the_first_ones_lack_are_found_after_damage(tmp_path):
+    """Regression: a str32 header at sample 59 claims more bytes than the file has; the
+    samples after it have a field that none before had, so the scan took all of them for
+    that incomplete sample and cut 60 intact samples off, exit 0."""
+    spans = [pack_sample({"key": f"k{i:03d}", "x": bytes(50), **({"extra": i} if i >= 60 else {})})
+             for i in range(120)]
+    path, data = _one_byte_changed(tmp_path, spans, 59, 0xDB)
+    _recovers_every_intact_sample(path, data, spans, 59)
+
+
+def test_samples_over_1_mib_and_twice_the_largest_before_are_found_after_damage(tmp_path):
+    """Regression: samples of 3 MiB after samples of 1 KB were not looked for after damage,
+    and 9 MiB of whole samples were cut off as an incomplete one."""
+    rng = np.random.default_rng(3)
+    spans = [pack_sample({"key": f"k{i}", "x": rng.bytes(1000 if i < 5 else 3 << 20)})
+             for i in range(8)]
+    path, data = _one_byte_changed(tmp_path, spans, 4, 0xDB)
+    _recovers_every_intact_sample(path, data, spans, 4)
+
+
+def test_drop_damaged_keeps_samples_with_fields_seen_once_before(tmp_path):
+    """Regression: one byte changed in sample 5, every 7th sample with an extra field: with
+    drop_damaged, samples 6 and 7 (a field seen once before) went into the damaged region."""
+    rng = np.random.default_rng(0)
+    spans = [pack_sample({"key": f"k{i}", "x": rng.bytes(30), **({"extra": i} if i % 7 == 0 else {})})
+             for i in range(100)]
+    path, data = _one_byte_changed(tmp_path, spans, 5, 0xC1)
+    _recovers_every_intact_sample(path, data, spans, 5)
+
+
+def test_a_sample_swallowed_by_a_damaged_length_is_found(tmp_path):
+    """A bin length made longer swallows the next sample whole, and the damaged sample still
+    decodes; the swallowed one begins inside the bytes of that bin, where no value of the
+    damaged sample begins, so it is a sample of its own."""
+    spans = [pack_sample({"key": f"k{i}", "x": bytes([i]) * 20}) for i in range(6)]
+    data = bytearray(b"".join(spans))
+    length_at = len(b"".join(spans[:2])) + spans[2].index(b"\xc4\x14") + 1
+    data[length_at] += len(spans[3])  # sample 2's bin now holds sample 3 whole
+    path = tmp_path / "set.msgpack"
+    path.write_bytes(data)
+    report = rebuild_index(path, drop_damaged=True)
+    assert report.damaged[0].reason.startswith("a sample that holds whole samples")
+    with MsgpackReader(path) as reader:
+        assert list(reader.iter(raw=True)) == spans[:2] + spans[3:]
+
+
+def test_maps_nested_in_a_list_are_not_samples_after_damage(tmp_path):
+    spans = [pack_sample({"key": f"n{i}", "objects": [{"key": f"o{i}-{j}", "n": j} for j in range(3)],
+                          "blob": bytes(20)}) for i in range(6)]
+    path, data = _one_byte_changed(tmp_path, spans, 2, 0xC1)
+    _recovers_every_intact_sample(path, data, spans, 2)
+
+
+def test_what_cannot_be_told_is_refused_even_with_drop_damaged(tmp_path):
+    """After damage, the sample where samples begin again holds a map with a "key" as its
+    last field, back to back with its end: so would a damaged sample that swallowed an
+    intact one. Without the old index, nothing tells them apart."""
+    spans = [pack_sample({"key": f"n{i}", "meta": {"key": f"m{i}"}}) for i in range(4)]
+    path, data = _one_byte_changed(tmp_path, spans, 1, 0xC1)
+    for drop in (False, True):
+        with pytest.raises(UndecidedDataError, match="cannot be told, so nothing was changed"):
+            rebuild_index(path, drop_damaged=drop)
+        assert path.read_bytes() == data and os.listdir(tmp_path) == ["set.msgpack"]
+
+
+def test_a_tail_where_a_sample_decodes_is_not_cut(tmp_path):
+    """Sample 1's header claims more than the file holds; sample 2 is intact, and an
+    incomplete message follows it: sample 2 may be intact, so nothing is cut unasked."""
+    spans = [pack_sample({"key": f"k{i}", "x": bytes(9)}) for i in range(3)]
+    path, data = _one_byte_changed(tmp_path, spans, 1, 0xDB)
+    path.write_bytes(data + spans[0][:5])
+    with pytest.raises(DamagedDataError, match=f"a sample at byte {2 * len(spans[0])} decodes, "
+                                               "but what follows it runs past the end"):
+        rebuild_index(path)
+    assert os.path.getsize(path) == len(data) + 5
+
+
+def test_the_incomplete_sample_cut_off_is_kept(tmp_path):
+    samples = make_samples(4)
+    path = write(tmp_path / "set.msgpack", samples)
+    whole = open(path, "rb").read()
+    os.truncate(path, len(whole) - 3)
+    report = rebuild_index(path)
+    last = len(pack_sample(samples[-1]))
+    assert report.cut_copy == tmp_path / "set.msgpack.incomplete"
+    assert report.cut_copy.read_bytes() == whole[-last:-3]
+    with open(path, "ab") as file:  # cut again: the name of the copy is taken
+        file.write(b"\x82")
+    with pytest.raises(FileExistsError, match="set.msgpack.incomplete"):
+        rebuild_index(path)
+    assert os.path.getsize(path) == len(whole) - last + 1
+    assert rebuild_index(path, cut_copy=tmp_path / "second").cut_copy.read_bytes() == b"\x82"
+
+
+def test_a_packed_sample_kept_as_bytes_in_the_last_field_is_no_damage(tmp_path):
+    """A sample whose last field is another sample packed as bytes holds a sample up to its
+    end, as a sample that swallowed the next does; but it begins where the bytes do."""
+    samples = [{"key": f"k{i}", "raw": pack_sample({"key": f"inner{i}", "n": i})} for i in range(5)]
+    path = write(tmp_path / "set.msgpack", samples)
+    for file in (*DatasetFiles(path).index_files, DatasetFiles(path).md5):
+        file.unlink()
+    report = rebuild_index(path)
+    assert report.samples == 5 and not report.damaged
+    assert list(MsgpackReader(path)) == samples
+
+
+def test_an_old_index_that_confirms_a_sample_holding_samples_is_believed(tmp_path):
+    """The same samples with their old index: the scan does not stop at them (it looped)."""
+    samples = [{"key": f"k{i}", "meta": {"key": f"m{i}"}, "raw": pack_sample({"key": f"r{i}"})[1:]}
+               for i in range(3)]
+    samples.append({"key": "last", "raw": b"\x00" + pack_sample({"key": "inner"})})
+    path = write(tmp_path / "set.msgpack", samples)
+    data = open(path, "rb").read()
+    with open(path, "r+b") as file:  # damage in the first sample: the scan searches again
+        file.seek(0)
+        file.write(b"\xc1")
+    report = rebuild_index(path, drop_damaged=True)
+    assert report.samples == 3 and report.damaged[0].start == 0
+    assert [s["key"] for s in MsgpackReader(path)] == ["k1", "k2", "last"]
+    assert len(data) == os.path.getsize(str(path) + ".damaged")
