@@ -20,7 +20,7 @@ from fpipe.streaming import _joblib
 from ..signals import check_interruptible, start_interruptible
 
 ROOT = Path(__file__).resolve().parents[2]
-DEADLINE = 120.0  # only catches a hang: each scenario takes a few seconds
+DEADLINE = 300.0  # only catches a hang: each scenario takes a few seconds (minutes on a loaded machine)
 
 
 def run(code: str, *args: str) -> subprocess.CompletedProcess:
@@ -117,7 +117,7 @@ assert list(fp.processes(doubled_here, n_workers=2)(range(3)))  # the parent's p
 pid = os.fork()
 # a hang shows where each process waits (the child's stacks, then the parent's) before the
 # deadline; armed after the fork (a child that inherits an armed one waits on its thread for ever)
-faulthandler.dump_traceback_later(90 if pid == 0 else 100, exit=True)
+faulthandler.dump_traceback_later(200 if pid == 0 else 220, exit=True)
 if pid == 0:  # no multiprocessing hook prepares this child; it ends the way such children do
     doubled = [x for x, _ in fp.processes(doubled_here, n_workers=3)(range(5))]
     os._exit(0 if doubled == [0, 2, 4, 6, 8] else 1)
