@@ -26,6 +26,7 @@ from fpipe.storage import MsgpackReader, unpack_sample
 from fpipe.storage.format import MAX_EMPTY_ITEMS, pack_sample, write_index
 
 from .files import (
+    KEY_INDEX_LEFT_ASIDE,
     MSGPACK_DEPTH,
     MSGPACK_PREALLOC,
     allocation_limit,
@@ -35,7 +36,7 @@ from .files import (
     write_dataset,
 )
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), KEY_INDEX_LEFT_ASIDE]
 
 SUFFIXES = ["", ".offsets", ".keys", ".key_hashes", ".filter", ".md5", ".index"]
 

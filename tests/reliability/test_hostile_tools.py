@@ -23,7 +23,9 @@ from fpipe.errors import FormatError
 from fpipe.sets import load_classes
 from fpipe.storage import DatasetFiles, FileWriter, MsgpackReader, read_classes, read_keys
 
-pytestmark = pytest.mark.timeout(600)
+from .files import KEY_INDEX_LEFT_ASIDE
+
+pytestmark = [pytest.mark.timeout(600), KEY_INDEX_LEFT_ASIDE]
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 

@@ -23,9 +23,9 @@ from fpipe.errors import FormatError
 from fpipe.storage import MsgpackReader, rebuild_index
 from fpipe.storage.format import DatasetFiles
 
-from .files import check_reader, file_bytes, put_files, same, write_dataset
+from .files import KEY_INDEX_LEFT_ASIDE, check_reader, file_bytes, put_files, same, write_dataset
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), KEY_INDEX_LEFT_ASIDE]
 
 
 def small_samples() -> list[dict]:
@@ -94,7 +94,6 @@ def test_every_cut_of_the_data_file_reads_right_or_raises_format_error(original,
 
 @pytest.mark.parametrize("every", [pytest.param(8, id="default"),
                                    pytest.param(1, id="soak", marks=pytest.mark.soak)])
-@pytest.mark.filterwarnings("ignore:.*the key index is left aside:UserWarning")  # a right answer
 def test_every_cut_of_every_index_file_reads_right_or_raises(original, tmp_path, record, every):
     """Every byte of the files that locate samples; every ``every``-th of the others (the
     Bloom filter and the md5 file, which reads do not need)."""
