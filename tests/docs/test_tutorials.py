@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,21 +273,53 @@ def test_every_block_on_a_tutorial_page_is_run(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PAGES)
 def test_tutorial_runs_and_prints_what_the_page_shows(name, tmp_path):
+    started = time.time()
     try:
         printed = run_page(name, tmp_path)
     finally:
         _stop_server(tmp_path / "weed.pid")
+        _remove_dead_weed_sockets(made_since=started)
     if name in CHECKS:
         CHECKS[name](printed)
 
 
 def _stop_server(pid_file: Path) -> None:
-    """Stop a server that a page started in the background, when a later block failed before
-    the page's own last block could stop it."""
+    """Stop a server that a page started in the background (when a later block failed before
+    the page's own last block could stop it), and wait until it has ended."""
     try:
-        os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+        pid = int(pid_file.read_text())
+        os.killpg(pid, signal.SIGKILL)
     except (FileNotFoundError, ProcessLookupError, ValueError):
-        pass
+        return
+    deadline = time.monotonic() + 60
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (an orphan that has ended may stay a zombie for a while)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _remove_dead_weed_sockets(made_since: float) -> None:
+    """weed makes its gRPC and S3 sockets in /tmp whatever TMPDIR says, and leaves them when it
+    is killed: remove those made while the page ran that no server listens on any more (a live
+    server of another test answers on its own, which are kept)."""
+    for path in Path("/tmp").glob("seaweedfs-*.sock"):
+        if path.stat().st_mtime >= made_since - 1 and not _listened_on(path):
+            path.unlink(missing_ok=True)
+
+
+def _listened_on(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def test_a_block_that_hangs_fails_the_test_instead(tmp_path, monkeypatch):
