@@ -97,6 +97,7 @@ def _legacy_dataset(path, n: int):
 # cut short) and a dataset with only datadings < 3.1's ``.index``. Measured: 16 bytes a sample,
 # the index builder's read buffer filling up to its 1 MiB; 157 when the scan held the keys and
 # spans and the old offsets whole, 184 when the legacy map was read whole.
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset, kept", [(_killed_append, -1), (_legacy_dataset, 0)],
                          ids=["killed append", "legacy index"])
 def test_index_rebuilds_in_the_same_memory_at_any_size(tmp_path, small_bounds, dataset, kept):

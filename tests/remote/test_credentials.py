@@ -186,6 +186,7 @@ def test_wrong_credentials_are_one_line_with_a_hint(s3, tmp_path):
     assert "attempts" not in result.stderr and shows_no_secret(result.stderr)
 
 
+@pytest.mark.slow
 def test_an_unreachable_endpoint_is_retried_within_a_bound_and_reported(served, no_credentials):
     env = {**no_credentials, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET}
     result = fpipe_alone("info", "s3://data/train.msgpack", env=env)

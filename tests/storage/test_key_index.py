@@ -251,6 +251,7 @@ def test_rebuild_and_write_index_refuse_repeated_keys_changing_nothing(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["x.msgpack"]
 
 
+@pytest.mark.slow
 def test_a_writer_holds_no_table_of_its_keys(tmp_path, monkeypatch):
     # a window of 1,000 keys, a filter set in place, partitions of 256 KiB: what is left to
     # hold does not grow with the samples (the writer held every key in a dict before)
