@@ -796,8 +796,9 @@ def write_parquet(samples: Iterable[dict], pattern: PathLike, *, shard_size: int
     :class:`TypeError` naming it. :class:`ParquetReader` reads the same samples back (a
     field missing from a sample reads back as None). Nothing appears under the names unless
     all files are written; existing files are replaced only with ``overwrite``, and never one
-    of ``inputs`` (the files the samples come from); see
-    :class:`~fpipe.storage._foreign.ShardFiles` for the manifest and what ``overwrite`` removes.
+    of ``inputs`` (the files the samples come from). The files written are listed in a
+    manifest beside them (``.PATTERN.shards.json``, written last); ``overwrite`` removes the
+    files of an earlier, longer export that its manifest lists, and nothing else.
 
     >>> import os, tempfile
     >>> import numpy as np

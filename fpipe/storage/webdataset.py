@@ -713,8 +713,9 @@ def write_webdataset(samples: Iterable[dict], pattern: PathLike, *, shard_size: 
     value raises :class:`TypeError` naming the field. Reading the shards back with
     ``decode=True`` gives the same samples. Nothing appears under the shard names unless all
     shards are written; existing shards are replaced only with ``overwrite``, and never one of
-    ``inputs`` (the files the samples come from); see :class:`~fpipe.storage._foreign.ShardFiles`
-    for the manifest and what ``overwrite`` removes.
+    ``inputs`` (the files the samples come from). The shards written are listed in a manifest
+    beside them (``.PATTERN.shards.json``, written last); ``overwrite`` removes the shards of
+    an earlier, longer export that its manifest lists, and nothing else.
 
     >>> import os, tempfile
     >>> pattern = os.path.join(tempfile.mkdtemp(), "train-%03d.tar")
