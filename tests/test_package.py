@@ -11,6 +11,8 @@ import pytest
 
 import fpipe
 
+from .import_graph import imports, module_name
+
 PACKAGE = Path(fpipe.__file__).parent
 HEAVY = ("torch", "lightning", "pytorch_lightning", "dask", "PIL", "fsspec", "s3fs", "botocore",
          "pyarrow", "crc32c", "google_crc32c")
@@ -130,33 +132,16 @@ def _layer(module: str) -> tuple[int, str]:
     return 4, ""
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _fpipe_imports(path: Path) -> set[str]:
     """The fpipe modules that ``path`` imports anywhere (also inside functions), named
     relative to the package."""
-    package = _module_name(path).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = package[:len(package) - node.level + 1]
-            found.add(".".join([*base, *(node.module or "").split(".")]).strip("."))
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fpipe."):
-            found.add(node.module.removeprefix("fpipe."))
-        elif isinstance(node, ast.Import):
-            found.update(a.name.removeprefix("fpipe.") for a in node.names if a.name.startswith("fpipe."))
-    return {name for name in found if name}
+    return {edge.target.partition(".")[2] for edge in imports(path)} - {""}
 
 
 def test_imports_point_down_and_streaming_and_storage_never_meet():
     offenders = []
     for path in PACKAGE.rglob("*.py"):
-        module = _module_name(path)
+        module = module_name(path).partition(".")[2]
         if not module:
             continue  # the package's __init__ re-exports everything
         offenders += [f"{module} imports {target}" for target in _fpipe_imports(path)
