@@ -116,7 +116,7 @@ def damage(data: bytes | bytearray | memoryview) -> str | None:
     format does not decode."""
     from PIL import Image
 
-    from ..image import undecodable
+    from .._image.decode import undecodable
 
     view = memoryview(data).cast("B")
     # Pillow tries every format it knows unless told which: twice the time for a JPEG

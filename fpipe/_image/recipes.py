@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import check_bool, check_choice, check_integer, check_interval, check_probability
-from ..image import load_decoders
 from ..random import current_rng
 from .boxes import Box, center_box, random_resized_box, resized_size
-from .decode import EncodedImage
+from .decode import EncodedImage, load_decoders
 from .kernels import load_torch, resize_box, resize_scaled
 
 __all__ = ["random_resized_crop", "resized_center_crop"]

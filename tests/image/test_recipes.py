@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 import fpipe
-import fpipe.image
+from fpipe._image import decode as decoders
 from fpipe._image.decode import EncodedImage
 from fpipe.image import ImageDecodeError, decode_image, random_resized_crop, resized_center_crop
 
@@ -108,7 +108,7 @@ def test_images_smaller_than_the_output_are_enlarged():
 def test_a_large_jpeg_is_decoded_at_the_largest_reduction_that_keeps_the_box(jpeg_decoder,
                                                                              monkeypatch):
     if jpeg_decoder == "pillow":  # as if simplejpeg were not installed: Pillow's draft
-        monkeypatch.setattr(fpipe.image, "_simplejpeg", False)
+        monkeypatch.setattr(decoders, "_simplejpeg", False)
     reductions = []
     decode = EncodedImage.decode
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import fpipe.image
+from fpipe._image import decode
 from fpipe.image import CompressedToPIL, ImageDecodeError, decode_image
 from fpipe.storage import ListReader
 from fpipe.torch import Compose, Dataset, IterableDataset
@@ -23,14 +23,14 @@ from .conftest import encode, pixels
 def jpeg_decoder(request, monkeypatch):
     """Run a test with simplejpeg, and again as if it were not installed."""
     if request.param == "pillow":
-        monkeypatch.setattr(fpipe.image, "_simplejpeg", False)
+        monkeypatch.setattr(decode, "_simplejpeg", False)
     return request.param
 
 
 def test_simplejpeg_is_used_when_installed():
     pytest.importorskip("simplejpeg")  # the test and bench extras install it
-    fpipe.image.jpeg_decoder()
-    assert fpipe.image._simplejpeg.__name__ == "simplejpeg"
+    decode.jpeg_decoder()
+    assert decode._simplejpeg.__name__ == "simplejpeg"
 
 
 @pytest.mark.parametrize("mode, format, options", [
