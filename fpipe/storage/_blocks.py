@@ -43,17 +43,14 @@ import zlib
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, Any, Protocol
 
 import numpy as np
 
 from ..errors import FormatError
 
-if TYPE_CHECKING:
-    from .remote import RemoteDataset
-
-__all__ = ["Budget", "FileLock", "RemoteHandle", "dataset_folder", "private_folder", "replacing",
-           "write_atomically"]
+__all__ = ["Budget", "CachedFile", "FileLock", "RemoteHandle", "dataset_folder", "private_folder",
+           "replacing", "write_atomically"]
 
 _ONE = struct.Struct(">Q").unpack_from
 _CRC = struct.Struct(">I")
@@ -495,8 +492,21 @@ class _Starts:
         return _ONE(self.offsets, 8 * index)[0]
 
 
+class CachedFile(Protocol):
+    """What a :class:`RemoteHandle` needs of the file at a URL whose blocks it reads: a
+    ``RemoteDataset`` (:mod:`fpipe.storage.remote`), or any file a foreign reader opens there."""
+
+    url: str  # as messages show it
+    size: int  # of the file, in bytes
+    block_size: int
+    read_ahead: int  # blocks fetched ahead of the reader at most
+    folder: Path  # the file's folder in the cache
+    budget: Budget
+    source: Any  # the fetcher: read(start, stop, samples=None) -> bytes, retried
+
+
 class RemoteHandle:
-    """One process's view of the samples of a :class:`RemoteDataset`, with the interface of
+    """One process's view of the samples of a :class:`CachedFile`, with the interface of
     the reader's local file handle (``fd`` None, ``offsets``, ``size``, ``read``,
     ``offsets_between``, ``offset_range``, ``changed``) and read-ahead (:meth:`prefetch`).
     Cached blocks are checked (length and CRC-32) when first opened and at every read (size
@@ -504,7 +514,7 @@ class RemoteHandle:
 
     fd = None
 
-    def __init__(self, dataset: RemoteDataset, offsets: bytes) -> None:
+    def __init__(self, dataset: CachedFile, offsets: bytes) -> None:
         self.dataset, self.offsets, self.size = dataset, offsets, dataset.size
         self.block_size, self.n = dataset.block_size, len(offsets) // 8 - 1
         self.blocks_folder = dataset.folder / "blocks"

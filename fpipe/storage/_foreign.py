@@ -50,11 +50,11 @@ _INDEX_VERSION = "1"
 # --- bytes by range --------------------------------------------------------------------------
 
 class _RemoteFile:
-    """What a :class:`~fpipe.storage._blocks.RemoteHandle` needs of a dataset, for any file
-    at a URL: its size, the block settings, the cache folder and the fetcher. The file is
-    cut into blocks of ``block_size`` bytes, block ``k`` standing for the handle's sample
-    ``k``, so that the block cache, its budget, its locks and its read-ahead serve it as
-    they serve a packed dataset."""
+    """A :class:`~fpipe.storage._blocks.CachedFile` for any file at a URL: what a
+    :class:`~fpipe.storage._blocks.RemoteHandle` needs of it (its size, the block settings,
+    the cache folder and the fetcher). The file is cut into blocks of ``block_size`` bytes,
+    block ``k`` standing for the handle's sample ``k``, so that the block cache, its budget,
+    its locks and its read-ahead serve it as they serve a packed dataset."""
 
     def __init__(self, url: str, options: dict) -> None:
         from ._blocks import Budget, dataset_folder
