@@ -41,9 +41,9 @@ import msgpack
 import numpy as np
 
 from ..errors import FormatError
+from ._files import DECODE_ERRORS, DatasetFiles, md5_line, open_regular
 from ._hashing import BloomFilter, key_salt, salted_hashes
 from ._staging import signals_deferred
-from .format import DECODE_ERRORS, DatasetFiles, md5_line, open_regular
 from .keyindex import KeyIndexWriter, SortedPairs
 
 __all__ = ["Built", "IndexBuilder", "array_length", "without_samples"]

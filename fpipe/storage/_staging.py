@@ -54,7 +54,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Union
 
-from .format import DatasetFiles
+from ._files import DatasetFiles
 
 __all__ = ["commit_dataset", "dataset_files", "disk_full", "finish_commit", "folder_size",
            "interrupted_commit", "missing_data_reason", "refuse_inputs", "same_file",

@@ -5,7 +5,9 @@ sample, plus index files next to it (``X.msgpack.offsets``, ``.keys``, ``.key_ha
 ``.filter`` and ``.md5``), byte-compatible with datadings, and fpipe's ``.key_index`` (keys
 and indices both ways, without loading; see ``fpipe.storage.keyindex``), which datadings
 ignores. ``docs/format.md`` specifies every
-byte; this module reads and writes them.
+byte; this module reads and writes them. The files' names, how they are opened and the
+``.md5`` file come from the private ``_files`` module, on which the index builder and the key
+index stand too; they are re-exported here.
 
 Samples pack the way datadings packs them: bin type for bytes, UTF-8 strings, numpy arrays
 and scalars in the msgpack-numpy layout. Tuples come back as lists, and decoded arrays are
@@ -25,20 +27,35 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import re
 import shutil
-import stat
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Union
+from typing import Any
 
 import msgpack
 import numpy as np
 
 from ..errors import FormatError
+from ._files import (
+    DECODE_ERRORS,
+    SUFFIX_CLASSES,
+    SUFFIX_FILTER,
+    SUFFIX_KEY_HASHES,
+    SUFFIX_KEY_INDEX,
+    SUFFIX_KEYS,
+    SUFFIX_LEGACY_INDEX,
+    SUFFIX_MD5,
+    SUFFIX_OFFSETS,
+    DatasetFiles,
+    PathLike,
+    md5_line,
+    open_regular,
+    read_md5,
+    read_regular,
+)
 from ._hashing import BLOOM_MAX_BYTES, BloomFilter, hash_key, hash_keys, key_salt
+from ._indexing import IndexBuilder
 
 __all__ = [
     "BLOOM_MAX_BYTES",
@@ -76,14 +93,7 @@ __all__ = [
     "write_index",
 ]
 
-PathLike = Union[str, "os.PathLike[str]"]
-
 _LEGACY_BATCH = 1 << 16  # entries of a legacy .index map read at a time
-
-#: Exceptions that msgpack and the numpy decoder raise on bytes that are not a valid sample
-#: (numpy parses a dtype string such as ``"(3,"`` as a Python literal: SyntaxError).
-DECODE_ERRORS = (ValueError, TypeError, msgpack.UnpackException, OverflowError, IndexError,
-                 SyntaxError)
 
 #: The most items an array of zero-byte items (dtype ``V0``, a structured dtype without fields)
 #: may hold. Its data is empty whatever the count, so no byte count bounds it; a claimed
@@ -94,102 +104,6 @@ _OFFSET = np.dtype(">u8")
 _MAX_DTYPE_DEPTH = 32  # structured dtypes of real data nest a few levels deep
 _MAX_DIMS = 64  # numpy 2's limit (numpy 1 allows 32, and refuses more itself)
 _MASK64 = (1 << 64) - 1
-
-
-#: What the index files' names add to the data file's (datadings's ``datadings.index`` names).
-SUFFIX_OFFSETS = ".offsets"
-SUFFIX_KEYS = ".keys"
-SUFFIX_KEY_HASHES = ".key_hashes"
-SUFFIX_FILTER = ".filter"
-SUFFIX_LEGACY_INDEX = ".index"
-#: fpipe's own index file (datadings has no name for it, and ignores it).
-SUFFIX_KEY_INDEX = ".key_index"
-SUFFIX_MD5 = ".md5"
-SUFFIX_CLASSES = ".classes.json"
-
-
-@dataclass(frozen=True)
-class DatasetFiles:
-    """The paths of one dataset's files, named after its data file.
-
-    >>> files = DatasetFiles("train.msgpack")
-    >>> files.offsets.name, files.md5.name
-    ('train.msgpack.offsets', 'train.msgpack.md5')
-    >>> print(*(path.name[13:] for path in files.index_files))
-    .offsets .keys .key_hashes .filter .key_index
-    """
-
-    data: Path
-
-    def __init__(self, data: PathLike) -> None:
-        object.__setattr__(self, "data", Path(data))
-
-    def _sibling(self, suffix: str) -> Path:
-        return self.data.with_name(self.data.name + suffix)
-
-    @property
-    def offsets(self) -> Path:
-        """``n + 1`` big-endian uint64 byte offsets of the samples."""
-        return self._sibling(SUFFIX_OFFSETS)
-
-    @property
-    def keys(self) -> Path:
-        """One msgpack array of the ``n`` keys."""
-        return self._sibling(SUFFIX_KEYS)
-
-    @property
-    def key_hashes(self) -> Path:
-        """An 8-byte salt followed by ``n`` big-endian uint64 key hashes."""
-        return self._sibling(SUFFIX_KEY_HASHES)
-
-    @property
-    def filter(self) -> Path:
-        """A Bloom filter of the keys in the simplebloom format."""
-        return self._sibling(SUFFIX_FILTER)
-
-    @property
-    def key_index(self) -> Path:
-        """fpipe's key index: key hashes sorted, with their samples' indices, and where each
-        key is in ``.keys`` (see ``fpipe.storage.keyindex``)."""
-        return self._sibling(SUFFIX_KEY_INDEX)
-
-    @property
-    def md5(self) -> Path:
-        """``md5sum -c`` compatible checksums of the data and index files."""
-        return self._sibling(SUFFIX_MD5)
-
-    @property
-    def legacy_index(self) -> Path:
-        """The pre-3.1 datadings index: one msgpack map from key to offset (read only)."""
-        return self._sibling(SUFFIX_LEGACY_INDEX)
-
-    @property
-    def index_files(self) -> tuple[Path, ...]:
-        """The index files, in the order the ``.md5`` file lists them: datadings's four, then
-        fpipe's key index."""
-        return self.offsets, self.keys, self.key_hashes, self.filter, self.key_index
-
-    @property
-    def classes(self) -> Path:
-        """The class names of label fields, as JSON (written by ``fpipe write`` and the
-        well-known dataset writers; see :func:`read_classes`)."""
-        return self._sibling(SUFFIX_CLASSES)
-
-    @property
-    def all_files(self) -> tuple[Path, ...]:
-        """Every file a writer creates: data, index files and ``.md5``."""
-        return self.data, *self.index_files, self.md5
-
-    @property
-    def members(self) -> tuple[Path, ...]:
-        """Every file of the dataset, the data file first: the files a writer creates, the
-        legacy ``.index`` and ``.classes.json``. Commands that replace, copy or move a dataset
-        touch these and no other file, whatever its name begins with.
-
-        >>> print(*(path.name for path in DatasetFiles("a").members[6:]))
-        a.md5 a.index a.classes.json
-        """
-        return (*self.all_files, self.legacy_index, self.classes)
 
 
 # --- the sample codec ------------------------------------------------------------------------
@@ -411,46 +325,6 @@ def _article(noun: str) -> str:
 
 # --- index files -----------------------------------------------------------------------------
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-          (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
-
-
-def open_regular(path: PathLike) -> BinaryIO:
-    """``path`` opened for reading in binary mode, if it is a regular file (symlinks followed).
-
-    Anything else raises :class:`~fpipe.errors.FormatError` at once: a FIFO would block the
-    open or the read forever, a device such as ``/dev/zero`` never ends. The file is opened
-    without blocking and checked on the open descriptor, so it cannot change in between.
-
-    >>> open_regular("/dev/zero")
-    Traceback (most recent call last):
-    ...
-    fpipe.errors.FormatError: /dev/zero: not a regular file but a device
-    """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "a special file")
-            raise FormatError(f"not a regular file but {kind}", path=path)
-        return open(fd, "rb", buffering=0)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_regular(path: PathLike) -> bytes:
-    """The bytes of ``path``, a regular file (see :func:`open_regular`).
-
-    >>> import tempfile
-    >>> with tempfile.NamedTemporaryFile() as file:
-    ...     read_regular(file.name)
-    b''
-    """
-    with open_regular(path) as file:
-        return file.read()
-
-
 def read_offsets(path: PathLike) -> np.ndarray:
     """The sample offsets of a dataset as a uint64 array of ``n + 1`` entries.
 
@@ -591,77 +465,6 @@ def _byte_bar(path: PathLike, progress: bool):
                 desc=Path(path).name, leave=False)
 
 
-def read_md5(path: PathLike) -> dict[str, str]:
-    """The checksums of a dataset's ``.md5`` file, as ``{file name: md5 hex}``.
-
-    Entries are named after the dataset's files as they are called now: a dataset copied or
-    renamed file by file (``toy.msgpack*`` to ``train.msgpack*``) keeps the checksums that
-    name its old files.
-
-    >>> import tempfile, os
-    >>> folder = tempfile.mkdtemp()
-    >>> write_index(os.path.join(folder, "toy.msgpack"), [], [0], "d41d8cd98f00b204e9800998ecf8427e")
-    >>> for name in os.listdir(folder):
-    ...     os.rename(os.path.join(folder, name), os.path.join(folder, name.replace("toy", "train")))
-    >>> read_md5(os.path.join(folder, "train.msgpack"))["train.msgpack"]
-    'd41d8cd98f00b204e9800998ecf8427e'
-    """
-    files = DatasetFiles(path)
-    data = read_regular(files.md5)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise FormatError(f"corrupt md5 file ({error})", path=files.md5) from error
-    entries = {}
-    for line in text.split("\n"):  # names may hold other line breaks (\v, \x85) as they are
-        # md5sum writes "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode), and
-        # "\\<hex>  <name>" with a name that has a backslash or a line break escaped.
-        escaped = line.startswith("\\")
-        digest, _, rest = line[escaped:].partition(" ")
-        if rest[:1] in (" ", "*") and rest[1:]:
-            entries[_unescaped(rest[1:]) if escaped else rest[1:]] = digest
-    return _renamed(entries, files.data.name)
-
-
-_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
-_UNESCAPES = {escape[1]: char for char, escape in _ESCAPES.items()}
-
-
-def md5_line(digest: str, name: str) -> str:
-    """The line of an ``.md5`` file for file ``name``, as ``md5sum`` writes it (so that
-    ``md5sum -c`` checks it): a name with a backslash, newline or carriage return has them
-    escaped, and the line begins with a backslash.
-
-    >>> md5_line("d41d8cd98f00b204e9800998ecf8427e", "a.msgpack")
-    'd41d8cd98f00b204e9800998ecf8427e  a.msgpack\\n'
-    >>> md5_line("d41d8cd98f00b204e9800998ecf8427e", "two\\nlines")
-    '\\\\d41d8cd98f00b204e9800998ecf8427e  two\\\\nlines\\n'
-    """
-    escaped = "".join(_ESCAPES.get(char, char) for char in name)
-    mark = "\\" if escaped != name else ""
-    return f"{mark}{digest}  {escaped}\n"
-
-
-def _unescaped(name: str) -> str:
-    return re.sub(r"\\(.)", lambda found: _UNESCAPES.get(found.group(1), found.group(0)), name)
-
-
-_SUFFIXES = ("", ".offsets", ".keys", ".key_hashes", ".filter", ".index", ".key_index")
-
-
-def _renamed(entries: dict[str, str], name: str) -> dict[str, str]:
-    """``entries`` with the files of the dataset they were written for named after data file
-    ``name``: that dataset's data file is the entry whose index files (offsets, or a legacy
-    index, at least) are the others."""
-    if name in entries:
-        return entries
-    for old in entries:
-        if ((old + ".offsets" in entries or old + ".index" in entries)
-                and all(other[len(old):] in _SUFFIXES and other.startswith(old) for other in entries)):
-            return {name + other[len(old):]: digest for other, digest in entries.items()}
-    return entries
-
-
 def write_index(path: PathLike, keys: Sequence[str], offsets: Any, data_md5: str) -> None:
     """Write the index files and the ``.md5`` file of data file ``path``.
 
@@ -676,8 +479,6 @@ def write_index(path: PathLike, keys: Sequence[str], offsets: Any, data_md5: str
     >>> sorted(name[9:] for name in os.listdir(folder))
     ['.filter', '.key_hashes', '.key_index', '.keys', '.md5', '.offsets']
     """
-    from ._indexing import IndexBuilder  # it builds on this module
-
     files = DatasetFiles(path)
     offsets = np.asarray(offsets, dtype=np.uint64)
     if len(offsets) != len(keys) + 1 or (len(offsets) and offsets[0] != 0):

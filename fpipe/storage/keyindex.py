@@ -58,7 +58,8 @@ import msgpack
 import numpy as np
 
 from ..errors import FormatError
-from .format import DECODE_ERRORS, DatasetFiles, hash_key, read_md5
+from ._files import DECODE_ERRORS, DatasetFiles, read_md5
+from ._hashing import hash_key
 
 __all__ = ["KeyIndex", "StaleKeyIndex", "key_index_size"]
 
