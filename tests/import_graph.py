@@ -60,7 +60,7 @@ def imports(path: Path) -> list[Import]:
     package = source if path.name == "__init__.py" else source.rpartition(".")[0]
     found = []
     for node, where in import_statements(ast.parse(path.read_text())):
-        for target in _targets(node, package):
+        for target in targets(node, package):
             if target != source:
                 found.append(Import(source, target, node.lineno, where))
     return found
@@ -86,7 +86,8 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _targets(node: ImportNode, package: str) -> list[str]:
+def targets(node: ImportNode, package: str) -> list[str]:
+    """The fpipe modules that import statement ``node`` of a module in ``package`` names."""
     if isinstance(node, ast.Import):
         return [target for target in (_known(alias.name) for alias in node.names) if target]
     base = node.module or ""

@@ -9,6 +9,8 @@ submodule that defines it instead).
 
 import ast
 
+import pytest
+
 from .import_graph import (
     AT_LOAD,
     IN_FUNCTION,
@@ -19,7 +21,13 @@ from .import_graph import (
     graph,
     import_statements,
     modules,
+    targets,
 )
+
+
+def test_no_module_of_fpipe_imports_itself_in_a_circle():
+    found = cycles(graph())
+    assert not found, "import cycles:\n" + "\n".join(chain(cycle) for cycle in found)
 
 
 def _edges(*pairs: str) -> dict[str, tuple[Import, ...]]:
@@ -40,17 +48,33 @@ def test_every_cycle_is_told_once_as_a_chain_from_its_first_module():
 
 def test_the_graph_sees_every_kind_of_import():
     edges = graph()
-    def targets(module, where=None):
+    def imported(module, where=None):
         return {e.target for e in edges[module] if where in (None, e.where)}
     # a package's __init__ points at the submodules it re-exports ("from . import x")
-    assert {"fpipe.storage.format", "fpipe.storage.reader"} <= targets("fpipe.storage")
-    assert {"fpipe.storage", "fpipe.streaming", "fpipe.image"} <= targets("fpipe")
+    assert {"fpipe.storage.format", "fpipe.storage.reader"} <= imported("fpipe.storage")
+    assert {"fpipe.storage", "fpipe.streaming", "fpipe.image"} <= imported("fpipe")
     # relative imports at any depth, "from package import module", imports inside functions
-    assert "fpipe.storage.shuffling" in targets("fpipe.torch")
-    assert "fpipe.storage.writer" in targets("fpipe.storage.recovery", AT_LOAD)
-    assert "fpipe.storage.remote" in targets("fpipe.storage._foreign", IN_FUNCTION)
-    assert "fpipe.torch" in targets("fpipe._commands.demo", IN_FUNCTION)
+    assert "fpipe.storage.shuffling" in imported("fpipe.torch")
+    assert "fpipe.storage.writer" in imported("fpipe.storage.recovery", AT_LOAD)
+    assert "fpipe.storage.remote" in imported("fpipe.storage._foreign", IN_FUNCTION)
+    assert "fpipe.torch" in imported("fpipe._commands.demo", IN_FUNCTION)
+    assert "fpipe.sets" in imported("fpipe._commands.write", TYPE_CHECKING)
     assert set(edges) == set(modules()) and "fpipe" in edges
+
+
+@pytest.mark.parametrize(("statement", "named"), [
+    ("from . import format", ["fpipe.storage.format"]),
+    # a name from the package's __init__: an edge to the package, which imports its submodules
+    ("from . import Budget, reader", ["fpipe.storage", "fpipe.storage.reader"]),
+    ("from .. import errors", ["fpipe.errors"]),
+    ("from ..streaming._core import Stream", ["fpipe.streaming._core"]),
+    ("from fpipe.storage.format import pack_sample", ["fpipe.storage.format"]),
+    ("import fpipe.storage.remote as remote", ["fpipe.storage.remote"]),
+    ("import numpy, fpipe", ["fpipe"]),
+    ("from msgpack import packb", []),
+])
+def test_an_import_names_the_module_it_runs(statement, named):
+    assert targets(ast.parse(statement).body[0], "fpipe.storage") == named
 
 
 def test_imports_are_told_apart_by_when_they_run():
