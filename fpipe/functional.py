@@ -337,6 +337,8 @@ class _SampleArgs(_Bound):
 
     def __init__(self, func: Callable, *args: Callable, random_state: Any = None,
                  **kwargs: Callable) -> None:
+        # the names first: a misspelled keyword is reported as such, whatever its value
+        _check_forwarded(self.factory, check_callable("func", func), kwargs)
         for position, sampler in enumerate(args):
             check_callable(f"args[{position}]", sampler)
         for name, sampler in kwargs.items():
