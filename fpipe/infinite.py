@@ -144,7 +144,10 @@ class Threads(_Adapter):
     option of :func:`fpipe.threads` (``seed=``), except ``on_error`` and ``max_errors``, which
     skip the items on which ``func`` raises (see :mod:`fpipe.skipping`), and ``cpu_budget`` and
     ``memory_budget``, which bound ``n_workers="auto"`` and ``buffer_size="auto"`` as in
-    :func:`fpipe.threads`.
+    :func:`fpipe.threads`. The keywords that go to ``func`` are checked against its signature
+    now, so a misspelled option (``n_worker=2``) is a ``TypeError`` that names it; a ``func``
+    that takes ``**kwargs`` gets its keywords through ``functools.partial``. The same holds for
+    :class:`Loky` and :class:`Iterator`.
 
     >>> from toolz import pipe
     >>> list(pipe(range(5), Threads(pow, 2, n_workers=2)))
