@@ -422,3 +422,33 @@ def test_a_misspelled_option_is_refused_before_anything_exists(label, files, tmp
         assert f"'{wrong}'" in str(raised.value) and "keyword" in str(raised.value), \
             f"{label}(..., {wrong}=2) raised {raised.value!r}"
         assert _state(files.folder, tmp_path) == before, f"{label}(..., {wrong}=2) left traces"
+
+
+def shift(x, **options):
+    return x + options.get("by", 0)
+
+
+def shift_stream(stream, **options):
+    return (x + options.get("by", 0) for x in stream)
+
+
+PASSING_STAGES = {
+    "map": lambda func, **options: fpipe.map(func, **options),
+    "threads": lambda func, **options: fpipe.threads(func, n_workers=2, **options),
+    "Threads": lambda func, **options: fpipe.Threads(func, n_workers=2, **options),
+    "Loky": lambda func, **options: fpipe.Loky(func, **options),
+    "transform_stream": lambda func, **options: fpipe.transform_stream(func, **options),
+    "Iterator": lambda func, **options: fpipe.Iterator(func, **options),
+}
+
+
+@pytest.mark.parametrize("name", PASSING_STAGES)
+def test_a_function_that_takes_any_keyword_gets_its_keywords_through_partial(name):
+    import functools
+
+    func = shift_stream if name in ("transform_stream", "Iterator") else shift
+    stage = PASSING_STAGES[name](functools.partial(func, by=10))
+    with fpipe.as_stream(stage(range(3))) as stream:
+        assert list(stream) == [10, 11, 12]
+    with pytest.raises(TypeError, match="'n_worker'"):  # a function that names its keywords
+        PASSING_STAGES[name](functools.partial(scale, factor=2), n_worker=2)
