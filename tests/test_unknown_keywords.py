@@ -374,19 +374,25 @@ def _misspellings(func) -> list[str]:
     return spelled or ["bufer_size"]
 
 
-def _state(*folders) -> tuple:
-    """What a call must not change: the files (with sizes and times), the threads, the child
-    processes."""
+def _files(*folders) -> list:
+    """Every file and folder under ``folders``, with its size and modification time."""
+    found = []
+    for folder in folders:
+        for top, names, files in os.walk(folder):
+            for name in names + files:
+                status = os.stat(os.path.join(top, name))
+                found.append((os.path.join(top, name), status.st_size, status.st_mtime_ns))
+    return sorted(found)
+
+
+def _running() -> tuple[set, set]:
+    """The threads of this process and its child processes (by id)."""
     import threading
 
     import psutil
 
-    files = sorted((os.path.join(top, name), os.stat(os.path.join(top, name)).st_size,
-                    os.stat(os.path.join(top, name)).st_mtime_ns)
-                   for folder in folders for top, folders_, names in os.walk(folder)
-                   for name in folders_ + names)
-    children = sorted(child.pid for child in psutil.Process().children(recursive=True))
-    return files, sorted(thread.ident for thread in threading.enumerate()), children
+    return ({thread.ident for thread in threading.enumerate()},
+            {child.pid for child in psutil.Process().children(recursive=True)})
 
 
 PUBLIC = _public_callables()
@@ -416,12 +422,16 @@ def test_a_misspelled_option_is_refused_before_anything_exists(label, files, tmp
     args, kwargs = ARGUMENTS.get(label, lambda f, out: _call())(files, tmp_path)
     inspect.signature(func).bind(*args, **kwargs)  # the entry is a valid call
     for wrong in _misspellings(func):
-        before = _state(files.folder, tmp_path)
+        before, (threads, children) = _files(files.folder, tmp_path), _running()
         with pytest.raises(TypeError) as raised:
             func(*args, **kwargs, **{wrong: 2})
         assert f"'{wrong}'" in str(raised.value) and "keyword" in str(raised.value), \
             f"{label}(..., {wrong}=2) raised {raised.value!r}"
-        assert _state(files.folder, tmp_path) == before, f"{label}(..., {wrong}=2) left traces"
+        assert _files(files.folder, tmp_path) == before, f"{label}(..., {wrong}=2) left files"
+        # new ones only: a thread of an earlier test may end meanwhile
+        threads_now, children_now = _running()
+        assert not threads_now - threads, f"{label}(..., {wrong}=2) started a thread"
+        assert not children_now - children, f"{label}(..., {wrong}=2) started a process"
 
 
 def shift(x, **options):
