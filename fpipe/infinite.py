@@ -60,6 +60,7 @@ from .streaming import (
     transform_stream,
     unbatch,
 )
+from .streaming.simple import check_call
 
 __all__ = ["Infinite", "Iterator", "Loky", "Threads"]
 
@@ -248,6 +249,8 @@ class Iterator(_Adapter):
                  memory_budget: int | None = None, **kwargs: Any) -> None:
         budgets = _budget_options(cpu_budget, memory_budget)
         options = {"n_workers": n_workers, "buffer_size": buffer_size, **budgets}
+        # here, for both ways to run: with several workers the chunks' threads cannot see them
+        check_call("Iterator", transform, args, kwargs, first="stream", workers=True)
         check_auto("buffer_size", buffer_size, lambda size: check_integer("buffer_size", size, 1))
         if check_auto("n_workers", n_workers,
                       lambda count: check_integer("n_workers", count, 1)) == 1:
@@ -285,8 +288,9 @@ def _as_stage(position: int, transformer: Any, on_error: Any, max_errors: Any) -
 def _combiner_stage(combiner: Any, kwargs: dict) -> Stage:
     if isinstance(combiner, Stage):
         if kwargs:
-            raise ValueError(f"combiner {combiner!r} is already a stage: give it its keyword "
-                             f"arguments itself; got {', '.join(sorted(kwargs))}")
+            raise TypeError(f"Infinite got an unexpected keyword argument {next(iter(kwargs))!r}: "
+                            f"combiner {combiner!r} is already a stage: give it its keyword "
+                            f"arguments itself; got {', '.join(sorted(kwargs))}")
         return combiner
     if not callable(combiner):
         raise TypeError(f"combiner must be callable or an fpipe stage; got combiner={combiner!r}")
