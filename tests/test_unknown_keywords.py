@@ -354,6 +354,17 @@ ARGUMENTS = {
 }
 
 
+# Other ways to build the same thing, where keywords take another path: each is swept too.
+MODES = {
+    "fpipe.Iterator": [{"n_workers": 2}],  # the transform runs on chunks, in threads
+    "fpipe.Threads": [{"n_workers": 2}],
+    "fpipe.Loky": [{"n_workers": 2}],
+    "fpipe.threads": [{"n_workers": 2}],
+    "fpipe.processes": [{"n_workers": 2}, {"n_workers": 2, "backend": "threading"}],
+    "fpipe.Infinite": [{"combiner": fpipe.map(list)}],  # a stage combiner takes no keywords
+}
+
+
 def _options(func) -> list[str]:
     """The names of ``func``'s options: its parameters that have a default or are keyword-only."""
     parameters = inspect.signature(func).parameters.values()
@@ -420,18 +431,24 @@ def test_a_misspelled_option_is_refused_before_anything_exists(label, files, tmp
     func = PUBLIC[label]
     monkeypatch.chdir(tmp_path)
     args, kwargs = ARGUMENTS.get(label, lambda f, out: _call())(files, tmp_path)
-    inspect.signature(func).bind(*args, **kwargs)  # the entry is a valid call
-    for wrong in _misspellings(func):
-        before, (threads, children) = _files(files.folder, tmp_path), _running()
-        with pytest.raises(TypeError) as raised:
-            func(*args, **kwargs, **{wrong: 2})
-        assert f"'{wrong}'" in str(raised.value) and "keyword" in str(raised.value), \
-            f"{label}(..., {wrong}=2) raised {raised.value!r}"
-        assert _files(files.folder, tmp_path) == before, f"{label}(..., {wrong}=2) left files"
-        # new ones only: a thread of an earlier test may end meanwhile
-        threads_now, children_now = _running()
-        assert not threads_now - threads, f"{label}(..., {wrong}=2) started a thread"
-        assert not children_now - children, f"{label}(..., {wrong}=2) started a process"
+    for mode in [{}, *MODES.get(label, [])]:
+        inspect.signature(func).bind(*args, **kwargs, **mode)  # the entry is a valid call
+        for wrong in _misspellings(func):
+            call = f"{label}(..., {''.join(f'{k}={v!r}, ' for k, v in mode.items())}{wrong}=2)"
+            before, (threads, children) = _files(files.folder, tmp_path), _running()
+            with pytest.raises(TypeError) as raised:
+                func(*args, **kwargs, **mode, **{wrong: 2})
+            assert f"'{wrong}'" in str(raised.value) and "keyword" in str(raised.value), \
+                f"{call} raised {raised.value!r}"
+            assert _files(files.folder, tmp_path) == before, f"{call} left files"
+            # new ones only: a thread of an earlier test may end meanwhile
+            threads_now, children_now = _running()
+            assert not threads_now - threads, f"{call} started a thread"
+            assert not children_now - children, f"{call} started a process"
+
+
+def test_every_mode_is_of_a_public_callable():
+    assert set(MODES) <= set(PUBLIC) - NOT_CALLED
 
 
 def shift(x, **options):
