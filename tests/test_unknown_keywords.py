@@ -1,6 +1,8 @@
-"""A misspelled keyword argument, where fpipe passes keyword arguments on to another library
-(tqdm's progress bar) or to the user's function, is a TypeError that names it, raised before
-anything is created; a retry with the right spelling then works."""
+"""A misspelled keyword argument is a TypeError that names it, raised before anything is
+created: where fpipe passes keyword arguments on to another library (tqdm's progress bar) or to
+the user's function, and, swept below, for every public callable of fpipe, fpipe.torch,
+fpipe.storage, fpipe.streaming, fpipe.image and fpipe.sets; a retry with the right spelling
+then works."""
 
 from __future__ import annotations
 
