@@ -5,6 +5,9 @@ readable ``repr`` (never a closure), so it can travel to worker processes with p
 
 The dpipe wrappers keep dpipe's argument order: arguments given at call time come before
 the ones bound at construction, ``func(x, *call_args, *bound_args, **call_kwargs, **bound_kwargs)``.
+The bound keywords are checked against ``func``'s signature when the transform is built, so a
+misspelled one (or a misspelled ``random_state``) is a ``TypeError`` that names it; a ``func``
+that takes ``**kwargs`` takes any name, so give it its keywords with ``functools.partial``.
 
 >>> from toolz import pipe
 >>> def square(x):
@@ -337,6 +340,8 @@ class _SampleArgs(_Bound):
 
     def __init__(self, func: Callable, *args: Callable, random_state: Any = None,
                  **kwargs: Callable) -> None:
+        # the names first: a misspelled keyword is reported as such, whatever its value
+        _check_forwarded(self.factory, check_callable("func", func), kwargs)
         for position, sampler in enumerate(args):
             check_callable(f"args[{position}]", sampler)
         for name, sampler in kwargs.items():

@@ -60,6 +60,7 @@ from .streaming import (
     transform_stream,
     unbatch,
 )
+from .streaming.simple import check_call
 
 __all__ = ["Infinite", "Iterator", "Loky", "Threads"]
 
@@ -144,7 +145,10 @@ class Threads(_Adapter):
     option of :func:`fpipe.threads` (``seed=``), except ``on_error`` and ``max_errors``, which
     skip the items on which ``func`` raises (see :mod:`fpipe.skipping`), and ``cpu_budget`` and
     ``memory_budget``, which bound ``n_workers="auto"`` and ``buffer_size="auto"`` as in
-    :func:`fpipe.threads`.
+    :func:`fpipe.threads`. The keywords that go to ``func`` are checked against its signature
+    now, so a misspelled option (``n_worker=2``) is a ``TypeError`` that names it; a ``func``
+    that takes ``**kwargs`` gets its keywords through ``functools.partial``. The same holds for
+    :class:`Loky` and :class:`Iterator`.
 
     >>> from toolz import pipe
     >>> list(pipe(range(5), Threads(pow, 2, n_workers=2)))
@@ -245,6 +249,8 @@ class Iterator(_Adapter):
                  memory_budget: int | None = None, **kwargs: Any) -> None:
         budgets = _budget_options(cpu_budget, memory_budget)
         options = {"n_workers": n_workers, "buffer_size": buffer_size, **budgets}
+        # here, for both ways to run: with several workers the chunks' threads cannot see them
+        check_call("Iterator", transform, args, kwargs, first="stream", workers=True)
         check_auto("buffer_size", buffer_size, lambda size: check_integer("buffer_size", size, 1))
         if check_auto("n_workers", n_workers,
                       lambda count: check_integer("n_workers", count, 1)) == 1:
@@ -282,8 +288,9 @@ def _as_stage(position: int, transformer: Any, on_error: Any, max_errors: Any) -
 def _combiner_stage(combiner: Any, kwargs: dict) -> Stage:
     if isinstance(combiner, Stage):
         if kwargs:
-            raise ValueError(f"combiner {combiner!r} is already a stage: give it its keyword "
-                             f"arguments itself; got {', '.join(sorted(kwargs))}")
+            raise TypeError(f"Infinite got an unexpected keyword argument {next(iter(kwargs))!r}: "
+                            f"combiner {combiner!r} is already a stage: give it its keyword "
+                            f"arguments itself; got {', '.join(sorted(kwargs))}")
         return combiner
     if not callable(combiner):
         raise TypeError(f"combiner must be callable or an fpipe stage; got combiner={combiner!r}")

@@ -177,7 +177,10 @@ def test_sample_args_accepts_dpipe_and_fpipe_samplers():
 
 
 def test_sample_args_rejects_non_callable_samplers():
-    with pytest.raises(TypeError, match="angle must be callable; got angle="):
+    with pytest.raises(TypeError, match="number must be callable; got number=3"):
+        sample_args(add, number=3)
+    # a name the function does not take is that error first, whatever its value
+    with pytest.raises(TypeError, match="^sample_args got an unexpected keyword argument 'angle'"):
         sample_args(add, angle=3)
 
 

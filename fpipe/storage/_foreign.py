@@ -29,7 +29,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from ..errors import FormatError, redacted_url
+from ..errors import FormatError, check_keywords, redacted_url
 from ._staging import DISK_FULL, disk_full, folder_size, refuse_inputs, signals_deferred
 from .base import Reader
 from .format import PathLike, key_salt, pack_sample
@@ -110,6 +110,19 @@ _REMOTE_KEYS = ("storage_options", "cache_dir", "cache_limit", "block_size", "re
                 "retries", "timeout")
 
 
+def check_remote_options(owner: str, options: dict) -> None:
+    """A ``TypeError`` naming the first of ``options`` (the keywords a foreign reader passes
+    on to its :class:`ByteSource`) that is not an option of a URL, before any file is opened
+    or listed.
+
+    >>> check_remote_options("TarReader", {"cache_dir": None, "field": ["jpg"]})
+    Traceback (most recent call last):
+    ...
+    TypeError: TarReader got an unexpected keyword argument 'field'
+    """
+    check_keywords(owner, options, _REMOTE_KEYS)
+
+
 class ByteSource:
     """The bytes of one file by range: ``os.pread`` on a local file, the block cache (see
     :mod:`fpipe.storage.remote`) for a URL. Thread- and fork-safe; pickles by its settings
@@ -124,10 +137,12 @@ class ByteSource:
     (10, b'234', b'89')
     """
 
+    # so that __del__ finds them when __init__ raised before it set them
+    _fd: int | None = None
+    _pid = -1
+
     def __init__(self, path: PathLike, **options: Any) -> None:
-        unknown = set(options) - set(_REMOTE_KEYS)
-        if unknown:
-            raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+        check_remote_options("ByteSource", options)
         location = os.fspath(path)
         # absolute, as for MsgpackReader: a worker's current folder may be another one
         self._location = location if _is_url(location) else os.path.abspath(location)

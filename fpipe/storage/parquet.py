@@ -43,6 +43,7 @@ from ..errors import FormatError, check_integer
 from ._foreign import (
     ByteSource,
     KeyIndex,
+    check_remote_options,
     expand_shards,
     numbered_index,
     numbered_keys,
@@ -90,6 +91,7 @@ class _ArrowReader(Reader):
 
     def __init__(self, path: PathLike, columns: Sequence[str] | None, key: str | None,
                  cache_bytes: int, options: dict) -> None:
+        check_remote_options(type(self).__name__, options)
         self.source = ByteSource(path, **options)
         self.cache_bytes = check_integer("cache_bytes", cache_bytes, 0)
         self._wanted = _check_columns(columns)
@@ -629,6 +631,7 @@ class ParquetReader(ShardedReader):
     def __init__(self, paths: Union[PathLike, Iterable[PathLike]], *,
                  columns: Sequence[str] | None = None, key: str | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, **options: Any) -> None:
+        check_remote_options("ParquetReader", options)
         files = []
         for path in ([paths] if isinstance(paths, (str, os.PathLike)) else list(paths)):
             path = os.fspath(path) if isinstance(path, os.PathLike) else path

@@ -48,6 +48,7 @@ from ._foreign import (
     Scanner,
     SpanReader,
     cached_index,
+    check_remote_options,
     expand_shards,
     strings_from_arrays,
     strings_to_arrays,
@@ -699,6 +700,7 @@ class TFRecordFileReader(SpanReader):
 
     def __init__(self, path: PathLike, *, features: Sequence[str] | None = None,
                  verify: bool = True, **options: Any) -> None:
+        check_remote_options("TFRecordFileReader", options)
         self.verify = check_bool("verify", verify)
         if features is not None and (isinstance(features, str) or not all(
                 isinstance(name, str) for name in features)):
@@ -769,6 +771,7 @@ class TFRecordReader(ShardedReader):
     def __init__(self, paths: Union[PathLike, Iterable[PathLike]], *,
                  features: Sequence[str] | None = None, verify: bool = True,
                  **options: Any) -> None:
+        check_remote_options("TFRecordReader", options)
         files = expand_shards(paths, storage_options=options.get("storage_options"))
         super().__init__([TFRecordFileReader(path, features=features, verify=verify, **options)
                           for path in files])

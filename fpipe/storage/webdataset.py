@@ -46,6 +46,7 @@ from ._foreign import (
     Scanner,
     SpanReader,
     cached_index,
+    check_remote_options,
     expand_shards,
     renamed,
     strings_from_arrays,
@@ -458,6 +459,7 @@ class TarReader(SpanReader):
 
     def __init__(self, path: PathLike, *, fields: Sequence[str] | None = None,
                  decode: bool = False, **options: Any) -> None:
+        check_remote_options("TarReader", options)
         self.decode = check_bool("decode", decode)
         self.fields = _check_fields(fields)
         self.source = ByteSource(path, **options)
@@ -629,6 +631,7 @@ class WebDatasetReader(ShardedReader):
 
     def __init__(self, urls: Union[PathLike, Iterable[PathLike]], *,
                  fields: Sequence[str] | None = None, decode: bool = False, **options: Any) -> None:
+        check_remote_options("WebDatasetReader", options)
         shards = expand_shards(urls, storage_options=options.get("storage_options"))
         super().__init__([TarReader(shard, fields=fields, decode=decode, **options)
                           for shard in shards])

@@ -279,6 +279,11 @@ def threads(func: Callable, *args: Any, n_workers: int | str = 1, buffer_size: i
     counted and recorded for :func:`fpipe.stats`; ``max_errors`` bounds how many may fail
     (see :mod:`fpipe.skipping`). Closing the stream stops and joins the threads.
 
+    The keyword arguments that are not options of the stage go to ``func``; they are checked
+    against its signature now, so a misspelled option (``n_worker=2``) is a ``TypeError`` that
+    names it, before any thread starts. A ``func`` that takes ``**kwargs`` takes any name: give
+    it its keywords with ``functools.partial``, and the stage only its options.
+
     >>> with threads(abs, n_workers=2)(range(-3, 4)) as stream:
     ...     list(stream)
     [3, 2, 1, 0, 1, 2, 3]
@@ -491,8 +496,9 @@ def processes(func: Callable, *args: Any, n_workers: int | str = 1, backend: Any
     from the heap, which gives memory back past 64 MiB free), as page-faulting every new batch
     in anew costs image pipelines a quarter of their time on virtual machines.
 
-    Order, seeds, ``epoch``, errors and ``on_error`` behave as in :func:`threads` (a callable
-    ``on_error`` runs in the worker process, so it must pickle). So do ``n_workers="auto"``,
+    Order, seeds, ``epoch``, errors, ``on_error`` and the keywords that go to ``func`` behave
+    as in :func:`threads` (a callable ``on_error`` runs in the worker process, so it must
+    pickle). So do ``n_workers="auto"``,
     ``buffer_size="auto"``, ``cpu_budget`` and ``memory_budget``, but ``"auto"`` chooses at most
     one process per core of ``cpu_budget`` (the pool has that many; the stage runs as many
     chunks at once as it chose), and with ``memory_budget`` each worker's shared memory is its

@@ -261,7 +261,9 @@ def map(func: Callable, *args: Any, seed: Seed | None = None, epoch: int = 0,
 
     ``on_error="skip"`` (or a callable) leaves out the items on which ``func`` raises, counts
     them and records them for :func:`fpipe.stats`; ``max_errors`` bounds how many may fail
-    (see :mod:`fpipe.skipping`).
+    (see :mod:`fpipe.skipping`). The keyword arguments that are not options go to ``func``,
+    checked against its signature now, as in :func:`fpipe.threads` (a ``func`` that takes
+    ``**kwargs`` gets its keywords through ``functools.partial``).
 
     ``in_workers=True`` lets ``func`` run in the worker processes of the process stage next to
     it: just before a :func:`fpipe.processes` stage, or after one and a :func:`fpipe.batch`
@@ -362,6 +364,8 @@ def transform_stream(func: Callable, *args: Any, **kwargs: Any) -> Stage:
     """The stage that hands the whole stream to ``func(stream, *args, **kwargs)``, which returns
     or yields any number of outputs (dpipe's ``Iterator``): for windows, pairs, flat maps and
     other stateful work. It runs in this thread; add :func:`fpipe.prefetch` to run it ahead.
+    ``args`` and ``kwargs`` are checked against ``func``'s signature now: a name it does not
+    take is a ``TypeError`` that names it.
 
     >>> def pairs(items):
     ...     items = iter(items)

@@ -189,7 +189,7 @@ def test_combiner_keyword_arguments_are_forwarded_and_a_stage_combiner_takes_its
     with Infinite(iter(items), batch_size=2, batches_per_epoch=1, combiner=stage) as batch_iter:
         (same, _), = batch_iter()
     assert same.tolist() == xs.tolist()
-    with pytest.raises(ValueError, match="already a stage.*padding_values"):
+    with pytest.raises(TypeError, match="'padding_values': combiner .* already a stage"):
         Infinite(iter(items), batch_size=2, batches_per_epoch=1, combiner=stage, padding_values=0)
     with pytest.raises(TypeError, match="combine_pad does not take"):
         Infinite(iter(items), batch_size=2, batches_per_epoch=1, combiner=combine_pad, size=3)
