@@ -306,11 +306,19 @@ def _running(pid: int) -> bool:
 
 def _remove_dead_weed_sockets(made_since: float) -> None:
     """weed makes its gRPC and S3 sockets in /tmp whatever TMPDIR says, and leaves them when it
-    is killed: remove those made while the page ran that no server listens on any more (a live
-    server of another test answers on its own, which are kept)."""
-    for path in Path("/tmp").glob("seaweedfs-*.sock"):
-        if path.stat().st_mtime >= made_since - 1 and not _listened_on(path):
+    is killed: remove those made while the page ran once no server listens on them. (A killed
+    server's threads close them a moment after it shows as ended; a live server of another
+    test keeps its own, after a wait of a few seconds at most.)"""
+    made = [path for path in Path("/tmp").glob("seaweedfs-*.sock")
+            if path.stat().st_mtime >= made_since - 1]
+    deadline = time.monotonic() + 10
+    while made:
+        for path in [path for path in made if not _listened_on(path)]:
             path.unlink(missing_ok=True)
+            made.remove(path)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
 
 
 def _listened_on(path: Path) -> bool:
