@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -114,7 +115,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         pack(source, dataset, args)
         classes = _class_count(dataset)
         train = _train_torch if use_torch else _train_numpy
-        seen, seconds = train(dataset, classes, args)
+        with _torch_cache_folder() if use_torch else contextlib.nullcontext():
+            seen, seconds = train(dataset, classes, args)
     say(args, f"\ndone in {time.perf_counter() - started:.1f} s: {seen} samples in {args.epochs} "
               f"epoch(s) through the pipeline at {seen / max(seconds, 1e-9):,.0f} samples/s "
               "(worker start-up included)"
@@ -142,6 +144,22 @@ def _workspace(keep: str | None) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="fpipe-demo-") as name:
         yield Path(name)
+
+
+@contextlib.contextmanager
+def _torch_cache_folder() -> Iterator[None]:
+    """torch makes its compiler cache folder (``torchinductor_<user>``) in the temporary folder
+    when an optimizer is made, and leaves it there: while the demo trains, that cache is a
+    folder of its own, removed at the end (unless ``TORCHINDUCTOR_CACHE_DIR`` says where)."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="fpipe-demo-torch-") as name:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = name
+        try:
+            yield
+        finally:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
 
 # --- 1. images --------------------------------------------------------------------------

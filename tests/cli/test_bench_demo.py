@@ -50,8 +50,7 @@ def test_the_demo_trains_through_a_dataloader_and_leaves_nothing_behind(tmp_path
             "-> batches of 16 (torch's collate)\n"
             "map(train_step)\n") in out
     assert "nothing was left behind" in out
-    # torch itself may leave its compiler cache folder (torchinductor_<user>) in TMPDIR
-    assert [p.name for p in scratch.iterdir() if not p.name.startswith("torch")] == []
+    assert list(scratch.iterdir()) == []  # torch's compiler cache folder too
 
 
 def test_the_demo_without_torch_runs_fpipe_stages_and_keeps_files_when_asked(tmp_path, capsys):
