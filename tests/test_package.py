@@ -3,6 +3,7 @@
 import ast
 import importlib
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -112,24 +113,42 @@ def test_command_without_subcommand_is_a_usage_error():
     assert "usage: fpipe" in result.stderr
 
 
-# --- layers (DESIGN.md): imports point down, and the two halves of layer 2 stay apart ---------
+# --- layers (docs/architecture.md): imports point down, and the halves of layer 2 stay apart -
 
-CORE = {"errors", "functional", "random", "sharding", "skipping", "stateful", "_version"}
-ADAPTERS = {"infinite", "_infinite_pipeline", "torch", "image", "_image", "_lightning",
-            "_torch_shared", "_torch_loaders"}  # and their helpers
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+
+def layer_table(page: str) -> dict[str, tuple[int, str]]:
+    """``{top-level module: (rank, half)}`` from the table under "## Layers" of the
+    architecture page: a row's first cell is its rank and name ("2 storage"), its second the
+    modules in backticks; ``half`` tells apart the rows of one rank (streaming, storage)."""
+    section = page.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for row in section.splitlines():
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0][:1].isdigit():
+            continue  # the prose, the header and its rule
+        rank, _, name = cells[0].partition(" ")
+        for module in re.findall(r"`([\w.]+)`", cells[1]):
+            table[module] = (int(rank), name)
+    return table
+
+
+LAYERS = layer_table(ARCHITECTURE.read_text(encoding="utf-8"))
 
 
 def _layer(module: str) -> tuple[int, str]:
-    """``(rank, half)`` of a module named relative to the package: 1 core, 2 streaming or
-    storage, 3 adapters, 4 the command line."""
-    top = module.split(".")[0]
-    if top in CORE:
-        return 1, ""
-    if top in ("streaming", "storage"):
-        return 2, top
-    if top in ADAPTERS:
-        return 3, ""
-    return 4, ""
+    """``(rank, half)`` of a module named relative to the package (its top-level name's row);
+    only the rows of layer 2 have halves that must stay apart."""
+    rank, name = LAYERS[module.split(".")[0]]
+    return rank, name if rank == 2 else ""
+
+
+def test_every_module_of_fpipe_has_a_row_in_the_layer_table():
+    tops = {module_name(path).split(".")[1] for path in PACKAGE.rglob("*.py")
+            if module_name(path) != "fpipe"}
+    assert tops - set(LAYERS) == set(), "add these modules to docs/architecture.md's table"
+    assert set(LAYERS) - tops == set(), "the layer table names modules that do not exist"
 
 
 def _fpipe_imports(path: Path) -> set[str]:
