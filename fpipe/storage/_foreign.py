@@ -34,8 +34,9 @@ from ._staging import DISK_FULL, disk_full, folder_size, refuse_inputs, signals_
 from .base import Reader
 from .format import PathLike, key_salt, pack_sample
 
-__all__ = ["ByteSource", "KeyIndex", "ShardFiles", "SpanReader", "cached_index", "expand_shards",
-           "renamed", "strings_from_arrays", "strings_to_arrays", "write_shards"]
+__all__ = ["ByteSource", "KeyIndex", "ShardFiles", "SpanReader", "cached_index", "checked_spans",
+           "expand_shards", "pin_index", "renamed", "same_bytes", "strings_from_arrays",
+           "strings_to_arrays", "write_shards"]
 
 # Sequential scans (building an index) read the file in windows of this many bytes.
 SCAN_WINDOW = 1 << 16
@@ -351,6 +352,66 @@ def cached_index(source: ByteSource, kind: str, build: Callable[[], dict[str, np
     index = build()
     _store_index(path, index)
     return index
+
+
+# --- an index tied to the bytes it was made from ---------------------------------------------
+# A file copied over another with ``cp -p`` keeps its size, modification time and inode (and
+# some file systems do not tell its change time), so an index in the cache also keeps a digest
+# of a few spans of the bytes it was made from, read again and compared at each open.
+
+#: at most this many spans are read to check an index: the file's two ends and the spans of up
+#: to 16 of its entries
+CHECKED_SPANS = 18
+
+
+def checked_spans(size: int, edge: int, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """The ``(start, stop)`` spans whose digest ties an index to its file of ``size`` bytes:
+    its first and last ``edge`` bytes, and ``starts[i]:stops[i]`` for up to
+    ``CHECKED_SPANS - 2`` entries ``i`` spread over them, the first and last among them.
+
+    >>> checked_spans(100, 4, np.array([0, 30, 60]), np.array([12, 42, 72])).tolist()
+    [[0, 4], [96, 100], [0, 12], [30, 42], [60, 72]]
+    """
+    starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+    picked = np.unique(np.linspace(0, len(starts) - 1, min(len(starts), CHECKED_SPANS - 2))
+                       .astype(np.int64))
+    ends = np.array([[0, min(size, edge)], [max(0, size - edge), size]], np.int64)
+    return np.concatenate([ends, np.stack([starts[picked], stops[picked]], axis=1)]).astype(np.int64)
+
+
+def pin_index(source: ByteSource, spans: np.ndarray) -> dict[str, np.ndarray]:
+    """The entries to add to an index to tie it to the bytes of ``spans`` in ``source`` (as
+    :func:`checked_spans` chooses them), checked at each open by :func:`same_bytes`."""
+    return {"checked_spans": spans, "checked_digest": _span_digest(source, spans)}
+
+
+def same_bytes(source: ByteSource, index: dict[str, np.ndarray]) -> bool:
+    """Whether the spans that ``index`` was pinned to (:func:`pin_index`) still hold the bytes
+    they held (at most ``CHECKED_SPANS`` small reads). A file at a URL has a new ETag when its
+    bytes change, and is not read again for it.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
+    >>> _ = open(path, "wb").write(b"abcdef")
+    >>> index = pin_index(ByteSource(path), checked_spans(6, 2, np.array([2]), np.array([3])))
+    >>> _ = open(path, "wb").write(b"abCdef")
+    >>> same_bytes(ByteSource(path), index)
+    False
+    """
+    if source.remote:
+        return True
+    spans, digest = index["checked_spans"], index["checked_digest"]
+    return bool(spans.ndim == 2 and spans.shape[1] == 2 and len(spans) <= CHECKED_SPANS
+                and (spans[:, 0] >= 0).all() and (spans[:, 0] <= spans[:, 1]).all()
+                and (spans[:, 1] <= source.size).all()
+                and np.array_equal(_span_digest(source, spans), digest))
+
+
+def _span_digest(source: ByteSource, spans: np.ndarray) -> np.ndarray:
+    digest = hashlib.blake2b(digest_size=16)
+    for start, stop in spans.tolist():
+        digest.update(source.read(start, stop))
+    return np.frombuffer(digest.digest(), np.uint8)
 
 
 def _index_folder(cache_dir: PathLike | None) -> Path | None:

@@ -49,7 +49,10 @@ from ._foreign import (
     SpanReader,
     cached_index,
     check_remote_options,
+    checked_spans,
     expand_shards,
+    pin_index,
+    same_bytes,
     strings_from_arrays,
     strings_to_arrays,
 )
@@ -63,6 +66,14 @@ _HEADER = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
 _INT64 = struct.Struct("<q")
 _FRAME = _HEADER.size + _CRC.size
+# The index's name in the cache: a new one when its arrays change, so old ones are rebuilt.
+_INDEX_KIND = "tfrecord-2"
+# An index in the cache is checked against the file at each open by a digest of bytes it was
+# made from (``pin_index``): the file's first and last _CHECKED_EDGE bytes, and the 12-byte
+# headers (length and its CRC) of up to 16 records spread over it (a file copied over another
+# with ``cp -p`` keeps its size, modification time and inode, and its records may lie
+# elsewhere).
+_CHECKED_EDGE = 16
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 _BYTES_LIST, _FLOAT_LIST, _INT64_LIST = 1, 2, 3
 
@@ -627,9 +638,13 @@ def _build_record_index(source: ByteSource, verify: bool) -> dict[str, np.ndarra
         damaged = len(starts)
         starts.append(position)
         stops.append(min(position + _HEADER.size, source.size))
-    return {"starts": np.array(starts, np.int64), "stops": np.array(stops, np.int64),
+    starts, stops = np.array(starts, np.int64), np.array(stops, np.int64)
+    spans = checked_spans(source.size, _CHECKED_EDGE, starts,
+                          np.minimum(starts + _HEADER.size, source.size))
+    return {"starts": starts, "stops": stops,
             "damaged": np.array([damaged], np.int64), **dict(zip(
-                ("reason_blob", "reason_ends"), strings_to_arrays([reason])))}
+                ("reason_blob", "reason_ends"), strings_to_arrays([reason]))),
+            **pin_index(source, spans)}
 
 
 def _record_spans(source: ByteSource, verify: bool) -> tuple[list[int], list[int], int, str]:
@@ -667,7 +682,8 @@ class TFRecordFileReader(SpanReader):
 
     The first open reads each record's 12-byte header (checking its CRC) to index the record
     offsets, and keeps the index in the cache folder (``cache_dir``, default that of
-    :mod:`fpipe.storage.remote`); later opens and DataLoader workers load it. Records have no
+    :mod:`fpipe.storage.remote`); later opens check it against a digest of the file's ends and
+    of up to 16 record headers (a few reads), and DataLoader workers load it. Records have no
     keys: sample ``i`` of ``train.tfrecord`` has the key ``"train.tfrecord:i"``.
 
     ``features`` chooses the features to read; a record that lacks one raises
@@ -707,7 +723,7 @@ class TFRecordFileReader(SpanReader):
             raise TypeError(f"features must be a list of names (str); got features={features!r:.80}")
         self.features = None if features is None else tuple(features)
         self.source = ByteSource(path, **options)
-        index = cached_index(self.source, f"tfrecord-{int(self.verify)}",
+        index = cached_index(self.source, f"{_INDEX_KIND}-{int(self.verify)}",
                              lambda: _build_record_index(self.source, self.verify),
                              options.get("cache_dir"), self._fits)
         self._load(index)
@@ -717,7 +733,8 @@ class TFRecordFileReader(SpanReader):
         starts, stops = index["starts"], index["stops"]
         return bool(len(starts) == len(stops) and (starts <= stops).all()
                     and (stops <= self.source.size).all() and (np.diff(starts) > 0).all()
-                    and -1 <= int(index["damaged"][0]) < len(starts))
+                    and -1 <= int(index["damaged"][0]) < len(starts)
+                    and same_bytes(self.source, index))
 
     def _load(self, index: dict[str, np.ndarray]) -> None:
         starts, stops = index["starts"], index["stops"]

@@ -30,7 +30,6 @@ image and its label costs one read.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from collections.abc import Iterable, Sequence
@@ -47,8 +46,11 @@ from ._foreign import (
     SpanReader,
     cached_index,
     check_remote_options,
+    checked_spans,
     expand_shards,
+    pin_index,
     renamed,
+    same_bytes,
     strings_from_arrays,
     strings_to_arrays,
     write_shards,
@@ -76,10 +78,9 @@ _INLINE_LIMIT = 16 << 20
 # The index's name in the cache: a new one when its arrays change, so old ones are rebuilt.
 _INDEX_KIND = "tar-3"
 # An index in the cache is checked against the shard at each open by a digest of bytes it was
-# made from: the first and last blocks, and the header and first block of data of this many
-# members spread over the shard (a shard copied over another with ``cp -p`` keeps its size,
-# modification time and inode, and the same layout would give the same offsets).
-_CHECKED_MEMBERS = 16
+# made from (``pin_index``): the first and last blocks, and the header and first block of data
+# of up to 16 members spread over the shard (a shard copied over another with ``cp -p`` keeps
+# its size, modification time and inode, and the same layout would give the same offsets).
 
 
 def decode_field(extension: str, data: bytes) -> Any:
@@ -381,27 +382,15 @@ def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
             "inline_at": np.array(inline_at, np.int64),
             "inline_blob": np.frombuffer(b"".join(inline), np.uint8),
             "damaged": np.array([damaged], np.int64),
-            "checked_spans": spans, "checked_digest": _digest(source, spans)}
+            **pin_index(source, spans)}
 
 
 def _checked_spans(offsets: np.ndarray, sizes: np.ndarray, size: int) -> np.ndarray:
     """The ``(start, stop)`` of the bytes whose digest ties an index to its shard: the first
-    and last blocks of the file, and the header and first data block of up to
-    ``_CHECKED_MEMBERS`` members, the first and last among them (their names, sizes and tiny
-    members' data, which the index keeps)."""
-    picked = np.unique(np.linspace(0, len(offsets) - 1, min(len(offsets), _CHECKED_MEMBERS))
-                       .astype(np.int64))
-    members = np.stack([offsets[picked] - _BLOCK, offsets[picked] + np.minimum(sizes[picked], _BLOCK)],
-                       axis=1)
-    ends = np.array([[0, min(size, _BLOCK)], [max(0, size - _BLOCK), size]], np.int64)
-    return np.concatenate([ends, members.reshape(-1, 2)]).astype(np.int64)
-
-
-def _digest(source: ByteSource, spans: np.ndarray) -> np.ndarray:
-    digest = hashlib.blake2b(digest_size=16)
-    for start, stop in spans.tolist():
-        digest.update(source.read(start, stop))
-    return np.frombuffer(digest.digest(), np.uint8)
+    and last blocks of the file, and the header and first data block of up to 16 members, the
+    first and last among them (their names, sizes and tiny members' data, which the index
+    keeps)."""
+    return checked_spans(size, _BLOCK, offsets - _BLOCK, offsets + np.minimum(sizes, _BLOCK))
 
 
 def _with_damage(scan: _Scan, source: ByteSource, keys: list, starts: np.ndarray,
@@ -479,17 +468,7 @@ class TarReader(SpanReader):
                     and (starts <= stops).all() and (stops <= size).all()
                     and -1 <= int(index["damaged"][0]) < n
                     and _inline_fits(index["inline_at"], sizes, len(index["inline_blob"]))
-                    and self._same_bytes(index["checked_spans"], index["checked_digest"]))
-
-    def _same_bytes(self, spans: np.ndarray, digest: np.ndarray) -> bool:
-        """Whether the bytes that the index was made from are still in the file (a few reads);
-        a file at a URL has a new ETag when its bytes change, and is not read again for it."""
-        if self.source.remote:
-            return True
-        return bool(spans.ndim == 2 and spans.shape[1] == 2 and len(spans) <= _CHECKED_MEMBERS + 2
-                    and (spans[:, 0] >= 0).all() and (spans[:, 0] <= spans[:, 1]).all()
-                    and (spans[:, 1] <= self.source.size).all()
-                    and np.array_equal(_digest(self.source, spans), digest))
+                    and same_bytes(self.source, index))
 
     def _load(self, index: dict[str, np.ndarray]) -> None:
         offsets, sizes, first = index["offsets"], index["sizes"], index["first"]
