@@ -23,6 +23,7 @@ from ..storage import (
     open_regular,
     read_classes,
 )
+from ..storage._foreign import pending_export
 from ..storage._indexing import array_length
 from ..storage._staging import missing_data_reason
 from ..storage.format import SUFFIX_CLASSES
@@ -279,6 +280,9 @@ def data_file(path: str | Path) -> Path:
     fpipe._commands._common.UsageError: ... is a folder, not a dataset (it holds no X.msgpack)
     """
     path = Path(path)
+    pending = pending_export(path)
+    if pending is not None:
+        raise FpipeError(f"{path}: {pending}")
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.msgpack"))
         more = f" and {len(found) - _NAMED} more" if len(found) > _NAMED else ""

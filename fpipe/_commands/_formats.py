@@ -129,9 +129,28 @@ def open_source(kind: str, sources: Sequence[str]) -> Any:
     """The reader of ``sources`` in format ``kind`` (see :func:`source_format`)."""
     from ..storage import ParquetReader, TFRecordReader, WebDatasetReader
 
+    _refuse_pending_exports(sources)
     readers = {"webdataset": WebDatasetReader, "parquet": ParquetReader, "tfrecord": TFRecordReader,
                "packed": _packed_datasets}
     return readers[kind](list(sources))
+
+
+def _refuse_pending_exports(sources: Sequence[str]) -> None:
+    """Refuse shards of a pattern whose export was killed while it renamed them into place
+    (they are of two exports until the next export to the pattern finishes that commit)."""
+    import glob
+
+    from ..storage._foreign import EXPORT_JOURNAL, pending_export
+
+    journals: dict[str, bool] = {}
+    for path in source_files(sources):
+        folder = os.path.dirname(os.path.abspath(path))
+        if folder not in journals:
+            journals[folder] = bool(glob.glob(os.path.join(glob.escape(folder), ".fpipe-*",
+                                                           EXPORT_JOURNAL)))
+        reason = pending_export(path) if journals[folder] else None
+        if reason is not None:
+            raise FpipeError(f"{path}: {reason}")
 
 
 def _packed_datasets(sources: list[str]) -> Any:

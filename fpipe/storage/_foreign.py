@@ -35,9 +35,11 @@ from .base import Reader
 from .format import PathLike, key_salt, pack_sample
 
 __all__ = ["ByteSource", "KeyIndex", "ShardFiles", "SpanReader", "cached_index", "checked_spans",
-           "expand_shards", "pin_index", "renamed", "same_bytes", "strings_from_arrays",
-           "strings_to_arrays", "write_shards"]
+           "expand_shards", "finish_export", "pending_export", "pin_index", "renamed", "same_bytes",
+           "strings_from_arrays", "strings_to_arrays", "write_shards"]
 
+#: The journal of an export's commit under way, in the staging folder of its first shard.
+EXPORT_JOURNAL = "export.json"
 # Sequential scans (building an index) read the file in windows of this many bytes.
 SCAN_WINDOW = 1 << 16
 # Iteration reads runs of samples up to about this many bytes at once.
@@ -766,7 +768,11 @@ class ShardFiles:
     ``%d``-style field, e.g. ``train-%06d.tar``). Each shard is written in a hidden staging
     folder beside its name, and all are renamed into place together once the last one is
     written (SIGINT and SIGTERM wait until that is done), so a failed or interrupted export
-    leaves the shards as they were and nothing of its own. Existing files are replaced only
+    leaves the shards as they were and nothing of its own. Before the first rename a journal
+    (``export.json`` in the staging folder) lists every rename and removal of the commit; a
+    process killed in the middle (SIGKILL, power) leaves it, and the next :class:`ShardFiles`
+    made for the pattern (so the next export to it) finishes that commit first, with a
+    warning naming the staging folder (:func:`finish_export`). Existing files are replaced only
     with ``overwrite``, and a shard that is one of ``inputs`` never. The shards an export
     wrote are listed in its manifest (``.train-%06d.tar.shards.json`` beside them, written
     last); ``overwrite`` removes those of an earlier, longer export that its manifest lists
@@ -788,11 +794,16 @@ class ShardFiles:
             raise ValueError(f"pattern must hold one %d-style field for the shard number, as in "
                              f"'train-%06d.tar'; got pattern={self.pattern!r}")
         self.inputs = [os.fspath(path) for path in inputs]
+        for folder in finish_export(self.pattern):
+            warnings.warn(f"an earlier export to {self.pattern} was killed while it renamed its "
+                          f"shards into place; its commit was finished first (from {folder})",
+                          stacklevel=2)
         self._refuse_inputs(self._present())
         self.temporaries: list[str] = []
         self.left: list[str] = []
         self._folders: dict[str, str] = {}  # a shard folder -> its staging folder
         self._created: list[str] = []  # shard folders this export made
+        self._journal: str | None = None  # the journal of the commit under way
 
     @property
     def manifest(self) -> str:
@@ -887,11 +898,28 @@ class ShardFiles:
         return stale
 
     def _rename(self, names: list[str], stale: list[str]) -> None:
-        staged = os.path.join(self._folders[os.path.dirname(names[0]) or "."], "manifest")
+        staging = self._folders[os.path.dirname(names[0]) or "."]
+        staged = os.path.join(staging, "manifest")
         shards = {os.path.basename(name): os.path.getsize(temporary)
                   for name, temporary in zip(names, self.temporaries)}
         with open(staged, "w", encoding="utf-8") as file:
             json.dump({"pattern": os.path.basename(self.pattern), "shards": shards}, file)
+        base = os.path.dirname(self.manifest) or "."
+
+        def relative(path: str) -> str:
+            return os.path.relpath(path, base)
+
+        journal = {"pattern": os.path.basename(self.pattern), "manifest": relative(self.manifest),
+                   "staged_manifest": relative(staged),
+                   "renames": [[relative(t), relative(n)] for t, n in zip(self.temporaries, names)],
+                   "remove": [relative(name) for name in stale],
+                   "folders": [relative(folder) for folder in self._folders.values()]}
+        self._journal = os.path.join(staging, EXPORT_JOURNAL)
+        with open(self._journal + ".part", "w", encoding="utf-8") as file:
+            json.dump(journal, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(self._journal + ".part", self._journal)  # whole, or not there
         if os.path.lexists(self.manifest):
             os.unlink(self.manifest)  # no manifest while the shards change
         for temporary, name in zip(self.temporaries, names):
@@ -899,13 +927,17 @@ class ShardFiles:
         for name in stale:
             os.unlink(name)
         os.replace(staged, self.manifest)
+        os.unlink(self._journal)
 
     def written(self) -> int:
         """The bytes of the shards written so far."""
         return sum(map(folder_size, self._folders.values()))
 
     def abort(self) -> None:
-        """Remove the staging folders, and the shard folders this export made if empty."""
+        """Remove the staging folders, and the shard folders this export made if empty; not
+        when a commit failed midway (its journal is there): the next export finishes it."""
+        if self._journal is not None and os.path.exists(self._journal):
+            self._folders.clear()
         for folder in self._folders.values():
             shutil.rmtree(folder, ignore_errors=True)
         self._folders.clear()
@@ -915,6 +947,84 @@ class ShardFiles:
             except OSError:
                 pass
         self._created.clear()
+
+
+def _export_journals(folder: str, pattern: str | None = None) -> Iterator[tuple[str, dict]]:
+    """The journals (path, contents) of export commits in ``folder`` that did not finish, of
+    the shard pattern named ``pattern`` (its file name) or of any."""
+    for journal in sorted(glob.glob(os.path.join(glob.escape(folder or "."), ".fpipe-*",
+                                                 EXPORT_JOURNAL))):
+        try:
+            with open(journal, encoding="utf-8") as file:
+                contents = json.load(file)
+            if pattern is None or contents["pattern"] == pattern:
+                yield journal, contents
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours
+
+
+def finish_export(pattern: PathLike) -> list[str]:
+    """Finish the commits of exports to ``pattern`` whose process was killed while it renamed
+    the shards into place (SIGKILL, power), from the journals they left in their staging
+    folders: the shards were whole before the commit began, so the pattern then holds that
+    export whole, and its staging folders are removed. The staging folders finished.
+
+    >>> import tempfile
+    >>> finish_export(os.path.join(tempfile.mkdtemp(), "out-%03d.tar"))
+    []
+    """
+    files = ShardFiles.__new__(ShardFiles)
+    files.pattern = os.fspath(pattern)
+    base = os.path.dirname(files.manifest) or "."
+    finished = []
+    with signals_deferred():
+        for journal, contents in _export_journals(base, os.path.basename(files.pattern)):
+            def path(relative: str) -> str:
+                return os.path.join(base, relative)
+            staged = path(contents["staged_manifest"])
+            if os.path.lexists(staged):  # else every rename was done
+                if os.path.lexists(path(contents["manifest"])):
+                    os.unlink(path(contents["manifest"]))
+                for temporary, name in contents["renames"]:
+                    if os.path.lexists(path(temporary)):
+                        os.replace(path(temporary), path(name))
+                for name in contents["remove"]:
+                    if os.path.lexists(path(name)):
+                        os.unlink(path(name))
+                os.replace(staged, path(contents["manifest"]))
+            for folder in contents["folders"]:
+                if folder != os.path.relpath(os.path.dirname(journal), base):
+                    shutil.rmtree(path(folder), ignore_errors=True)
+            shutil.rmtree(os.path.dirname(journal), ignore_errors=True)
+            finished.append(os.path.dirname(journal))
+    return finished
+
+
+def pending_export(path: PathLike) -> str | None:
+    """Why the shard ``path`` cannot be trusted: an export to its pattern was killed while it
+    renamed its shards into place, so the pattern holds shards of two exports until the next
+    export to it finishes that commit (:func:`finish_export`); None if there is no such
+    export.
+
+    >>> import tempfile
+    >>> pending_export(os.path.join(tempfile.mkdtemp(), "out-000.tar")) is None
+    True
+    """
+    folder, name = os.path.split(os.path.abspath(os.fspath(path)))
+    for journal, contents in _export_journals(folder):
+        try:
+            named = {os.path.basename(n) for _, n in contents["renames"]}
+            named.update(os.path.basename(n) for n in contents["remove"])
+            pattern = contents["pattern"]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if name in named or name == os.path.basename(contents.get("manifest", "")):
+            return (f"an export to {os.path.join(folder, pattern)} was killed while it renamed "
+                    f"its shards into place (the new ones wait in "
+                    f"{os.path.basename(os.path.dirname(journal))}), so the pattern holds shards "
+                    f"of two exports; the next 'fpipe export' to that pattern finishes the "
+                    f"commit first")
+    return None
 
 
 def _manifest_shards(path: str) -> dict[str, int]:

@@ -210,3 +210,34 @@ def test_ctrl_c_at_steps_of_mv_leaves_the_dataset_whole_under_one_name_or_both(t
         assert not left or generation(source) == "old", (n, left)
         assert not left or left == {path.name for path in folder.glob("a.msgpack*")}, left
     record("SIGINT at steps of 'fpipe mv''s commit", tried=len(range(1, steps + 1, 2)))
+
+
+def test_sigkill_at_any_step_of_export_is_finished_by_the_next_export(tmp_path, record, capsys):
+    from fpipe.storage._foreign import ShardFiles
+
+    folder, runs = _export_setup(tmp_path)
+    names = {}
+    for which in ("new", "old"):
+        assert main(runs[which]) == 0
+        names[which] = set(os.listdir(folder))
+    pattern = str(folder / "part-%06d.tar")
+    steps = counted_renames(folder, runs["new"])
+    for n in range(1, steps + 1):
+        assert main(runs["old"]) == 0
+        done = run_interrupted(n, "KILL", folder, runs["new"])
+        assert done.returncode == -signal.SIGKILL, (n, done.stderr)
+        staging = [name for name in os.listdir(folder) if name.startswith(".fpipe-")]
+        assert len(staging) == 1, (n, staging)
+        capsys.readouterr()
+        assert main(["verify", str(folder / "part-000001.tar")]) != 0
+        error = capsys.readouterr().err
+        assert "was killed while it renamed its shards" in error and staging[0] in error, error
+        if n % 2:  # the next export to the pattern finishes the commit first, then runs
+            assert main(runs["new"]) == 0, n
+            notice = capsys.readouterr().err
+            assert notice.count("\n") == 1 and staging[0] in notice, notice
+        else:  # or anything that makes the pattern's ShardFiles
+            with pytest.warns(UserWarning, match=re.escape(staging[0])):
+                ShardFiles(pattern)
+        assert export_generation(folder, names) == "new", n
+    record("SIGKILL at each step of 'fpipe export -y''s commit", tried=steps)
