@@ -35,7 +35,9 @@ it with --rename label=label.cls. Parquet columns hold one type each; numpy arra
 shape become tensor columns. A field that a format cannot carry stops the run, naming the
 field. Nothing appears under OUT's names unless every shard is written; then all are renamed
 into place together (Ctrl-C waits until they are), and a manifest beside them,
-.PATTERN.shards.json, lists them. -y replaces shards, and removes those of an earlier, longer
+.PATTERN.shards.json, lists them. An export killed outright while it renamed them leaves a
+journal in its hidden folder, by which the next export to the pattern finishes that commit
+first. -y replaces shards, and removes those of an earlier, longer
 export that its manifest lists, and no other file. A pattern that names one of the inputs is
 refused."""
 

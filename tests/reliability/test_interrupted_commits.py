@@ -7,7 +7,9 @@ so no step is left to chance. Afterwards the output must be entirely the old dat
 entirely the new one, read sample by sample and key by key; SIGINT must end with status 130,
 and nothing of the run (staging folders, partial files) may be left. SIGKILL cannot be held
 off: what it leaves must be one of the two datasets, or a missing data file whose reader
-error says how to finish the commit, which ``fpipe index`` then does.
+error says how to finish the commit, which ``fpipe index`` then does; for an export, shards
+that ``fpipe verify`` refuses, naming the hidden folder, until the next export to the pattern
+finishes the killed one's commit first: its shards and manifest, whole, and nothing else.
 """
 
 from __future__ import annotations
