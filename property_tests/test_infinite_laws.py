@@ -26,6 +26,9 @@ from property_tests.strategies import (
     seeded_transformers,
 )
 
+# finite sources are drawn on purpose: the warning that an epoch ran out early is expected
+pytestmark = pytest.mark.filterwarnings("ignore:the source of this Infinite:RuntimeWarning")
+
 
 def consume(batch_iter: Infinite, plan: list) -> tuple[list, list]:
     """The batches taken following ``plan``, and the sizes of the epochs read to the end."""

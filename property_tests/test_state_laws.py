@@ -21,6 +21,9 @@ from property_tests.strategies import (
     round_robin,
 )
 
+# finite sources are drawn on purpose: the warning that an epoch ran out early is expected
+pytestmark = pytest.mark.filterwarnings("ignore:the source of this Infinite:RuntimeWarning")
+
 REFUSED = (TypeError, ValueError)
 
 

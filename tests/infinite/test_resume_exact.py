@@ -14,6 +14,9 @@ from fpipe.storage import Cycler, ListReader, QuasiShuffler, Range, Repeater, Sh
 
 from .helpers import noisy
 
+# finite sources are drawn on purpose: the warning that an epoch ran out early is expected
+pytestmark = pytest.mark.filterwarnings("ignore:the source of this Infinite:RuntimeWarning")
+
 READER = ListReader([{"key": i} for i in range(10)])
 calls = []
 
