@@ -80,6 +80,23 @@ def _leftovers(folder: Path, expected: set[str]) -> set[str]:
     return set(os.listdir(folder)) - expected
 
 
+def _bystanders(folder: Path, stem: str) -> dict[str, bytes]:
+    """Files of the user's beside the output, named like it (the same stem with other
+    suffixes, a folder): no commit may touch them. Returns what each holds."""
+    files = {f"{stem}.notes": b"mine", f"{stem}.msgpack.notes": b"mine too",
+             f"{stem}.d/inside.txt": b"a folder named like the output"}
+    for name, data in files.items():
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_bytes(data)
+    return files
+
+
+def _check_bystanders(folder: Path, files: dict[str, bytes]) -> None:
+    changed = [name for name, data in files.items()
+               if not (folder / name).is_file() or (folder / name).read_bytes() != data]
+    assert not changed, f"a commit touched files that are not its own: {changed}"
+
+
 def _new_source(tmp_path: Path) -> Path:
     source = tmp_path / "new.jsonl"
     source.write_text("".join(json.dumps(s) + "\n" for s in _samples("new")), encoding="utf-8")
@@ -89,6 +106,7 @@ def _new_source(tmp_path: Path) -> Path:
 def _write_setup(tmp_path: Path) -> tuple[Path, list[str], set[str]]:
     folder = tmp_path / "out"
     folder.mkdir()
+    _bystanders(folder, "data")
     target = write_dataset(folder / "data.msgpack", _samples("old"))
     args = ["write", str(_new_source(tmp_path)), str(target), "-y", "-q"]
     return target, args, set(os.listdir(folder))
@@ -97,6 +115,7 @@ def _write_setup(tmp_path: Path) -> tuple[Path, list[str], set[str]]:
 @pytest.mark.parametrize("name", ["INT", "TERM"])
 def test_a_signal_at_any_step_of_write_leaves_one_whole_dataset(tmp_path, name, record):
     target, args, names = _write_setup(tmp_path)
+    bystanders = _bystanders(target.parent, "data")
     steps = counted_renames(target.parent, args)
     write_dataset(target, _samples("old"))
     seen = set()
@@ -109,6 +128,7 @@ def test_a_signal_at_any_step_of_write_leaves_one_whole_dataset(tmp_path, name, 
                    "is in place" in done.stderr, done.stderr
         seen.add(generation(target))
         assert not _leftovers(target.parent, names), (n, _leftovers(target.parent, names))
+        _check_bystanders(target.parent, bystanders)
         write_dataset(target, _samples("old"))
     assert seen == {"new"}, "the commit was deferred, so the new dataset is in place"
     record(f"SIG{name} at each step of 'fpipe write -y''s commit", tried=steps)
@@ -132,6 +152,7 @@ def test_sigkill_at_any_step_of_write_is_detected_and_finished(tmp_path, record)
         assert main(["index", str(target), "-q"]) == 0
         assert generation(target) == before, n
         assert not _leftovers(target.parent, names), (n, _leftovers(target.parent, names))
+        _check_bystanders(target.parent, _bystanders(target.parent, "data"))
     assert finished == steps - 1, "every step but the first comes after the old data file went"
     record("SIGKILL at each step of 'fpipe write -y''s commit", tried=steps)
 
@@ -139,6 +160,7 @@ def test_sigkill_at_any_step_of_write_is_detected_and_finished(tmp_path, record)
 def test_ctrl_c_at_any_step_of_an_append_leaves_one_whole_dataset(tmp_path, record):
     folder = tmp_path / "out"
     folder.mkdir()
+    bystanders = _bystanders(folder, "data")
     target = write_dataset(folder / "data.msgpack", _samples("old"))
     names = set(os.listdir(folder))
     args = ["write", str(_new_source(tmp_path)), str(target), "--append", "-q"]
@@ -149,13 +171,17 @@ def test_ctrl_c_at_any_step_of_an_append_leaves_one_whole_dataset(tmp_path, reco
         assert done.returncode == 130, (n, done.stderr)
         assert whole_samples(target) == _samples("old") + _samples("new"), n
         assert not _leftovers(folder, names), (n, _leftovers(folder, names))
+        _check_bystanders(folder, bystanders)
     record("SIGINT at steps of 'fpipe write --append''s commit", tried=3)
 
 
 def _export_setup(tmp_path: Path) -> tuple[Path, dict[str, list[str]]]:
     """Datasets old (30 samples) and new (30 others) and the arguments that export each to
-    the shards out/part-%06d.tar: 4 shards of old, 2 of new."""
+    the shards out/part-%06d.tar: 4 shards of old, 2 of new. Files of the user's named like
+    the shards sit beside them: every check of the folder's files sees that they survive."""
     (tmp_path / "out").mkdir()
+    _bystanders(tmp_path / "out", "part-000001.tar")
+    _bystanders(tmp_path / "out", "part")
     runs = {}
     for which, size in (("old", 8), ("new", 15)):
         write_dataset(tmp_path / f"{which}.msgpack", _samples(which))
