@@ -29,16 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fpipe.storage import (
-    FileWriter,
-    MsgpackReader,
-    ParquetFileReader,
-    ParquetReader,
-    QuasiShuffler,
-    Range,
-    TFRecordFileReader,
-    WebDatasetReader,
-)
+from fpipe.dataset import FileWriter, MsgpackReader
+from fpipe.formats import ParquetFileReader, ParquetReader, TFRecordFileReader, WebDatasetReader
+from fpipe.orderings import QuasiShuffler, Range
 
 from . import data
 from .harness import Pair, Value, workload
@@ -252,7 +245,7 @@ def shuffled_parquet_epoch() -> Pair:
           "seed 0) over the X7 rows: chunks of 16 through the row-group cache",
           reference="the in-order epoch of the same dataset", target="-")
 def quasi_shuffled_parquet_epoch() -> Pair:
-    from fpipe.storage.order import Indexed
+    from fpipe.orderings.order import Indexed
 
     path = grouped_parquet_path()
     reader = ParquetReader(path)
@@ -275,8 +268,8 @@ def _epoch(path: Path) -> int:
 
 
 def _write_then_epoch(kind: str, sources: list[str], options: tuple[str, ...] = ()) -> Pair:
-    from fpipe._commands._formats import open_source
     from fpipe.cli import main
+    from fpipe.cli._formats import open_source
 
     folder = Path(tempfile.mkdtemp(prefix=f"fpipe-x6{kind}-"))
     reader = open_source(kind, sources)
@@ -359,7 +352,7 @@ _PEAK = ("import os, resource, sys\n"
          "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
          "print((peak - base) / 2**20)\n")
 _FROM_PARQUET = "assert fpipe.cli.main(['write', sys.argv[1], sys.argv[2], '-q']) == 0"
-_FROM_GENERATOR = ("with fpipe.storage.FileWriter(sys.argv[2]) as writer:\n"
+_FROM_GENERATOR = ("with fpipe.dataset.FileWriter(sys.argv[2]) as writer:\n"
                    f"    for i in range({_ROWS}):\n"
                    "        writer.write({'key': f'train.parquet:{i}', 'text': 'data train model "
                    "batch', 'n': i})")

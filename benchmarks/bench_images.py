@@ -35,9 +35,9 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def _encoded(path: str, count: int | None = None) -> list[bytes]:
-    import fpipe.storage
+    import fpipe
 
-    with fpipe.storage.MsgpackReader(path) as reader:
+    with fpipe.dataset.MsgpackReader(path) as reader:
         count = len(reader) if count is None else count
         return [reader[i]["image"] for i in range(count)]
 
@@ -53,8 +53,8 @@ class PillowRecipe:
         from PIL import Image
 
         import fpipe
-        from fpipe._image.boxes import center_box, random_resized_box, resized_size
         from fpipe.image import decode_image
+        from fpipe.image.boxes import center_box, random_resized_box, resized_size
 
         image = decode_image(data)
         if not self.train:
@@ -168,10 +168,10 @@ class RecipeBatch:
     as a whole when ``floats`` (with ``mean`` and ``std``)."""
 
     def __init__(self, path: str, layout: str, floats: bool, mean=MEAN, std=STD) -> None:
-        import fpipe.storage
+        import fpipe
         from fpipe.image import random_resized_crop
 
-        self.reader = fpipe.storage.MsgpackReader(path)
+        self.reader = fpipe.dataset.MsgpackReader(path)
         self.crop, self.layout, self.floats = random_resized_crop(CROP, layout=layout), layout, floats
         self.mean, self.std = mean, std
 
@@ -202,9 +202,9 @@ class PillowSample:
     """The reference's map-style dataset: sample ``i`` -> (Pillow recipe, then ``last``, label)."""
 
     def __init__(self, path: str, last) -> None:
-        import fpipe.storage
+        import fpipe
 
-        self.reader, self.last, self.recipe = fpipe.storage.MsgpackReader(path), last, PillowRecipe()
+        self.reader, self.last, self.recipe = fpipe.dataset.MsgpackReader(path), last, PillowRecipe()
 
     def __len__(self) -> int:
         return len(self.reader)

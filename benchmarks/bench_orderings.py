@@ -9,7 +9,8 @@ import random
 
 import numpy as np
 
-from fpipe.storage import IndexShuffler, MsgpackReader, QuasiShuffler, Shuffler
+from fpipe.dataset import MsgpackReader
+from fpipe.orderings import IndexShuffler, QuasiShuffler, Shuffler
 
 from . import data
 from .harness import Pair, workload

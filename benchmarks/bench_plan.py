@@ -96,9 +96,9 @@ def _same_batches(natural: Callable, hand: Callable, order: list) -> None:
 
 
 def _image_item():
-    import fpipe.storage
+    import fpipe
 
-    reader = fpipe.storage.MsgpackReader(images_path())
+    reader = fpipe.dataset.MsgpackReader(images_path())
     return _AugmentedItem(reader, _augment(_to_uint8_chw))
 
 

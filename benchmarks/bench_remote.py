@@ -19,7 +19,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from fpipe.storage import MsgpackReader, Shuffler
+from fpipe.dataset import MsgpackReader
+from fpipe.orderings import Shuffler
 
 from . import data
 from .harness import Pair, workload

@@ -43,10 +43,10 @@ def _plain(inner):
 
 
 def _dataset(plain: bool = False):
-    import fpipe.storage
+    import fpipe
     import fpipe.torch
 
-    data = fpipe.torch.IterableDataset(fpipe.storage.MsgpackReader(compact_path()), shuffle=True,
+    data = fpipe.torch.IterableDataset(fpipe.dataset.MsgpackReader(compact_path()), shuffle=True,
                                        seed=0)
     return _plain(data) if plain else data
 

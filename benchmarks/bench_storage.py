@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fpipe.storage import FileWriter, MsgpackReader
+from fpipe.dataset import FileWriter, MsgpackReader
 
 from . import data
 from .harness import Pair, Value, workload

@@ -46,11 +46,11 @@ def iterable_dataset() -> Pair:
     import datadings.reader
     import datadings.torch
 
-    import fpipe.storage
+    import fpipe
     import fpipe.torch
 
     path = small_path()
-    return _pair(lambda: fpipe.torch.IterableDataset(fpipe.storage.MsgpackReader(path)),
+    return _pair(lambda: fpipe.torch.IterableDataset(fpipe.dataset.MsgpackReader(path)),
                  lambda: datadings.torch.IterableDataset(datadings.reader.MsgpackReader(path)),
                  100_000, batch_size=BATCH, collate_fn=_as_list)
 
@@ -61,11 +61,11 @@ def map_dataset() -> Pair:
     import datadings.reader
     import datadings.torch
 
-    import fpipe.storage
+    import fpipe
     import fpipe.torch
 
     path = small_path()
-    return _pair(lambda: fpipe.torch.Dataset(fpipe.storage.MsgpackReader(path)),
+    return _pair(lambda: fpipe.torch.Dataset(fpipe.dataset.MsgpackReader(path)),
                  lambda: datadings.torch.Dataset(datadings.reader.MsgpackReader(path)),
                  100_000, batch_size=BATCH, collate_fn=_as_list, shuffle=True)
 
@@ -113,10 +113,10 @@ def _augment(last):
 
 
 def _image_dataset():
-    import fpipe.storage
+    import fpipe
     import fpipe.torch
 
-    return fpipe.torch.Dataset(fpipe.storage.MsgpackReader(images_path()),
+    return fpipe.torch.Dataset(fpipe.dataset.MsgpackReader(images_path()),
                                {"image": _augment(_to_tensor)}, seed=0)
 
 
@@ -189,10 +189,10 @@ def _against_data_loader(stage, before: tuple, after: tuple) -> Pair:
           "main process", reference="torch DataLoader (2 persistent workers, to_tensor in the workers)",
           target=">= 1.1")
 def pipeline_against_data_loader() -> Pair:
+    import fpipe
     import fpipe as fp
-    import fpipe.storage
 
-    reader = fpipe.storage.MsgpackReader(images_path())
+    reader = fpipe.dataset.MsgpackReader(images_path())
     batch = _AugmentedBatch(_AugmentedItem(reader, _augment(_to_uint8_chw)))
     stage = fp.processes(batch, n_workers=2, seed=0)
     return _against_data_loader(stage, (fp.batch(IMAGE_BATCH),), (fp.map(_float_batch),))
@@ -203,9 +203,9 @@ def pipeline_against_data_loader() -> Pair:
           "target moved to O1d, see the benchmarks page)", reference="torch DataLoader (2 "
           "persistent workers, to_tensor in the workers)", target="-")
 def naive_pipeline_against_data_loader() -> Pair:
+    import fpipe
     import fpipe as fp
-    import fpipe.storage
 
-    reader = fpipe.storage.MsgpackReader(images_path())
+    reader = fpipe.dataset.MsgpackReader(images_path())
     stage = fp.processes(_AugmentedItem(reader, _augment(_to_tensor)), n_workers=2, seed=0)
     return _against_data_loader(stage, (), (fp.batch(IMAGE_BATCH), fp.map(_stack_batch)))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fpipe.storage import FileWriter
+from fpipe.dataset import FileWriter
 
 __all__ = ["cache_folder", "compact_path", "images_path", "large_path", "photographs", "photos6mp_path",
            "photos_path", "small_path", "small_samples", "tiny_path"]

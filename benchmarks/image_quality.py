@@ -52,7 +52,7 @@ def reference_center_crop(data: bytes, size: int = SIZE, resize: int = 256) -> n
     """The reference's evaluation recipe: shorter side to ``resize``, centre crop ``size``."""
     from PIL import Image
 
-    from fpipe._image.boxes import center_box, resized_size
+    from fpipe.image.boxes import center_box, resized_size
 
     image = _full_size(data)
     image = image.resize(resized_size(image.width, image.height, resize), Image.Resampling.BILINEAR)
@@ -76,7 +76,7 @@ def quality_photos(mosaics: int = 6) -> dict[str, list[bytes]]:
 
 
 def _reduction(data: bytes, box, size: int) -> int:
-    from fpipe._image.decode import EncodedImage
+    from fpipe.image.decode import EncodedImage
 
     image = EncodedImage(data)
     return image.reduction_for(image.width * size / box[2], image.height * size / box[3])
@@ -84,9 +84,9 @@ def _reduction(data: bytes, box, size: int) -> int:
 
 def _random_crop_rows(kind: str, images: list[bytes], backend: str, draws: int) -> dict:
     import fpipe
-    from fpipe._image.boxes import random_resized_box
-    from fpipe._image.decode import EncodedImage
     from fpipe.image import random_resized_crop
+    from fpipe.image.boxes import random_resized_box
+    from fpipe.image.decode import EncodedImage
 
     crop = random_resized_crop(SIZE, backend=backend)
     rows = defaultdict(list)
@@ -104,9 +104,9 @@ def _random_crop_rows(kind: str, images: list[bytes], backend: str, draws: int) 
 
 
 def _center_crop_rows(kind: str, images: list[bytes], backend: str) -> dict:
-    from fpipe._image.boxes import resized_size
-    from fpipe._image.decode import EncodedImage
     from fpipe.image import resized_center_crop
+    from fpipe.image.boxes import resized_size
+    from fpipe.image.decode import EncodedImage
 
     center = resized_center_crop(SIZE, 256, backend=backend)
     rows = defaultdict(list)

@@ -25,8 +25,8 @@ SIZE = 224
 
 def _boxes(encoded: list[bytes]) -> list:
     import fpipe
-    from fpipe._image.boxes import random_resized_box
-    from fpipe._image.decode import EncodedImage
+    from fpipe.image.boxes import random_resized_box
+    from fpipe.image.decode import EncodedImage
 
     boxes = []
     for i, data in enumerate(encoded):
@@ -42,8 +42,8 @@ def _recipe_steps(encoded: list[bytes]) -> dict[str, Callable[[], object]]:
     from PIL import Image
 
     import fpipe
-    from fpipe._image.kernels import resize_box
     from fpipe.image import normalize, random_resized_crop
+    from fpipe.image.kernels import resize_box
 
     boxes = _boxes(encoded)
     decoded = [simplejpeg.decode_jpeg(data) for data in encoded]

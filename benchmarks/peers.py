@@ -66,9 +66,9 @@ class Augment:
     """One sample id -> (augmented image, label). Picklable: the reader pickles by path."""
 
     def __init__(self, last: Callable) -> None:
-        import fpipe.storage
+        import fpipe
 
-        self.reader, self.last = fpipe.storage.MsgpackReader(images_path()), last
+        self.reader, self.last = fpipe.dataset.MsgpackReader(images_path()), last
 
     def __call__(self, index: int) -> tuple:
         from PIL import ImageOps

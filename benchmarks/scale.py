@@ -64,7 +64,7 @@ def _peak_mb() -> float:
 
 
 def measure_write(path: str, n: int) -> dict:
-    from fpipe.storage import FileWriter
+    from fpipe.dataset import FileWriter
 
     base = _rss_mb()
     started = time.perf_counter()
@@ -77,7 +77,8 @@ def measure_write(path: str, n: int) -> dict:
 
 
 def measure_first(path: str, kind: str) -> dict:
-    from fpipe.storage import IndexShuffler, MsgpackReader, QuasiShuffler, Shuffler
+    from fpipe.dataset import MsgpackReader
+    from fpipe.orderings import IndexShuffler, QuasiShuffler, Shuffler
 
     make = {"index": IndexShuffler, "shuffler": Shuffler, "quasi": QuasiShuffler}[kind]
     base = _rss_mb()
@@ -90,7 +91,8 @@ def measure_first(path: str, kind: str) -> dict:
 
 
 def measure_epoch(path: str) -> dict:
-    from fpipe.storage import IndexShuffler, MsgpackReader, Shuffler
+    from fpipe.dataset import MsgpackReader
+    from fpipe.orderings import IndexShuffler, Shuffler
 
     reader = MsgpackReader(path)
     times: dict[str, list[float]] = {"index": [], "shuffler": []}
@@ -109,7 +111,7 @@ def measure_epoch(path: str) -> dict:
 def measure_lookup(path: str, n: int) -> dict:
     import random
 
-    from fpipe.storage import MsgpackReader
+    from fpipe.dataset import MsgpackReader
 
     base = _rss_mb()
     started = time.perf_counter()
@@ -129,7 +131,8 @@ def measure_lookup(path: str, n: int) -> dict:
 def measure_loader(path: str) -> dict:
     from torch.utils.data import DataLoader
 
-    from fpipe.storage import IndexShuffler, MsgpackReader
+    from fpipe.dataset import MsgpackReader
+    from fpipe.orderings import IndexShuffler
     from fpipe.torch import IterableDataset
 
     data = IterableDataset(IndexShuffler(MsgpackReader(path), seed=0), batch_size=256)
@@ -160,7 +163,7 @@ def measure_tool(arguments: list[str]) -> dict:
 
 
 def measure_shards(folder: str, url: str | None, options: str | None) -> dict:
-    from fpipe.storage import ShardedReader
+    from fpipe.dataset import ShardedReader
 
     started = time.perf_counter()
     reader = ShardedReader(url or os.path.join(folder, "many.shards"),
@@ -262,7 +265,7 @@ def _shards(folder: Path, figures: dict) -> None:
     """L5: 10,000 shards of 10 samples, local and on SeaweedFS."""
     shards = folder / "shards"
     shards.mkdir()
-    code = ("import sys; from fpipe.storage import ShardedWriter\n"
+    code = ("import sys; from fpipe.dataset import ShardedWriter\n"
             "with ShardedWriter(sys.argv[1], shard_size=10) as w:\n"
             "    for i in range(100_000): w.write({'key': f'{i:09d}', 'd': i})")
     subprocess.run([sys.executable, "-c", code, str(shards / "many")], check=True, cwd=ROOT,

@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.shm_threshold``: for arrays of 4 KiB to 4 MiB, the round trip of a
 chunk of 16 of them from one loky worker, pickled through the pipe and through
-``fpipe.streaming._shm``, alternating, median of 30 round trips each. The threshold of the
+``fpipe.stream.parallel._shm``, alternating, median of 30 round trips each. The threshold of the
 process stage (``_shm.THRESHOLD``) sits where shared memory becomes the cheaper of the two.
 """
 
@@ -18,7 +18,7 @@ PER_CHUNK, ROUND_TRIPS = 16, 30
 
 
 def chunk(transport, size: int, shared: bool) -> list:
-    from fpipe.streaming import _shm
+    from fpipe.stream.parallel import _shm
 
     out = [np.ones(size // 4, np.float32) for _ in range(PER_CHUNK)]
     return _shm.encode(transport, out)[0] if shared else out
@@ -38,7 +38,7 @@ def round_trip(executor, transport, size: int, shared: bool) -> float:
 def main() -> None:
     from joblib.externals.loky import ProcessPoolExecutor
 
-    from fpipe.streaming import _shm
+    from fpipe.stream.parallel import _shm
 
     executor = ProcessPoolExecutor(max_workers=1)
     transport = _shm.Transport.for_consumer(1, threshold=1)

@@ -5,7 +5,7 @@ Docstrings carry runnable examples in plain doctest form; in Markdown a line sta
 next blank line) as a ``pycon`` code block, outside existing fences. Another turns Sphinx
 cross-reference roles (``:class:`~fpipe.errors.FormatError```) into code: a link to the API
 reference for a full ``fpipe.`` path (where the object is defined, so ``fpipe.threads`` links to
-``fpipe.streaming.parallel.threads``), plain code for other names.
+``fpipe.stream.parallel.stages.threads``), plain code for other names.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _role_as_code(match: re.Match) -> str:
 
 def defined_at(path: str) -> str:
     """Where the API reference documents ``path``: the module that defines the object, as
-    ``fpipe.threads`` is documented as ``fpipe.streaming.parallel.threads``. A path that does
+    ``fpipe.threads`` is documented as ``fpipe.stream.parallel.stages.threads``. A path that does
     not resolve to a class or function is kept as it is."""
     import importlib
 

@@ -10,33 +10,39 @@ Everything is a function: transforms map items, stages map streams, and a pipeli
 
 # First, before the imports that take the command a quarter of a second: Ctrl-C while the
 # fpipe command starts exits with status 130 (a no-op when fpipe is imported by a program).
-from ._startup import guard_command_start as _guard_command_start
+from fpipe._startup import guard_command_start as _guard_command_start
 
 _guard_command_start()
 
-from . import (  # noqa: E402
+from fpipe import (  # noqa: E402
+    dataset,
     errors,
+    formats,
     functional,
     image,
     infinite,
+    orderings,
     random,
+    remote,
     sharding,
     skipping,
     storage,
-    streaming,
+    stream,
 )
-from ._version import __version__  # noqa: E402
-from .errors import *  # noqa: E402
-from .functional import *  # noqa: E402
-from .infinite import *  # noqa: E402
-from .random import *  # noqa: E402
-from .sharding import *  # noqa: E402
-from .skipping import *  # noqa: E402
-from .storage import *  # noqa: E402
-from .streaming import *  # noqa: E402
+from fpipe._version import __version__  # noqa: E402
+from fpipe.dataset import *  # noqa: E402
+from fpipe.errors import *  # noqa: E402
+from fpipe.formats import *  # noqa: E402
+from fpipe.functional import *  # noqa: E402
+from fpipe.infinite import *  # noqa: E402
+from fpipe.orderings import *  # noqa: E402
+from fpipe.random import *  # noqa: E402
+from fpipe.sharding import *  # noqa: E402
+from fpipe.skipping import *  # noqa: E402
+from fpipe.stream import *  # noqa: E402
 
 # Each module that adds public names is imported above and listed here.
-_PUBLIC_MODULES = (errors, functional, infinite, random, sharding, skipping, storage,
-                   streaming)
+_PUBLIC_MODULES = (dataset, errors, formats, functional, infinite, orderings, random, sharding,
+                   skipping, stream)
 
 __all__ = sorted({"__version__", *(name for module in _PUBLIC_MODULES for name in module.__all__)})

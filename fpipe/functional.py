@@ -23,8 +23,14 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .errors import MissingParameterError, check_callable, check_keywords, check_probability, keyword_names
-from .random import (
+from fpipe.errors import (
+    MissingParameterError,
+    check_callable,
+    check_keywords,
+    check_probability,
+    keyword_names,
+)
+from fpipe.random import (
     current_rng,
     draw_sample,
     legacy_generator,

@@ -37,7 +37,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from .errors import check_callable, check_keywords, keyword_names
+from fpipe.errors import check_callable, check_keywords, keyword_names
 
 __all__ = [
     "Sampler",

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from typing import Any
 
-from .errors import check_bool, check_choice, check_integer, check_state, state_header
+from fpipe.errors import check_bool, check_choice, check_integer, check_state, state_header
 
 __all__ = ["elastic_batches", "elastic_position", "loader_batches", "loader_length", "shard",
            "shard_range", "worker_range"]

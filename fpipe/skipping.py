@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, Union
 
-from .errors import FpipeError, check_choice, check_integer
+from fpipe.errors import FpipeError, check_choice, check_integer
 
 __all__ = ["OnError", "SkipLog", "Skipped", "TooManyErrors"]
 

@@ -183,8 +183,8 @@ ordering_lengths = st.integers(0, 70)
 
 def build(spec: list, reader, seed=None):
     """The ordering that ``spec`` describes over ``reader``; seeded layers get ``seed``."""
-    from fpipe.storage.order import Cycler, QuasiShuffler, Range, Repeater, Shuffler
-    from fpipe.storage.permutation import IndexShuffler
+    from fpipe.orderings.order import Cycler, QuasiShuffler, Range, Repeater, Shuffler
+    from fpipe.orderings.permutation import IndexShuffler
     ordering = reader
     for kind, *args in spec:
         if kind == "range":
@@ -435,7 +435,8 @@ def make_source(spec: tuple) -> tuple:
     """A fresh source for a spec of ``batch_iter_sources``, and the transformers it needs first
     (a Shuffler or IndexShuffler yields samples: dicts with a key)."""
     from fpipe import sample
-    from fpipe.storage import IndexShuffler, ListReader, Shuffler
+    from fpipe.dataset import ListReader
+    from fpipe.orderings import IndexShuffler, Shuffler
 
     kind, *args = spec
     if kind == "sample":

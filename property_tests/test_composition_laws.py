@@ -21,8 +21,9 @@ torch = pytest.importorskip("torch")
 StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 
 import fpipe  # noqa: E402
-from fpipe.storage import FileWriter, ListReader, MsgpackReader, QuasiShuffler, Shuffler  # noqa: E402
-from fpipe.storage.permutation import IndexShuffler  # noqa: E402
+from fpipe.dataset import FileWriter, ListReader, MsgpackReader  # noqa: E402
+from fpipe.orderings import QuasiShuffler, Shuffler  # noqa: E402
+from fpipe.orderings.permutation import IndexShuffler  # noqa: E402
 from fpipe.torch import IterableDataset, regrid_state  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
@@ -52,12 +53,12 @@ def reader_of(kind: str, folder: str):
                     writer.write(doc)
             return MsgpackReader(path)
     if kind == "parquet":
-        from fpipe.storage import ParquetReader, write_parquet
+        from fpipe.formats import ParquetReader, write_parquet
         paths = [f"{folder}/docs-{i:03d}.parquet" for i in range(3)]
         if not os.path.exists(paths[-1]):
             write_parquet(DOCS, f"{folder}/docs-%03d.parquet", shard_size=20)
         return ParquetReader(paths)
-    from fpipe.storage import WebDatasetReader, write_webdataset
+    from fpipe.formats import WebDatasetReader, write_webdataset
     try:
         return WebDatasetReader(f"{folder}/docs-*.tar", decode=True, cache_dir=f"{folder}/cache")
     except (OSError, ValueError):

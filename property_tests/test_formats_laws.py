@@ -11,8 +11,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fpipe.dataset import pack_sample
 from fpipe.errors import FormatError
-from fpipe.storage import (
+from fpipe.formats import (
     ParquetReader,
     TarReader,
     TFRecordFileReader,
@@ -20,12 +21,11 @@ from fpipe.storage import (
     WebDatasetReader,
     encode_example,
     member_key,
-    pack_sample,
     parse_example,
     write_parquet,
     write_webdataset,
 )
-from fpipe.storage._crc32c import numpy_crc32c, python_crc32c
+from fpipe.formats._crc32c import numpy_crc32c, python_crc32c
 from property_tests.strategies import same
 
 # Laws that write files per example are costlier: fewer examples, whatever the profile.
@@ -258,7 +258,7 @@ def _outcome(parse, data: bytes):
 
 @given(wire_examples().flatmap(damaged))
 def test_parse_example_answers_as_the_general_parser_on_any_bytes(data):
-    from fpipe.storage.tfrecord import _any_example
+    from fpipe.formats.tfrecord import _any_example
 
     ours, general = _outcome(parse_example, data), _outcome(_any_example, data)
     assert ours[0] == general[0] and same(ours[1], general[1])
@@ -268,21 +268,21 @@ def test_parse_example_answers_as_the_general_parser_on_any_bytes(data):
 
 @given(st.lists(_common_entries, max_size=4).map(_example))
 def test_the_layout_writers_use_takes_the_common_path(data):
-    from fpipe.storage.tfrecord import _COMMON_NUMBERS, _any_example, _common_example
+    from fpipe.formats.tfrecord import _COMMON_NUMBERS, _any_example, _common_example
 
     assert same(_common_example(data, _COMMON_NUMBERS), _any_example(data))
 
 
 @given(features)
 def test_fpipes_own_examples_take_the_common_path(values):
-    from fpipe.storage.tfrecord import _COMMON_NUMBERS, _common_example
+    from fpipe.formats.tfrecord import _COMMON_NUMBERS, _common_example
 
     assert same(_common_example(encode_example(values), _COMMON_NUMBERS), values)
 
 
 @given(wire_examples().flatmap(damaged))
 def test_a_packable_example_packs_to_the_bytes_of_the_parsed_one(data):
-    from fpipe.storage.tfrecord import packable_example
+    from fpipe.formats.tfrecord import packable_example
 
     ours, parsed = _outcome(packable_example, data), _outcome(parse_example, data)
     assert ours[0] == parsed[0]
@@ -294,7 +294,7 @@ def test_a_packable_example_packs_to_the_bytes_of_the_parsed_one(data):
 
 @given(st.lists(_common_entries, max_size=4).map(_example))
 def test_the_layout_writers_use_is_made_packable_with_no_array(data):
-    from fpipe.storage.tfrecord import packable_example
+    from fpipe.formats.tfrecord import packable_example
 
     values = packable_example(data).values()
     assert not any(isinstance(value, np.ndarray) for value in values)

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import fpipe
-from fpipe._image.boxes import random_resized_box
 from fpipe.image import random_resized_crop, resized_center_crop
+from fpipe.image.boxes import random_resized_box
 from tests.image.test_boxes import torchvision_get_params
 
 sides = st.integers(1, 5000)
@@ -74,7 +74,7 @@ def _torch_reference(pixels: np.ndarray, box: tuple, size: tuple, flip: bool, la
        st.booleans(), st.sampled_from(["HWC", "CHW"]), st.integers(0, 2 ** 32))
 def test_the_torch_kernel_gives_the_pixels_of_torch_called_the_plain_way(
         width, height, data, out_h, out_w, flip, layout, seed):
-    from fpipe._image.kernels import resize_box
+    from fpipe.image.kernels import resize_box
 
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), np.uint8)
     left = data.draw(st.integers(0, width - 1))

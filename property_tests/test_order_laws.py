@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fpipe.storage.order import QuasiShuffler, Range, Shuffler
-from fpipe.storage.permutation import TABLE_MAX, IndexShuffler, Permutation
+from fpipe.orderings.order import QuasiShuffler, Range, Shuffler
+from fpipe.orderings.permutation import TABLE_MAX, IndexShuffler, Permutation
 from property_tests.strategies import (
     IndexReader,
     build,

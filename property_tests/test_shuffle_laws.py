@@ -7,7 +7,7 @@ differ."""
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fpipe.storage.shuffling import shuffled_shard
+from fpipe.dataset.shuffling import shuffled_shard
 from property_tests.strategies import (
     BlockIndexReader,
     IndexReader,

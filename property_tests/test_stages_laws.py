@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from toolz import pipe
 
 import fpipe as fp
-from fpipe.streaming import _tuner
+from fpipe.stream.parallel import _tuner
 from property_tests.strategies import (
     add_three,
     background_stages,

@@ -177,7 +177,7 @@ grids = st.tuples(st.integers(1, 3), st.integers(1, 5))  # ranks, batch size
 def test_an_elastic_state_moves_to_any_grid_and_batch_size_of_the_same_length(
         n, other_n, grid, other_grid, steps, epoch):
     pytest.importorskip("torch")
-    from fpipe.storage import ListReader
+    from fpipe.dataset import ListReader
     from fpipe.torch import IterableDataset
 
     def ranks(length, world_size, batch_size):

@@ -14,8 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simplebloom import BloomFilter as SimpleBloom
 
-from fpipe.errors import FormatError
-from fpipe.storage import (
+from fpipe.dataset import (
     BloomFilter,
     FileWriter,
     MsgpackReader,
@@ -24,7 +23,8 @@ from fpipe.storage import (
     rebuild_index,
     unpack_sample,
 )
-from fpipe.storage.keyindex import _first_not_below
+from fpipe.dataset.keyindex import _first_not_below
+from fpipe.errors import FormatError
 from property_tests.strategies import (
     any_text,
     as_decoded,

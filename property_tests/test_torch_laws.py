@@ -11,8 +11,8 @@ import torch.utils.data
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fpipe.dataset import ListReader
 from fpipe.sharding import worker_range
-from fpipe.storage import ListReader
 from fpipe.torch import IterableDataset
 from property_tests.strategies import round_robin, worker_epochs
 

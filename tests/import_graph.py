@@ -9,7 +9,7 @@ submodule that takes a name from its own package's ``__init__`` has an edge back
 Importing ``a.b.c`` also runs ``a`` and ``a.b``; those implicit parent edges are not drawn (every
 submodule would then close a loop through its package).
 
-Modules are named in full (``fpipe.storage.format``); the layer and cycle tests read this graph.
+Modules are named in full (``fpipe.dataset.format``); the layer and cycle tests read this graph.
 """
 
 from __future__ import annotations

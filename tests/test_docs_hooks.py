@@ -32,6 +32,6 @@ def test_sphinx_roles_become_code_and_fpipe_paths_become_reference_links():
 
 def test_a_name_that_fpipe_re_exports_links_to_the_module_that_documents_it():
     html = _render("Use :func:`fpipe.threads`, :meth:`fpipe.Stream.start` or :data:`fpipe.nothing`.")
-    assert "[<code>fpipe.threads</code>][fpipe.streaming.parallel.threads]" in html
-    assert "[<code>fpipe.Stream.start</code>][fpipe.streaming._core.Stream.start]" in html
+    assert "[<code>fpipe.threads</code>][fpipe.stream.parallel.stages.threads]" in html
+    assert "[<code>fpipe.Stream.start</code>][fpipe.stream.core.Stream.start]" in html
     assert "[<code>fpipe.nothing</code>][fpipe.nothing]" in html  # unknown: left to autorefs

@@ -78,7 +78,7 @@ def _top_level_imports(path: Path) -> set[str]:
 
 def test_only_the_torch_adapter_imports_torch_at_module_level():
     offenders = [str(p) for p in PACKAGE.rglob("*.py")
-                 if p.name != "torch.py" and "torch" in _top_level_imports(p)]
+                 if p.parent != PACKAGE / "torch" and "torch" in _top_level_imports(p)]
     assert offenders == []
 
 
@@ -113,42 +113,44 @@ def test_command_without_subcommand_is_a_usage_error():
     assert "usage: fpipe" in result.stderr
 
 
-# --- layers (docs/architecture.md): imports point down, and the halves of layer 2 stay apart -
+# --- layers (docs/architecture.md): an import reaches only the rows its own row may import -----
 
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 
-def layer_table(page: str) -> dict[str, tuple[int, str]]:
-    """``{top-level module: (rank, half)}`` from the table under "## Layers" of the
-    architecture page: a row's first cell is its rank and name ("2 storage"), its second the
-    modules in backticks; ``half`` tells apart the rows of one rank (streaming, storage)."""
+def layer_table(page: str) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """``({top-level module: row}, {row: rows it may import})`` from the table under
+    "## Layers" of the architecture page: a row's first cell is its rank and name ("3
+    dataset"), its second the modules in backticks, its third the rows it may import ("every
+    layer" for all)."""
     section = page.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
-    table = {}
-    for row in section.splitlines():
-        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
-        if len(cells) < 2 or not cells[0][:1].isdigit():
+    rows, allowed = {}, {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0][:1].isdigit():
             continue  # the prose, the header and its rule
-        rank, _, name = cells[0].partition(" ")
-        for module in re.findall(r"`([\w.]+)`", cells[1]):
-            table[module] = (int(rank), name)
-    return table
+        row = cells[0].partition(" ")[2]
+        rows.update({module: row for module in re.findall(r"`([\w.]+)`", cells[1])})
+        allowed[row] = {name.strip() for name in cells[2].split(",")}
+    every = set(allowed)
+    return rows, {row: every if names == {"every layer"} else names
+                  for row, names in allowed.items()}
 
 
-LAYERS = layer_table(ARCHITECTURE.read_text(encoding="utf-8"))
+ROWS, ALLOWED = layer_table(ARCHITECTURE.read_text(encoding="utf-8"))
 
 
-def _layer(module: str) -> tuple[int, str]:
-    """``(rank, half)`` of a module named relative to the package (its top-level name's row);
-    only the rows of layer 2 have halves that must stay apart."""
-    rank, name = LAYERS[module.split(".")[0]]
-    return rank, name if rank == 2 else ""
+def _row(module: str) -> str:
+    """The row of a module named relative to the package (its top-level name's row)."""
+    return ROWS[module.split(".")[0]]
 
 
 def test_every_module_of_fpipe_has_a_row_in_the_layer_table():
     tops = {module_name(path).split(".")[1] for path in PACKAGE.rglob("*.py")
             if module_name(path) != "fpipe"}
-    assert tops - set(LAYERS) == set(), "add these modules to docs/architecture.md's table"
-    assert set(LAYERS) - tops == set(), "the layer table names modules that do not exist"
+    assert tops - set(ROWS) == set(), "add these modules to docs/architecture.md's table"
+    assert set(ROWS) - tops == set(), "the layer table names modules that do not exist"
+    assert set().union(*ALLOWED.values()) <= set(ALLOWED), "a row may import a row that is not there"
 
 
 def _fpipe_imports(path: Path) -> set[str]:
@@ -157,31 +159,32 @@ def _fpipe_imports(path: Path) -> set[str]:
     return {edge.target.partition(".")[2] for edge in imports(path)} - {""}
 
 
-def test_imports_point_down_and_streaming_and_storage_never_meet():
+def test_imports_reach_only_the_rows_their_row_may_import():
     offenders = []
     for path in PACKAGE.rglob("*.py"):
         module = module_name(path).partition(".")[2]
         if not module:
-            continue  # the package's __init__ re-exports everything
+            continue  # the package's __init__ gathers the everyday names
         offenders += [f"{module} imports {target}" for target in _fpipe_imports(path)
                       if _crosses(module, target)]
-    assert offenders == []
+    assert offenders == [], "\n".join(sorted(offenders))
 
 
 def _crosses(module: str, target: str) -> bool:
-    (rank, half), (target_rank, target_half) = _layer(module), _layer(target)
-    return target_rank > rank or (rank == target_rank == 2 and half != target_half)
+    return _row(target) not in {_row(module), *ALLOWED[_row(module)]}
 
 
 def test_the_layer_check_sees_what_it_must():
-    assert _crosses("streaming.sources", "storage.reader")
-    assert _crosses("storage._staging", "streaming")
-    assert _crosses("sharding", "streaming._core") and _crosses("streaming.simple", "torch")
-    assert not _crosses("torch", "storage.order") and not _crosses("streaming.parallel", "errors")
+    assert _crosses("stream.sources", "dataset.reader")
+    assert _crosses("dataset._staging", "stream") and _crosses("remote.urls", "dataset.format")
+    assert _crosses("sharding", "stream.core") and _crosses("stream.simple", "torch")
+    assert _crosses("dataset.reader", "formats.parquet") and _crosses("orderings.order", "dataset")
+    assert not _crosses("torch", "orderings.order") and not _crosses("stream.parallel", "errors")
+    assert not _crosses("formats.parquet", "dataset.sharded") and not _crosses("cli", "torch")
     # relative imports at any depth, and imports inside functions, are seen
-    assert "storage.shuffling" in _fpipe_imports(PACKAGE / "torch.py")
-    assert {"streaming._core", "errors"} <= _fpipe_imports(PACKAGE / "streaming" / "parallel.py")
-    assert "torch" in _fpipe_imports(PACKAGE / "_commands" / "demo.py")
+    assert "dataset.shuffling" in _fpipe_imports(PACKAGE / "torch" / "__init__.py")
+    assert {"stream.core", "errors"} <= _fpipe_imports(PACKAGE / "stream" / "parallel" / "stages.py")
+    assert "torch" in _fpipe_imports(PACKAGE / "cli" / "demo.py")
 
 
 def test_only_the_joblib_module_imports_joblib():
@@ -192,9 +195,9 @@ def test_only_the_joblib_module_imports_joblib():
 
 def test_only_the_remote_module_imports_fsspec():
     offenders = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
-                 if path != PACKAGE / "storage" / "remote.py" and "fsspec" in _imported_roots(path)]
+                 if path != PACKAGE / "remote" / "urls.py" and "fsspec" in _imported_roots(path)]
     assert offenders == []
-    assert "fsspec" in _imported_roots(PACKAGE / "storage" / "remote.py")  # imports inside functions count
+    assert "fsspec" in _imported_roots(PACKAGE / "remote" / "urls.py")  # imports inside functions count
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -228,7 +231,7 @@ def _stream_classes(trees: list) -> set[str]:
 def test_nothing_outside_the_stream_core_touches_a_streams_private_attributes():
     private = _stream_private_names()
     assert {"_buffer", "_error", "_meter", "_reader"} <= private
-    paths = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "streaming" / "_core.py"]
+    paths = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "stream" / "core.py"]
     trees = {path: ast.parse(path.read_text()) for path in paths}
     streams = _stream_classes(list(trees.values()))
     offenders = []

@@ -1,8 +1,8 @@
 """A misspelled keyword argument is a TypeError that names it, raised before anything is
 created: where fpipe passes keyword arguments on to another library (tqdm's progress bar) or to
-the user's function, and, swept below, for every public callable of fpipe, fpipe.torch,
-fpipe.storage, fpipe.streaming, fpipe.image and fpipe.sets; a retry with the right spelling
-then works."""
+the user's function, and, swept below, for every public callable of fpipe and of each of its
+packages (fpipe.dataset, fpipe.formats, fpipe.stream, fpipe.torch ...); a retry with the right
+spelling then works."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 import fpipe
 import fpipe.sets
 import fpipe.torch
+from fpipe.dataset import FileWriter, MsgpackReader, RawWriter, ShardedWriter, pack_sample
 from fpipe.random import Sampler, _integers
-from fpipe.storage import FileWriter, MsgpackReader, RawWriter, ShardedWriter, pack_sample
 
 
 def _tree(folder) -> list[str]:
@@ -114,8 +114,9 @@ def test_a_sampler_refuses_a_keyword_its_draw_lacks():
 # as they were and no thread or process started. The names are found, not listed: a new public
 # name needs an entry in ARGUMENTS (its required arguments) or NOT_CALLED, or this fails.
 
-PUBLIC_MODULES = ("fpipe", "fpipe.torch", "fpipe.storage", "fpipe.streaming", "fpipe.image",
-                  "fpipe.sets")
+PUBLIC_MODULES = ("fpipe", "fpipe.torch", "fpipe.dataset", "fpipe.formats", "fpipe.orderings",
+                  "fpipe.remote", "fpipe.stream", "fpipe.infinite", "fpipe.image", "fpipe.sets",
+                  "fpipe.storage")
 
 
 def _public_callables() -> dict:

@@ -19,11 +19,11 @@ from __future__ import annotations
 # Importing a family module binds its name here, then the dataset object of the same name
 # (``mnist``, ``imagenet``) replaces it: ``fpipe.sets.mnist`` is the dataset, and the module stays
 # importable as ``from fpipe.sets.mnist import read_idx``.
-from ._fetch import Archive, ArchiveError, ChecksumError, DownloadError, download, fetch, md5sum
-from ._writing import KnownDataset, classes_path, load_classes
-from .cifar import cifar10, cifar100
-from .imagenet import imagenet
-from .mnist import fashion_mnist, mnist
+from fpipe.sets._fetch import Archive, ArchiveError, ChecksumError, DownloadError, download, fetch, md5sum
+from fpipe.sets._writing import KnownDataset, classes_path, load_classes
+from fpipe.sets.cifar import cifar10, cifar100
+from fpipe.sets.imagenet import imagenet
+from fpipe.sets.mnist import fashion_mnist, mnist
 
 __all__ = [
     "Archive",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import FpipeError
+from fpipe.errors import FpipeError
 
 __all__ = [
     "Archive",

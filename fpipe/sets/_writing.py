@@ -3,7 +3,7 @@
 A :class:`KnownDataset` turns its official sources into one packed dataset per split,
 ``<out>/<split>.msgpack``, with its class names beside it in ``<split>.msgpack.classes.json``.
 Everything is written into a hidden staging folder inside ``<out>`` and renamed into place only
-when every split is complete (:func:`fpipe.storage._staging.staged_datasets`), so a failed run leaves no
+when every split is complete (:func:`fpipe.dataset._staging.staged_datasets`), so a failed run leaves no
 half-written dataset under the output names.
 """
 
@@ -24,12 +24,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import check_integer
-from ..random import Seed, item_rng
-from ..storage._staging import staged_datasets
-from ..storage.class_lists import read_classes
-from ..storage.format import DatasetFiles
-from ._fetch import Archive, check_base_url, fetch, shows_progress
+from fpipe.dataset._staging import staged_datasets
+from fpipe.dataset.class_lists import read_classes
+from fpipe.dataset.format import DatasetFiles
+from fpipe.errors import check_integer
+from fpipe.random import Seed, item_rng
+from fpipe.sets._fetch import Archive, check_base_url, fetch, shows_progress
 
 __all__ = ["KnownDataset", "Records", "WriteOptions", "classes_path", "encode_png", "load_classes",
            "ordered_map"]
@@ -237,7 +237,7 @@ class KnownDataset(ABC):
         return item_rng(options.seed, 0, self.splits.index(split)).permutation(count)
 
     def _write_split(self, records: Records, split: str, path: Path, options: WriteOptions) -> None:
-        from ..storage.writer import FileWriter
+        from fpipe.dataset.writer import FileWriter
 
         order = self._order(split, len(records), options)
         samples = ordered_map(records.sample, order, options.workers)

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ._fetch import Archive, ArchiveError
-from ._writing import KnownDataset, WriteOptions, encode_png
+from fpipe.sets._fetch import Archive, ArchiveError
+from fpipe.sets._writing import KnownDataset, WriteOptions, encode_png
 
 __all__ = ["CifarDataset", "cifar10", "cifar100"]
 

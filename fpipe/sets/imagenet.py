@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from ._fetch import Archive, ArchiveError, progress_bar
-from ._imagenet_synsets import SYNSETS
-from ._writing import KnownDataset, WriteOptions
+from fpipe.sets._fetch import Archive, ArchiveError, progress_bar
+from fpipe.sets._imagenet_synsets import SYNSETS
+from fpipe.sets._writing import KnownDataset, WriteOptions
 
 __all__ = ["ImageNetDataset", "imagenet"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._fetch import Archive, ArchiveError
-from ._writing import KnownDataset, WriteOptions, encode_png
+from fpipe.sets._fetch import Archive, ArchiveError
+from fpipe.sets._writing import KnownDataset, WriteOptions, encode_png
 
 __all__ = ["FASHION_MNIST_CLASSES", "MNIST_CLASSES", "MnistDataset", "fashion_mnist", "mnist",
            "read_idx"]

@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fpipe.storage._hashing as hashing
-import fpipe.storage._indexing as indexing
-import fpipe.storage.keyindex as keyindex
-import fpipe.storage.reader as reader_module
-import fpipe.storage.writer as writer_module
+import fpipe.dataset._hashing as hashing
+import fpipe.dataset._indexing as indexing
+import fpipe.dataset.keyindex as keyindex
+import fpipe.dataset.reader as reader_module
+import fpipe.dataset.writer as writer_module
 from fpipe.cli import main
-from fpipe.storage import FileWriter, MsgpackReader
+from fpipe.dataset import FileWriter, MsgpackReader
 
 # Fixed help width, so that help texts compare equal on any terminal.
 ENV = {**os.environ, "COLUMNS": "100", "PYTHONWARNINGS": "ignore"}

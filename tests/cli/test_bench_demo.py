@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from fpipe.storage import FileWriter, MsgpackReader
+from fpipe.dataset import FileWriter, MsgpackReader
 
 from .conftest import fails, make_dataset, mistake, ok
 

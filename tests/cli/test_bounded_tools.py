@@ -12,14 +12,15 @@ import msgpack
 import pytest
 from PIL import Image
 
-import fpipe._commands._index_checks as index_checks
-import fpipe._commands.inspect as inspect
-import fpipe.storage.format as format_module
-import fpipe.storage.recovery as recovery
-import fpipe.storage.writer as writer_module
-from fpipe._commands._common import dataset_key_batches
+import fpipe.cli._index_checks as index_checks
+import fpipe.cli.inspect as inspect
+import fpipe.dataset.format as format_module
+import fpipe.dataset.recovery as recovery
+import fpipe.dataset.writer as writer_module
 from fpipe.cli import main
-from fpipe.storage import DatasetFiles, MsgpackReader, RawWriter, md5_file, read_offsets
+from fpipe.cli._common import dataset_key_batches
+from fpipe.dataset import MsgpackReader, RawWriter, md5_file, read_offsets
+from fpipe.files import DatasetFiles
 
 from .conftest import shrink_storage_bounds
 
@@ -227,7 +228,7 @@ _CASES = [(source, order) for source in sorted(_SOURCES) for order in ([], _SHUF
                          ids=[f"{source}-{'shuffled' if order else 'listed'}" for source, order in _CASES])
 def test_write_lists_and_shuffles_any_source_in_the_same_memory_at_any_size(
         image_trees, tmp_path, small_bounds, monkeypatch, source, order):
-    import fpipe._commands._shuffle as shuffle
+    import fpipe.cli._shuffle as shuffle
 
     monkeypatch.setattr(writer_module, "_THREAD_MIN", 1 << 62)  # as in the folder's test
     # buckets of 1,000 entries: 2 and 16 of them; dealt lines written every 64 KiB

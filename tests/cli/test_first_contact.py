@@ -126,7 +126,7 @@ def _table(out: str) -> dict[str, int]:
 
 def test_bench_of_a_small_dataset_says_it_is_too_small_and_names_functions_as_its_table(
         tmp_path, capsys, monkeypatch):
-    import fpipe._commands.bench as bench
+    import fpipe.cli.bench as bench
 
     # a pass over 51 samples is over in about a millisecond, far below the least time; the
     # least is made an hour here so that a busy machine cannot make the pass long enough

@@ -10,14 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from fpipe.cli import main
-from fpipe.storage import (
-    FileWriter,
-    MsgpackReader,
-    ParquetReader,
-    TFRecordFileReader,
-    TFRecordWriter,
-    WebDatasetReader,
-)
+from fpipe.dataset import FileWriter, MsgpackReader
+from fpipe.formats import ParquetReader, TFRecordFileReader, TFRecordWriter, WebDatasetReader
 
 from .conftest import fpipe, mistake, ok
 
@@ -199,7 +193,7 @@ def _sources_of_30(folder):
 
 @pytest.mark.parametrize("order", [[], ["--shuffle", "--seed", "3"]])
 def test_write_with_workers_writes_the_same_dataset_byte_for_byte(tmp_path, monkeypatch, order):
-    import fpipe._commands._formats as formats_command
+    import fpipe.cli._formats as formats_command
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(formats_command, "WORKER_CHUNK", 4)  # several tasks for each worker
@@ -217,7 +211,7 @@ def test_write_with_workers_names_a_field_that_cannot_be_packed_and_writes_nothi
         tmp_path, monkeypatch, capsys):
     import decimal
 
-    import fpipe._commands._formats as formats_command
+    import fpipe.cli._formats as formats_command
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(formats_command, "WORKER_CHUNK", 4)
@@ -236,7 +230,7 @@ def test_write_with_workers_names_a_field_that_cannot_be_packed_and_writes_nothi
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_write_from_tfrecord_packs_every_feature_kind_as_the_parsed_samples_pack(
         tmp_path, monkeypatch, workers):
-    import fpipe._commands._formats as formats_command
+    import fpipe.cli._formats as formats_command
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(formats_command, "WORKER_CHUNK", 3)
@@ -278,7 +272,7 @@ def test_write_names_a_text_file_named_tar(tmp_path, capsys):
 
 
 def test_write_reads_a_packed_dataset_with_its_keys_and_class_names(tmp_path, capsys):
-    from fpipe.storage import pack_sample
+    from fpipe.dataset import pack_sample
 
     source = _packed(tmp_path / "a.msgpack")
     classes = '{"dataset": "a", "classes": {"label": ["w", "x", "y", "z"]}}\n'

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from fpipe.cli import main
-from fpipe.storage import FileWriter
+from fpipe.dataset import FileWriter
 
 from .conftest import ENV, fails, make_dataset, mistake, ok
 
@@ -99,7 +99,7 @@ def test_info_counts_sizes_keys_fields_and_labels(tmp_path, capsys):
 
 
 def test_a_command_out_of_memory_says_so_without_a_traceback(dataset, capsys, monkeypatch):
-    import fpipe._commands.inspect as inspect_command
+    import fpipe.cli.inspect as inspect_command
 
     def no_memory(*args, **kwargs):
         raise MemoryError("Unable to allocate 7.45 GiB for an array")

@@ -36,7 +36,7 @@ sys.meta_path.insert(0, _InterruptAt())
 
 # numpy and the layers load in fpipe/__init__.py, the subcommands in fpipe/cli.py, fpipe.sets
 # while main() builds the parser, tqdm when 'info' has begun its work.
-_POINTS = ["numpy", "fpipe.storage", "fpipe._commands.demo", "fpipe.sets", "tqdm"]
+_POINTS = ["numpy", "fpipe.storage", "fpipe.cli.demo", "fpipe.sets", "tqdm"]
 
 
 def _console_script(folder: Path) -> Path:

@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from fpipe._commands import inspect
-from fpipe.cli import main
+from fpipe.cli import inspect, main
+from fpipe.dataset import FileWriter, MsgpackReader
 from fpipe.sets import load_classes
-from fpipe.storage import FileWriter, MsgpackReader
 
 from .conftest import fails, jpeg, keys, leftovers, mistake, ok
 

@@ -4,7 +4,8 @@ every file and the names in the ``.md5``."""
 import shutil
 import subprocess
 
-from fpipe.storage import DatasetFiles, MsgpackReader
+from fpipe.dataset import MsgpackReader
+from fpipe.files import DatasetFiles
 
 from .conftest import fails, keys, leftovers, make_dataset, ok, ok_or_failure
 
@@ -58,7 +59,7 @@ def test_mv_refuses_to_replace_a_dataset_or_find_nothing(tmp_path):
 
 def test_mv_to_a_name_with_a_line_break_or_backslash_writes_an_md5_that_md5sum_checks(tmp_path):
     from fpipe.cli import main
-    from fpipe.storage import read_md5
+    from fpipe.files import read_md5
 
     source = make_dataset(tmp_path / "toy.msgpack", 5)
     expected = keys(source)

@@ -9,8 +9,7 @@ import argparse
 
 import pytest
 
-from fpipe._commands import _common
-from fpipe.cli import build_parser
+from fpipe.cli import _common, build_parser
 
 from .conftest import make_dataset, mistake, ok
 

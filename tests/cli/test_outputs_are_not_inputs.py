@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from fpipe.cli import main
-from fpipe.storage import MsgpackReader, write_parquet, write_webdataset
+from fpipe.dataset import MsgpackReader
+from fpipe.formats import write_parquet, write_webdataset
 
 from .conftest import make_dataset, mistake
 

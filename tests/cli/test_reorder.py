@@ -3,7 +3,7 @@
 import json
 from collections import Counter
 
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 
 from .conftest import fails, keys, leftovers, make_dataset, mistake, ok
 

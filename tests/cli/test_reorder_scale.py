@@ -7,10 +7,11 @@ import msgpack
 import numpy as np
 import pytest
 
-import fpipe._commands.reorder as reorder
+import fpipe.cli.reorder as reorder
 from fpipe.cli import main
-from fpipe.storage import IndexShuffler, MsgpackReader, RawWriter
-from fpipe.storage.permutation import Permutation
+from fpipe.dataset import MsgpackReader, RawWriter
+from fpipe.orderings import IndexShuffler
+from fpipe.orderings.permutation import Permutation
 
 from .conftest import keys, leftovers, make_dataset, mistake, ok, shrink_storage_bounds
 
@@ -93,7 +94,7 @@ def test_the_tools_hold_nothing_per_sample(tmp_path, monkeypatch):
 
 
 def test_the_passes_over_the_keys_show_progress(tmp_path, monkeypatch):
-    import fpipe._commands.repair as repair
+    import fpipe.cli.repair as repair
 
     counted: dict[str, int] = {}
 

@@ -4,7 +4,8 @@ import msgpack
 import pytest
 
 from fpipe.cli import main
-from fpipe.storage import DatasetFiles, MsgpackReader, pack_sample, read_offsets
+from fpipe.dataset import MsgpackReader, pack_sample, read_offsets
+from fpipe.files import DatasetFiles
 
 from .conftest import fails, keys, leftovers, make_dataset, ok, ok_or_failure
 

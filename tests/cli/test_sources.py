@@ -1,7 +1,7 @@
 """What ``fpipe write`` reads: glob patterns take what class folders take, suffixes match in
 either case, a missing folder is named as one, a list file's header is recognised."""
 
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 
 from .conftest import fails, fpipe, jpeg, keys, mistake, ok
 

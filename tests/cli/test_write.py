@@ -5,8 +5,8 @@ import json
 
 from PIL import Image
 
+from fpipe.dataset import MsgpackReader
 from fpipe.sets import load_classes
-from fpipe.storage import MsgpackReader
 
 from .conftest import fails, keys, leftovers, mistake, ok
 

@@ -4,8 +4,9 @@ names a bad input in one line."""
 
 import pytest
 
+from fpipe.dataset import MsgpackReader
+from fpipe.files import DatasetFiles
 from fpipe.sets import load_classes
-from fpipe.storage import DatasetFiles, MsgpackReader
 
 from .conftest import fails, fpipe, jpeg, keys, leftovers, mistake, ok
 

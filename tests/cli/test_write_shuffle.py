@@ -9,9 +9,9 @@ import os
 import pytest
 from PIL import Image
 
-import fpipe._commands.write as write_command
+import fpipe.cli.write as write_command
 from fpipe.cli import main
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 
 
 def _pngs(folder, n: int, broken: int | None = None):
@@ -67,7 +67,7 @@ def _hidden(folder) -> list[str]:
 @pytest.mark.parametrize("source", ["folder", "JSON lines"])
 def test_shuffle_is_a_permutation_of_the_listed_samples_the_same_for_a_seed(
         tmp_path, monkeypatch, seen_buckets, source):
-    monkeypatch.setattr("fpipe._commands._shuffle.BUCKET_ENTRIES", 16)  # 7 buckets of 100
+    monkeypatch.setattr("fpipe.cli._shuffle.BUCKET_ENTRIES", 16)  # 7 buckets of 100
     path = _pngs(tmp_path / "pngs", 100) if source == "folder" else \
         _json_lines(tmp_path / "samples.jsonl", 100)
     written = {}

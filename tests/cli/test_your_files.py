@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fpipe.cli import main
-from fpipe.storage import DatasetFiles
+from fpipe.files import DatasetFiles
 
 from .conftest import keys, leftovers, make_dataset, mistake
 

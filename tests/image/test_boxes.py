@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 import fpipe
-from fpipe._image.boxes import center_box, random_resized_box, resized_size
 from fpipe.image import decode_image, random_resized_crop
+from fpipe.image.boxes import center_box, random_resized_box, resized_size
 
 from .conftest import encode, scene
 

@@ -11,8 +11,8 @@ import pytest
 from toolz import pipe
 
 import fpipe as fp
+from fpipe.dataset import ListReader
 from fpipe.image import normalize, random_resized_crop, resized_center_crop
-from fpipe.storage import ListReader
 
 from .conftest import encode, scene
 

@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 
 import fpipe
-from fpipe._image import decode as decoders
-from fpipe._image.decode import EncodedImage
 from fpipe.image import ImageDecodeError, decode_image, random_resized_crop, resized_center_crop
+from fpipe.image import decode as decoders
+from fpipe.image.decode import EncodedImage
 
 from .conftest import encode, scene
 
@@ -60,7 +60,7 @@ def test_every_kind_of_image_loads_as_decode_image_sees_it(kind, backend):
     size = (64, 48)
     crop = _with_rng(random_resized_crop(size, flip=0.0, backend=backend), data, 3)
     rng = fpipe.item_rng(0, 0, 3)
-    from fpipe._image.boxes import random_resized_box
+    from fpipe.image.boxes import random_resized_box
 
     box = random_resized_box(rng, decoded.width, decoded.height, (0.08, 1.0), (3 / 4, 4 / 3))
     expected = np.asarray(decoded.resize(
@@ -152,7 +152,7 @@ def test_a_decode_asked_for_bgr_gives_it_where_the_jpeg_decoder_can_and_says_whi
 @pytest.mark.parametrize("use_torch", [True, False])
 @pytest.mark.parametrize("layout", ["HWC", "CHW"])
 def test_bgr_pixels_resize_to_the_rgb_pixels_of_their_rgb_twins(flip, box, use_torch, layout):
-    from fpipe._image.kernels import resize_box
+    from fpipe.image.kernels import resize_box
 
     rgb = scene(64, 48)
     bgr = np.ascontiguousarray(rgb[:, :, ::-1])

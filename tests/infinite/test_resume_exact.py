@@ -10,7 +10,8 @@ import pytest
 
 import fpipe
 from fpipe import Infinite, Loky, Threads, filter, map, sample, threads
-from fpipe.storage import Cycler, ListReader, QuasiShuffler, Range, Repeater, Shuffler
+from fpipe.dataset import ListReader
+from fpipe.orderings import Cycler, QuasiShuffler, Range, Repeater, Shuffler
 
 from .helpers import noisy
 

@@ -163,7 +163,8 @@ def test_unrestorable_sources_and_foreign_states_are_refused():
 
 
 def test_an_ordering_source_is_restored_by_seeking_also_at_the_end_of_its_epoch():
-    from fpipe.storage import ListReader, Shuffler
+    from fpipe.dataset import ListReader
+    from fpipe.orderings import Shuffler
 
     def make():
         ordering = Shuffler(ListReader([{"key": i} for i in range(10)]), seed=1)

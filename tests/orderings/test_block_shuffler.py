@@ -8,17 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fpipe.storage import (
-    ArrowFileReader,
-    BlockShuffler,
-    FileWriter,
-    ListReader,
-    ParquetFileReader,
-    ParquetReader,
-    Range,
-    ShardedReader,
-    block_bounds,
-)
+from fpipe.dataset import BlockShuffler, FileWriter, ListReader, ShardedReader, block_bounds
+from fpipe.formats import ArrowFileReader, ParquetFileReader, ParquetReader
+from fpipe.orderings import Range
 
 
 class Blocked(ListReader):

@@ -4,7 +4,8 @@ item for item and epoch after epoch, over the same dataset file."""
 import datadings.reader as dd
 import pytest
 
-from fpipe.storage import FileWriter, MsgpackReader, QuasiShuffler, Shuffler
+from fpipe.dataset import FileWriter, MsgpackReader
+from fpipe.orderings import QuasiShuffler, Shuffler
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from fpipe.storage import (
-    Cycler,
-    IndexShuffler,
-    ListReader,
-    QuasiShuffler,
-    Range,
-    Repeater,
-    Shuffler,
-)
-from fpipe.storage.permutation import TABLE_MAX, Permutation
+from fpipe.dataset import ListReader
+from fpipe.orderings import Cycler, IndexShuffler, QuasiShuffler, Range, Repeater, Shuffler
+from fpipe.orderings.permutation import TABLE_MAX, Permutation
 
 
 class Huge:

@@ -1,4 +1,4 @@
-"""Examples for fpipe.storage.order: the iteration API, random access, epochs, resume, and the
+"""Examples for fpipe.orderings.order: the iteration API, random access, epochs, resume, and the
 datadings defects that fpipe fixes (notes section 1.5)."""
 
 import copy
@@ -9,7 +9,7 @@ from itertools import islice
 import numpy as np
 import pytest
 
-from fpipe.storage.order import Cycler, QuasiShuffler, Range, Repeater, Shuffler, _Ordering
+from fpipe.orderings.order import Cycler, QuasiShuffler, Range, Repeater, Shuffler, _Ordering
 from property_tests.strategies import IndexReader
 
 

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from fpipe.storage import Cycler, QuasiShuffler, Range, Repeater, Shuffler
+from fpipe.orderings import Cycler, QuasiShuffler, Range, Repeater, Shuffler
 from property_tests.strategies import IndexReader
 
 

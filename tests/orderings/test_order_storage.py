@@ -6,18 +6,9 @@ from itertools import islice
 import msgpack
 import pytest
 
+from fpipe.dataset import FileWriter, ListReader, MsgpackReader, ShardedReader
+from fpipe.orderings import Cycler, QuasiShuffler, Range, Repeater, Shuffler
 from fpipe.sharding import shard_range
-from fpipe.storage import (
-    Cycler,
-    FileWriter,
-    ListReader,
-    MsgpackReader,
-    QuasiShuffler,
-    Range,
-    Repeater,
-    ShardedReader,
-    Shuffler,
-)
 
 
 def _write(path, keys):

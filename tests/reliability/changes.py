@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fpipe.storage import MsgpackReader, pack_sample
-from fpipe.storage.format import DatasetFiles
+from fpipe.dataset import MsgpackReader, pack_sample
+from fpipe.dataset.format import DatasetFiles
 
 from .files import write_dataset
 

@@ -15,9 +15,9 @@ import msgpack
 import numpy as np
 import pytest
 
+from fpipe.dataset import FileWriter, MsgpackReader
+from fpipe.dataset.format import DatasetFiles, decode_numpy
 from fpipe.errors import FormatError
-from fpipe.storage import FileWriter, MsgpackReader
-from fpipe.storage.format import DatasetFiles, decode_numpy
 
 # a damaged key index is left aside with a warning and keys are looked up in .keys: a right
 # answer in the checks that damage index files, so its warning is expected there

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fpipe.errors import FormatError
-from fpipe.storage import ArrowFileReader, ParquetFileReader
+from fpipe.formats import ArrowFileReader, ParquetFileReader
 
 CASE_SECONDS = 60
 KINDS = ("parquet", "arrow-file", "arrow-stream")

@@ -35,7 +35,7 @@ def seeds() -> list[bytes]:
     """Inputs made of valid datasets: mutations start from real samples."""
     import numpy as np
 
-    from fpipe.storage import pack_sample
+    from fpipe.dataset import pack_sample
 
     rng = np.random.default_rng(0)
     found = []

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fpipe._commands.repair import check_dataset
+from fpipe.cli.repair import check_dataset
+from fpipe.dataset import DamagedDataError, MsgpackReader, pack_sample, rebuild_index
+from fpipe.dataset.recovery import UndecidedDataError
 from fpipe.errors import FormatError
-from fpipe.storage import DamagedDataError, MsgpackReader, pack_sample, rebuild_index
-from fpipe.storage.recovery import UndecidedDataError
 
 
 def _fields(rng, i: int) -> dict:

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fpipe.dataset import FileWriter, MsgpackReader, ShardedReader, ShardedWriter
+from fpipe.dataset.format import DatasetFiles
 from fpipe.errors import FormatError
-from fpipe.storage import FileWriter, MsgpackReader, ShardedReader, ShardedWriter
-from fpipe.storage.format import DatasetFiles
 
 SEED = 39
 TIMEOUT = 60

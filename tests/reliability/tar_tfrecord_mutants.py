@@ -182,7 +182,7 @@ def tar_sample(sample: dict) -> dict:
 
 
 def fpipe_tar(path: Path, cache: Path) -> dict:
-    from fpipe.storage import TarReader
+    from fpipe.formats import TarReader
 
     return read_through(path, lambda path: TarReader(path, cache_dir=cache), tar_sample)
 
@@ -347,7 +347,7 @@ def canonical(value: object) -> object:
 
 
 def fpipe_tfrecord(path: Path, cache: Path) -> dict:
-    from fpipe.storage import TFRecordFileReader
+    from fpipe.formats import TFRecordFileReader
 
     return read_through(path, lambda path: TFRecordFileReader(path, cache_dir=cache),
                         lambda sample: {name: canonical(value) for name, value in sample.items()})

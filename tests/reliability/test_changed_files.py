@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fpipe.storage import MsgpackReader, QuasiShuffler, ShardedReader, Shuffler
+from fpipe.dataset import MsgpackReader, ShardedReader
+from fpipe.orderings import QuasiShuffler, Shuffler
 
 from .changes import first
 from .files import write_dataset

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-import fpipe.storage._indexing as indexing_module
-import fpipe.storage.webdataset as webdataset_module
-import fpipe.storage.writer as writer_module
+import fpipe.dataset._indexing as indexing_module
+import fpipe.dataset.writer as writer_module
+import fpipe.formats.webdataset as webdataset_module
 from fpipe.cli import main
 
 from .files import file_bytes

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fpipe.dataset import MsgpackReader, unpack_sample
+from fpipe.dataset.format import MAX_EMPTY_ITEMS, pack_sample, write_index
 from fpipe.errors import FormatError
-from fpipe.storage import MsgpackReader, unpack_sample
-from fpipe.storage.format import MAX_EMPTY_ITEMS, pack_sample, write_index
 
 from .files import (
     KEY_INDEX_LEFT_ASIDE,

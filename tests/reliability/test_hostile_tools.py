@@ -19,9 +19,10 @@ import msgpack
 import pytest
 
 from fpipe.cli import main
+from fpipe.dataset import FileWriter, MsgpackReader, read_classes, read_keys
 from fpipe.errors import FormatError
+from fpipe.files import DatasetFiles
 from fpipe.sets import load_classes
-from fpipe.storage import DatasetFiles, FileWriter, MsgpackReader, read_classes, read_keys
 
 from .files import KEY_INDEX_LEFT_ASIDE
 

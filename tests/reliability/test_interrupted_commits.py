@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from fpipe.cli import main
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 
 from ..signals import default_sigint
 from .files import write_dataset
@@ -194,7 +194,7 @@ def _export_setup(tmp_path: Path) -> tuple[Path, dict[str, list[str]]]:
 def export_generation(folder: Path, names: dict[str, set[str]]) -> str:
     """Which whole export the shards in ``folder`` are: every file is one export's (its
     shards and manifest, nothing else) and the shards read back as its samples."""
-    from fpipe.storage import WebDatasetReader
+    from fpipe.formats import WebDatasetReader
 
     present = set(os.listdir(folder))
     which = next((which for which, files in names.items() if present == files), None)
@@ -241,7 +241,7 @@ def test_ctrl_c_at_steps_of_mv_leaves_the_dataset_whole_under_one_name_or_both(t
 
 
 def test_sigkill_at_any_step_of_export_is_finished_by_the_next_export(tmp_path, record, capsys):
-    from fpipe.storage._foreign import ShardFiles
+    from fpipe.formats._foreign import ShardFiles
 
     folder, runs = _export_setup(tmp_path)
     names = {}

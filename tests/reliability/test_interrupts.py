@@ -57,7 +57,7 @@ DATALOADER = """
 import sys
 import torch
 import fpipe.torch as ft
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 
 def slow(x):
     import time

@@ -18,7 +18,7 @@ import pytest
 from toolz import pipe
 
 import fpipe as fp
-from fpipe.storage import MsgpackReader, unpack_sample
+from fpipe.dataset import MsgpackReader, unpack_sample
 
 from .conftest import Resources, psutil, settle
 from .files import same, write_dataset

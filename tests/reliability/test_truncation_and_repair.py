@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fpipe._commands.repair import check_dataset
+from fpipe.cli.repair import check_dataset
+from fpipe.dataset import MsgpackReader, rebuild_index
+from fpipe.dataset.format import DatasetFiles
 from fpipe.errors import FormatError
-from fpipe.storage import MsgpackReader, rebuild_index
-from fpipe.storage.format import DatasetFiles
 
 from .files import KEY_INDEX_LEFT_ASIDE, check_reader, file_bytes, put_files, same, write_dataset
 

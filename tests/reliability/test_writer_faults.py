@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fpipe.storage.writer as writer_module
+import fpipe.dataset.writer as writer_module
 from fpipe.cli import main
-from fpipe.storage import FileWriter, MsgpackReader, pack_sample
+from fpipe.dataset import FileWriter, MsgpackReader, pack_sample
 
 from .workers import written_sample as sample
 
@@ -50,7 +50,7 @@ def recovered(path: Path) -> list[dict]:
 
 VICTIM = """
 import sys, time
-from fpipe.storage import FileWriter
+from fpipe.dataset import FileWriter
 from tests.reliability.workers import written_sample as sample
 
 path, buffering, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 from fpipe.torch import IterableDataset
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fpipe.storage import FileWriter
+from fpipe.dataset import FileWriter
 
 from .servers import HttpServer, SeaweedS3
 

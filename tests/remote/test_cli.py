@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fpipe.storage import MsgpackReader
-from fpipe.storage.transfer import SIBLINGS
+from fpipe.dataset import MsgpackReader
+from fpipe.remote.transfer import SIBLINGS
 
 from ..cli.conftest import fpipe
 from .conftest import N, sample

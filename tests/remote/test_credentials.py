@@ -15,8 +15,8 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from fpipe.storage import FileWriter, MsgpackReader, ShardedReader
-from fpipe.storage.remote import RemoteError
+from fpipe.dataset import FileWriter, MsgpackReader, ShardedReader
+from fpipe.remote.urls import RemoteError
 
 from ..cli.conftest import ENV, fpipe
 from .conftest import BLOCK, sample

@@ -12,15 +12,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fpipe.storage import (
+from fpipe.formats import (
     ArrowFileReader,
     ParquetFileReader,
-    Shuffler,
     TarReader,
     TFRecordFileReader,
     TFRecordWriter,
     WebDatasetReader,
 )
+from fpipe.orderings import Shuffler
 
 from .servers import HttpServer
 

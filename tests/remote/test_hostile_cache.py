@@ -19,8 +19,8 @@ import msgpack
 import pytest
 
 from fpipe.errors import FormatError
-from fpipe.storage import Shuffler
-from fpipe.storage import _blocks as blocks_module
+from fpipe.orderings import Shuffler
+from fpipe.remote import cache as blocks_module
 
 from .conftest import BLOCK, N, sample
 from .test_http import block_files, reader
@@ -80,7 +80,7 @@ def _truncating_script(url: str, cache: Path) -> str:
     return f"""
 import os, sys
 from pathlib import Path
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 from tests.remote.conftest import BLOCK, sample
 reader = MsgpackReader({url!r}, cache_dir={str(cache)!r}, block_size=BLOCK, read_ahead=0)
 assert reader.get(0) == sample(0)

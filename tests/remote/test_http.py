@@ -9,16 +9,10 @@ import threading
 import numpy as np
 import pytest
 
+from fpipe.dataset import MsgpackReader, ShardedReader
 from fpipe.errors import FormatError
-from fpipe.storage import (
-    IndexShuffler,
-    MsgpackReader,
-    QuasiShuffler,
-    Range,
-    ShardedReader,
-    Shuffler,
-)
-from fpipe.storage.remote import RemoteError, _HttpFetcher
+from fpipe.orderings import IndexShuffler, QuasiShuffler, Range, Shuffler
+from fpipe.remote.urls import RemoteError, _HttpFetcher
 
 from .conftest import BLOCK, N, sample
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fpipe.storage import MsgpackReader
-from fpipe.storage.remote import RemoteError
+from fpipe.dataset import MsgpackReader
+from fpipe.remote.urls import RemoteError
 
 from ..cli.conftest import fpipe
 from .conftest import BLOCK, sample

@@ -13,9 +13,10 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from fpipe.cli import main
+from fpipe.dataset import MsgpackReader, ShardedReader, ShardedWriter
 from fpipe.errors import redacted_url
-from fpipe.storage import MsgpackReader, ShardedReader, ShardedWriter, WebDatasetReader, write_webdataset
-from fpipe.storage.remote import RemoteError, sibling_url
+from fpipe.formats import WebDatasetReader, write_webdataset
+from fpipe.remote.urls import RemoteError, sibling_url
 
 from ..cli.conftest import fpipe
 from .conftest import BLOCK, N, sample, write_dataset

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from fpipe.storage import IndexShuffler, MsgpackReader, ShardedReader, ShardedWriter, Shuffler
+from fpipe.dataset import MsgpackReader, ShardedReader, ShardedWriter
+from fpipe.orderings import IndexShuffler, Shuffler
 from fpipe.torch import Dataset, IterableDataset
 
 from .conftest import BLOCK, N, sample

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 from fpipe.torch import IterableDataset
 
 from .conftest import BLOCK, N, sample

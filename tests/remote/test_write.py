@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import s3fs
 
-from fpipe.storage import FileWriter, MsgpackReader
-from fpipe.storage.remote import RemoteError
-from fpipe.storage.transfer import SIBLINGS, Upload
+from fpipe.dataset import FileWriter, MsgpackReader
+from fpipe.remote.transfer import SIBLINGS, Upload
+from fpipe.remote.urls import RemoteError
 
 from .conftest import sample
 

@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 import fpipe.sets
+from fpipe.dataset import MsgpackReader
 from fpipe.sets import ArchiveError, ChecksumError, cifar10, cifar100, load_classes
-from fpipe.storage import MsgpackReader
 
 from .archives import make_cifar10, make_cifar100, with_local_md5
 

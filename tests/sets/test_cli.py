@@ -7,7 +7,7 @@ import pytest
 
 import fpipe.sets
 from fpipe.cli import main
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 
 from .archives import make_cifar10, make_mnist, with_local_md5
 

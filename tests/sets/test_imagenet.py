@@ -7,8 +7,8 @@ import tarfile
 import pytest
 from PIL import Image
 
+from fpipe.dataset import MsgpackReader
 from fpipe.sets import ArchiveError, imagenet, load_classes
-from fpipe.storage import MsgpackReader
 
 from .archives import WNIDS, jpeg, make_imagenet_folders, make_imagenet_tars, with_local_md5
 

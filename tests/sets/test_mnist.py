@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fpipe.dataset import MsgpackReader
 from fpipe.sets import ArchiveError, fashion_mnist, load_classes, mnist
 from fpipe.sets.mnist import read_idx
-from fpipe.storage import MsgpackReader
 
 from .archives import idx_bytes, make_mnist, with_local_md5
 

@@ -5,9 +5,9 @@ import threading
 import pytest
 
 import fpipe.sets
+from fpipe.dataset import MsgpackReader
 from fpipe.sets import ArchiveError, cifar10, mnist
 from fpipe.sets._writing import ordered_map
-from fpipe.storage import MsgpackReader
 
 from .archives import make_cifar10, make_mnist, with_local_md5
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fpipe.storage import FileWriter
+from fpipe.dataset import FileWriter
 
 
 def make_samples(n: int, size: int = 8, seed: int = 0) -> list[dict]:

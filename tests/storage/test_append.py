@@ -8,9 +8,10 @@ import subprocess
 
 import pytest
 
-import fpipe.storage.writer as writer_module
+import fpipe.dataset.writer as writer_module
+from fpipe.dataset import FileWriter, MsgpackReader, RawWriter, pack_sample
 from fpipe.errors import FormatError
-from fpipe.storage import DatasetFiles, FileWriter, MsgpackReader, RawWriter, pack_sample
+from fpipe.files import DatasetFiles
 
 
 def _write(path, keys, **options):

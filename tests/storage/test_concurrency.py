@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from fpipe.storage import MsgpackReader, ZipFileReader
+from fpipe.dataset import MsgpackReader, ZipFileReader
 
 from .conftest import make_samples, write
 

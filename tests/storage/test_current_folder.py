@@ -9,8 +9,9 @@ import zipfile
 
 import pytest
 
-from fpipe.storage import FileWriter, MsgpackReader, TFRecordReader, TFRecordWriter, ZipFileReader
-from fpipe.streaming import processes
+from fpipe.dataset import FileWriter, MsgpackReader, ZipFileReader
+from fpipe.formats import TFRecordReader, TFRecordWriter
+from fpipe.stream import processes
 
 
 @pytest.fixture

@@ -10,10 +10,9 @@ from datadings import index as dd_index
 from datadings.tools import hash_string
 from simplebloom import BloomFilter as SimpleBloom
 
-from fpipe.errors import FormatError
-from fpipe.storage import _hashing as hashing
-from fpipe.storage import format as fmt
-from fpipe.storage.format import (
+from fpipe.dataset import _hashing as hashing
+from fpipe.dataset import format as fmt
+from fpipe.dataset.format import (
     BloomFilter,
     DatasetFiles,
     decode_numpy,
@@ -25,6 +24,7 @@ from fpipe.storage.format import (
     read_md5,
     unpack_sample,
 )
+from fpipe.errors import FormatError
 
 from .conftest import same
 

@@ -10,7 +10,8 @@ from datadings.reader import MsgpackReader as DatadingsReader
 from datadings.writer import FileWriter as DatadingsFileWriter
 from datadings.writer import RawWriter as DatadingsRawWriter
 
-from fpipe.storage import DatasetFiles, FileWriter, MsgpackReader, RawWriter, pack_sample
+from fpipe.dataset import FileWriter, MsgpackReader, RawWriter, pack_sample
+from fpipe.files import DatasetFiles
 
 from .conftest import same
 
@@ -129,11 +130,11 @@ def test_empty_datasets_agree(tmp_path):
 def test_the_suffix_constants_are_datadings_s():
     import datadings.index
 
-    import fpipe.storage
+    import fpipe
 
     names = [name for name in vars(datadings.index) if name.startswith("SUFFIX_")]
     assert len(names) == 5
-    assert {name: getattr(fpipe.storage, name) for name in names} == \
+    assert {name: getattr(fpipe.files, name) for name in names} == \
         {name: getattr(datadings.index, name) for name in names}
     files = DatasetFiles("x.msgpack")
     assert [files.offsets.name, files.keys.name, files.legacy_index.name] == \

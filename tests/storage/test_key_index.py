@@ -11,14 +11,12 @@ import pytest
 from datadings.reader import MsgpackReader as DatadingsReader
 from datadings.writer import FileWriter as DatadingsWriter
 
-import fpipe.storage._hashing as hashing
-import fpipe.storage._indexing as indexing
-import fpipe.storage.format as fmt
-import fpipe.storage.keyindex as keyindex
-import fpipe.storage.writer as writer_module
-from fpipe.errors import FormatError
-from fpipe.storage import (
-    DatasetFiles,
+import fpipe.dataset._hashing as hashing
+import fpipe.dataset._indexing as indexing
+import fpipe.dataset.format as fmt
+import fpipe.dataset.keyindex as keyindex
+import fpipe.dataset.writer as writer_module
+from fpipe.dataset import (
     FileWriter,
     MsgpackReader,
     RawWriter,
@@ -28,7 +26,9 @@ from fpipe.storage import (
     rebuild_index,
     write_index,
 )
-from fpipe.storage.keyindex import KeyIndex, key_index_size
+from fpipe.dataset.keyindex import KeyIndex, key_index_size
+from fpipe.errors import FormatError
+from fpipe.files import DatasetFiles
 
 N = 5000
 

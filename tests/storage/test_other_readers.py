@@ -11,7 +11,7 @@ from datadings.reader import ListReader as DatadingsListReader
 from datadings.reader import ZipFileReader as DatadingsZipFileReader
 from datadings.reader.sharded import ShardedReader as DatadingsShardedReader
 
-from fpipe.storage import (
+from fpipe.dataset import (
     DirectoryReader,
     ListReader,
     MsgpackReader,

@@ -11,7 +11,8 @@ import torch
 
 import fpipe.torch
 from fpipe.errors import FormatError
-from fpipe.storage import ArrowFileReader, ParquetFileReader, ParquetReader, Shuffler
+from fpipe.formats import ArrowFileReader, ParquetFileReader, ParquetReader
+from fpipe.orderings import Shuffler
 
 N = 1000
 
@@ -48,7 +49,7 @@ def test_keys_columns_and_raw(parquet_file):
     assert reader.find_index("r00777") == 777 and "r00001" in reader and "x" not in reader
     assert reader.get(4, yield_key=True) == ("r00004", {"n": 4, "key": "r00004"})
     assert list(reader.iter(0, 2, yield_key=True))[1] == ("r00001", {"n": 1, "key": "r00001"})
-    assert fpipe.storage.unpack_sample(reader.get(9, raw=True)) == reader[9]
+    assert fpipe.dataset.unpack_sample(reader.get(9, raw=True)) == reader[9]
     numbered = ParquetFileReader(parquet_file, columns=["n"], key="n")
     assert numbered.find_key(5) == "5" and numbered.find_index("6") == 6
     with pytest.raises(FormatError, match=r"train\.parquet: has no column 'nope' \(columns=\['nope'\]"):
@@ -178,7 +179,7 @@ def test_pickles_into_dataloader_workers(parquet_file):
 
 
 def test_export_takes_a_column_type_that_shows_only_after_nones_and_empty_lists(tmp_path):
-    from fpipe.storage import write_parquet
+    from fpipe.formats import write_parquet
 
     samples = [{"key": f"k{i}", "ids": [] if i < 5 else [i], "note": None if i < 7 else "x"}
                for i in range(10)]

@@ -10,9 +10,9 @@ import msgpack
 import numpy as np
 import pytest
 
+from fpipe.dataset import FileWriter, MsgpackReader, ShardedReader, pack_sample
+from fpipe.dataset import reader as reader_module
 from fpipe.errors import FormatError
-from fpipe.storage import FileWriter, MsgpackReader, ShardedReader, pack_sample
-from fpipe.storage import reader as reader_module
 
 from .conftest import make_samples, write
 
@@ -333,7 +333,7 @@ def test_a_corrupt_sample_raises_format_error_and_neighbours_still_read(dataset,
 def test_a_corrupt_length_prefix_fails_fast_without_allocating(tmp_path):
     header = b"\x81\xa4data\xc6"
     (tmp_path / "x.msgpack").write_bytes(header + b"\xff\xff\xff\xf0" + b"\x00" * 20)
-    from fpipe.storage.format import write_index
+    from fpipe.dataset.format import write_index
     write_index(tmp_path / "x.msgpack", ["a"], [0, len(header) + 24], "0" * 32)
     reader = MsgpackReader(tmp_path / "x.msgpack")
     for read in (lambda: reader.get(0), lambda: list(reader), lambda: reader[:]):
@@ -344,7 +344,7 @@ def test_a_corrupt_length_prefix_fails_fast_without_allocating(tmp_path):
 def test_decreasing_offsets_raise_format_error(tmp_path):
     data = pack_sample({"key": "a"}) + pack_sample({"key": "b"})
     (tmp_path / "x.msgpack").write_bytes(data)
-    from fpipe.storage.format import write_index
+    from fpipe.dataset.format import write_index
     write_index(tmp_path / "x.msgpack", ["a", "b"], [0, 20, 7], "0" * 32)
     reader = MsgpackReader(tmp_path / "x.msgpack")
     for read in (lambda: reader.get(1), lambda: reader.get(1, raw=True), lambda: list(reader),

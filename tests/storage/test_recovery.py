@@ -9,22 +9,21 @@ import sys
 import numpy as np
 import pytest
 
-from fpipe.errors import FormatError
-from fpipe.storage import (
+from fpipe.dataset import (
     DamagedDataError,
-    DatasetFiles,
     FileWriter,
     MsgpackReader,
     RebuildReport,
     UndecidedDataError,
     pack_sample,
-    read_md5,
     read_offsets,
     rebuild_index,
     unpack_sample,
 )
-from fpipe.storage import recovery as recovery_module
-from fpipe.storage import writer as writer_module
+from fpipe.dataset import recovery as recovery_module
+from fpipe.dataset import writer as writer_module
+from fpipe.errors import FormatError
+from fpipe.files import DatasetFiles, read_md5
 
 from .conftest import make_samples, write
 
@@ -114,7 +113,7 @@ def test_rebuild_index_of_an_empty_file(tmp_path):
 
 KILLED_WRITER = """
 import os, sys
-from fpipe.storage import FileWriter
+from fpipe.dataset import FileWriter
 writer = FileWriter(sys.argv[1], buffering=0)
 for i in range(100):
     writer.write({"key": str(i), "payload": b"x" * 100})

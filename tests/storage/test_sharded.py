@@ -9,16 +9,10 @@ import pickle
 
 import pytest
 
-import fpipe.storage.sharded as sharded_module
+import fpipe.dataset.sharded as sharded_module
+from fpipe.dataset import FileWriter, ListReader, ShardedReader, ShardedWriter, write_shard_index
 from fpipe.errors import FormatError
-from fpipe.storage import (
-    FileWriter,
-    IndexShuffler,
-    ListReader,
-    ShardedReader,
-    ShardedWriter,
-    write_shard_index,
-)
+from fpipe.orderings import IndexShuffler
 
 SHARDS, PER = 300, 3
 

@@ -16,8 +16,14 @@ from tfrecord.reader import tfrecord_loader
 
 import fpipe.torch
 from fpipe.errors import FormatError
-from fpipe.storage import TFRecordFileReader, TFRecordReader, TFRecordWriter, encode_example, parse_example
-from fpipe.storage._crc32c import crc32c, numpy_crc32c, python_crc32c
+from fpipe.formats import (
+    TFRecordFileReader,
+    TFRecordReader,
+    TFRecordWriter,
+    encode_example,
+    parse_example,
+)
+from fpipe.formats._crc32c import crc32c, numpy_crc32c, python_crc32c
 
 
 @pytest.fixture
@@ -125,7 +131,7 @@ def test_a_varint_past_64_bits_reads_its_low_64_bits_as_protobuf_does(int64_list
 
 
 def test_the_feature_names_kept_for_the_next_records_stay_bounded():
-    from fpipe.storage import tfrecord
+    from fpipe.formats import tfrecord
 
     for i in range(tfrecord._KNOWN_NAMES + 100):
         assert parse_example(encode_example({f"name {i}": i}))[f"name {i}"].tolist() == [i]
@@ -222,7 +228,7 @@ def test_not_an_example_and_gzip(tmp_path, cache):
 def test_a_huge_length_claim_allocates_nothing(tmp_path, cache):
     path = tmp_path / "huge.tfrecord"
     length = struct.pack("<Q", 2**62)
-    from fpipe.storage._crc32c import masked_crc32c
+    from fpipe.formats._crc32c import masked_crc32c
     path.write_bytes(length + struct.pack("<I", masked_crc32c(length)) + b"abc")
     reader = TFRecordFileReader(path, cache_dir=cache)
     with pytest.raises(FormatError, match="truncated"):
@@ -337,7 +343,7 @@ def test_a_file_copied_over_keeping_size_and_times_gets_a_new_index(tmp_path, ca
     _records_of(other, [b"d" * 40, b"e" * 20, b"f" * 10])  # the same size, records elsewhere
     assert path.stat().st_size == other.stat().st_size
     if change_time == "the same":  # a file system whose change times do not tell (the digest does)
-        import fpipe.storage._foreign as foreign
+        import fpipe.formats._foreign as foreign
 
         real = foreign._stat_file
         monkeypatch.setattr(foreign, "_stat_file", lambda name: types.SimpleNamespace(

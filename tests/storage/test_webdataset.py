@@ -15,7 +15,8 @@ import wids
 
 import fpipe.torch
 from fpipe.errors import FormatError
-from fpipe.storage import QuasiShuffler, Shuffler, TarReader, WebDatasetReader, decode_field, encode_field
+from fpipe.formats import TarReader, WebDatasetReader, decode_field, encode_field
+from fpipe.orderings import QuasiShuffler, Shuffler
 
 N_SHARDS, PER_SHARD = 3, 40
 
@@ -84,7 +85,7 @@ def test_keys_slices_negative_and_raw(shards, cache):
     assert reader.find_key(-1) == "s2/0039" and reader[-1]["key"] == "s2/0039"
     assert reader[10:2:-3] == [reader[i] for i in (10, 7, 4)]
     key, raw = reader.get(5, yield_key=True, raw=True)
-    assert key == "s0/0005" and fpipe.storage.unpack_sample(raw) == reader[5]
+    assert key == "s0/0005" and fpipe.dataset.unpack_sample(raw) == reader[5]
     assert list(reader.iter(3, 6, yield_key=True)) == [(reader.find_key(i), reader[i]) for i in range(3, 6)]
 
 
@@ -113,7 +114,7 @@ def test_a_tar_reader_holds_no_python_object_per_member(shards, cache):
 
 def test_index_is_built_once_and_reused(shards, cache, monkeypatch):
     TarReader(shards / "train-001.tar", cache_dir=cache)
-    import fpipe.storage.webdataset as module
+    import fpipe.formats.webdataset as module
 
     def fail(source):
         raise AssertionError("the index was built again")
@@ -268,7 +269,7 @@ def test_a_shard_cut_at_a_member_boundary_does_not_pass_for_whole(tmp_path, cach
 
 def test_export_refuses_a_sample_with_nothing_but_its_key(tmp_path):
     with pytest.raises(ValueError, match="sample 'b' has no field besides its key"):
-        fpipe.storage.write_webdataset([{"key": "a", "x.txt": "1"}, {"key": "b"}],
+        fpipe.formats.write_webdataset([{"key": "a", "x.txt": "1"}, {"key": "b"}],
                                        str(tmp_path / "s-%d.tar"))
     assert list(tmp_path.iterdir()) == []
 
@@ -315,7 +316,7 @@ def test_a_sample_of_an_image_and_tiny_members_costs_one_read(shards, cache):
 
 
 def test_the_bytes_kept_in_the_index_are_bounded(tmp_path, cache, monkeypatch):
-    import fpipe.storage.webdataset as module
+    import fpipe.formats.webdataset as module
 
     path = tmp_path / "small.tar"
     members = [(f"{i:03d}.{ext}", data) for i in range(10)
@@ -331,7 +332,7 @@ def test_the_bytes_kept_in_the_index_are_bounded(tmp_path, cache, monkeypatch):
 
 
 def _stored_index(cache):
-    from fpipe.storage._foreign import _index_bytes, _load_index
+    from fpipe.formats._foreign import _index_bytes, _load_index
 
     (stored,) = (cache / "indexes").iterdir()
     return stored, {name: array.copy() for name, array in _load_index(stored.read_bytes()).items()}, \
@@ -377,7 +378,7 @@ def test_a_shard_copied_over_keeping_size_and_times_gets_a_new_index(tmp_path, c
     if change_time == "the same":  # a file system whose change times do not tell (the digest does)
         import types
 
-        import fpipe.storage._foreign as foreign
+        import fpipe.formats._foreign as foreign
 
         real = foreign._stat_file
         monkeypatch.setattr(foreign, "_stat_file", lambda path: types.SimpleNamespace(

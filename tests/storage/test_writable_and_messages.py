@@ -8,8 +8,9 @@ import errno
 import numpy as np
 import pytest
 
+from fpipe.dataset import FileWriter, MsgpackReader, ShardedReader
 from fpipe.errors import FormatError
-from fpipe.storage import FileWriter, MsgpackReader, QuasiShuffler, ShardedReader, Shuffler
+from fpipe.orderings import QuasiShuffler, Shuffler
 
 
 @pytest.fixture(scope="module", params=[3, 5000], ids=["small", "large"])

@@ -9,14 +9,9 @@ import threading
 import msgpack
 import pytest
 
-from fpipe.storage import (
-    DatasetFiles,
-    FileWriter,
-    MsgpackReader,
-    RawWriter,
-    pack_sample,
-)
-from fpipe.storage import writer as writer_module
+from fpipe.dataset import FileWriter, MsgpackReader, RawWriter, pack_sample
+from fpipe.dataset import writer as writer_module
+from fpipe.files import DatasetFiles
 
 from .conftest import make_samples, write
 

@@ -9,7 +9,7 @@ import pytest
 from toolz import pipe
 
 import fpipe as fp
-from fpipe.streaming._shm import is_shared
+from fpipe.stream.parallel._shm import is_shared
 
 from .fusion_work import (
     bad_at,

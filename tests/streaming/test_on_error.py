@@ -10,7 +10,7 @@ from toolz import pipe
 
 import fpipe
 from fpipe import Infinite, Loky, Threads, TooManyErrors, map, processes, stats, threads
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 
 from ..torch.test_on_error import BAD, decode, write_images
 

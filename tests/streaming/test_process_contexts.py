@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import fpipe as fp
-from fpipe.streaming import _joblib
+from fpipe.stream.parallel import _joblib
 
 from ..signals import check_interruptible, start_interruptible
 

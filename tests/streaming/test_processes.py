@@ -15,7 +15,7 @@ import pytest
 from toolz import pipe
 
 import fpipe as fp
-from fpipe.streaming import _joblib
+from fpipe.stream.parallel import _joblib
 
 from .helpers import (
     Tally,

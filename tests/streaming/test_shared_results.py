@@ -19,7 +19,7 @@ import pytest
 from toolz import pipe
 
 import fpipe as fp
-from fpipe.streaming import _shm
+from fpipe.stream.parallel import _shm
 
 from .helpers import exit_worker, large
 from .test_shm import ROOT, alive, settled_names, wait_until

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import fpipe as fp
-from fpipe.streaming import _shm
+from fpipe.stream.parallel import _shm
 
 from ..signals import check_interruptible, start_interruptible
 
@@ -197,7 +197,7 @@ CONSUMER = """
 import os, sys, time
 import numpy as np
 from joblib.externals.loky import get_reusable_executor
-from fpipe.streaming import _shm
+from fpipe.stream.parallel import _shm
 from tests.streaming.test_shm import make, worker_pid
 
 transport = _shm.Transport.for_consumer(2)
@@ -279,7 +279,7 @@ def test_the_next_start_removes_what_a_killed_run_left():
     unrelated = Path(_shm.DIRECTORY, f"not-fpipe-{owner}")
     unrelated.write_bytes(b"")
     try:
-        code = "from fpipe.streaming import _shm; _shm.Transport.for_consumer(2)"
+        code = "from fpipe.stream.parallel import _shm; _shm.Transport.for_consumer(2)"
         subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
         assert not leftover.exists() and unrelated.exists()
     finally:

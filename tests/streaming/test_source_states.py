@@ -6,7 +6,8 @@ import json
 import pytest
 
 import fpipe as fp
-from fpipe.storage import ListReader, Shuffler
+from fpipe.dataset import ListReader
+from fpipe.orderings import Shuffler
 
 
 def sampled(**options):

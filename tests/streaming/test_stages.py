@@ -7,7 +7,7 @@ import pytest
 from toolz import pipe
 
 import fpipe as fp
-from fpipe.streaming import Stream
+from fpipe.stream import Stream
 
 from .helpers import double, fail_at, maybe_negate, noisy
 
@@ -257,7 +257,7 @@ def test_reads_passes_on_waiting_for_other_threads():
 
 def test_queue_messages_say_what_they_are():
     from fpipe.errors import capture
-    from fpipe.streaming._messages import Message
+    from fpipe.stream.parallel._messages import Message
 
     end, wake = Message.end(3, 2), Message.wake()
     failure = Message.failure(capture(ValueError("x")))

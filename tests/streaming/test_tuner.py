@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import fpipe as fp
-from fpipe.streaming import _tuner
-from fpipe.streaming._shm import is_shared
-from fpipe.streaming._tuner import Gauge, Limits, Setting, Tuner, Watch, Window
+from fpipe.stream.parallel import _tuner
+from fpipe.stream.parallel._shm import is_shared
+from fpipe.stream.parallel._tuner import Gauge, Limits, Setting, Tuner, Watch, Window
 
 from .helpers import double, large
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 from fpipe.torch import IterableDataset
 
 

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 import fpipe
-from fpipe.storage import MsgpackReader
+from fpipe.dataset import MsgpackReader
 from fpipe.torch import Compose, IterableDataset
 
 

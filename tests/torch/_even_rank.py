@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 import fpipe
-from fpipe.storage import ListReader
+from fpipe.dataset import ListReader
 from fpipe.torch import IterableDataset, even_batches
 
 DOCUMENTS = 120  # document i has 5 + i tokens

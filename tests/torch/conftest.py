@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fpipe.storage import FileWriter, MsgpackReader
+from fpipe.dataset import FileWriter, MsgpackReader
 
 
 def write_numbers(path, n: int) -> str:

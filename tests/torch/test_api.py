@@ -20,8 +20,8 @@ import torch.utils.data
 
 import fpipe
 import fpipe.functional
-from fpipe.storage import ListReader
-from fpipe.storage.order import QuasiShuffler, Range, Shuffler
+from fpipe.dataset import ListReader
+from fpipe.orderings.order import QuasiShuffler, Range, Shuffler
 from fpipe.torch import (
     Compose,
     CompressedToPIL,
@@ -55,7 +55,7 @@ def number_reader(n: int) -> ListReader:
 
 def test_the_compose_dataset_example_runs_with_only_the_imports_changed(capsys):
     # datadings.torch.Compose's example, verbatim but for the imports
-    from fpipe.storage import ListReader
+    from fpipe.dataset import ListReader
     from fpipe.torch import Compose, Dataset
 
     def add(v, number):

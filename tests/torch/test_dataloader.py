@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 import fpipe
+from fpipe.dataset import FileWriter, ListReader, MsgpackReader
 from fpipe.image import ImageDecodeError
-from fpipe.storage import FileWriter, ListReader, MsgpackReader
-from fpipe.streaming import _tuner
+from fpipe.stream.parallel import _tuner
 from fpipe.torch import Compose, CompressedToPIL, Dataset, IterableDataset, dict2tuple, worker_range
 
 from .conftest import encode, pixels, write_numbers

@@ -9,8 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fpipe.storage import ListReader, MsgpackReader, ParquetReader, QuasiShuffler, Range
-from fpipe.storage.order import Indexed
+from fpipe.dataset import ListReader, MsgpackReader
+from fpipe.formats import ParquetReader
+from fpipe.orderings import QuasiShuffler, Range
+from fpipe.orderings.order import Indexed
 from fpipe.torch import IterableDataset
 
 from .conftest import write_numbers

@@ -8,8 +8,9 @@ import pytest
 from torch.utils.data import DataLoader
 
 import fpipe
+from fpipe.dataset import ListReader
+from fpipe.orderings import Shuffler
 from fpipe.sharding import elastic_state_dict
-from fpipe.storage import ListReader, Shuffler
 from fpipe.torch import Compose, Dataset, ElasticBatchSampler, IterableDataset
 
 N = 29  # awkward: no grid below divides it

@@ -10,7 +10,7 @@ import warnings
 import pytest
 from torch.utils.data import DataLoader
 
-from fpipe.storage import ListReader
+from fpipe.dataset import ListReader
 from fpipe.torch import Dataset, ElasticBatchSampler, IterableDataset
 
 N = 40

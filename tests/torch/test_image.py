@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fpipe._image import decode
-from fpipe.image import CompressedToPIL, ImageDecodeError, decode_image
-from fpipe.storage import ListReader
+from fpipe.dataset import ListReader
+from fpipe.image import CompressedToPIL, ImageDecodeError, decode, decode_image
 from fpipe.torch import Compose, Dataset, IterableDataset
 
 from .conftest import encode, pixels

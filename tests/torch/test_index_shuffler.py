@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from torch.utils.data import DataLoader
 
-from fpipe.storage import IndexShuffler, MsgpackReader
+from fpipe.dataset import MsgpackReader
+from fpipe.orderings import IndexShuffler
 from fpipe.torch import Dataset, IterableDataset
 
 from .conftest import write_numbers

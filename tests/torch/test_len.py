@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from torch.utils.data import DataLoader
 
-from fpipe.storage import ListReader
+from fpipe.dataset import ListReader
 from fpipe.torch import Dataset, ElasticBatchSampler, IterableDataset
 
 MODES = {

@@ -11,7 +11,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from fpipe import TooManyErrors
-from fpipe.storage import FileWriter, MsgpackReader
+from fpipe.dataset import FileWriter, MsgpackReader
 from fpipe.torch import Dataset, IterableDataset
 
 from .conftest import encode, pixels

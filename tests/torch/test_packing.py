@@ -55,7 +55,7 @@ class PackedReads(torch.utils.data.IterableDataset):
 
 
 def test_a_packing_stage_packs_the_shard_that_fpipe_torch_reads_in_each_worker():
-    from fpipe.storage import ListReader
+    from fpipe.dataset import ListReader
     from fpipe.torch import IterableDataset
 
     lengths = np.random.default_rng(1).integers(1, 30, 64)

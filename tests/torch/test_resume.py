@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import fpipe
-from fpipe.storage import ListReader
+from fpipe.dataset import ListReader
 from fpipe.torch import Compose, IterableDataset
 
 

@@ -13,7 +13,7 @@ import torch
 from toolz import pipe
 
 import fpipe
-from fpipe.storage import ListReader, MsgpackReader
+from fpipe.dataset import ListReader, MsgpackReader
 from fpipe.torch import IterableDataset, regrid_state
 
 from .conftest import write_numbers
@@ -277,7 +277,7 @@ def test_an_abandoned_pass_stops_its_threads():
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("sampler", ["elastic", "shuffle"])
 def test_a_map_style_dataset_resumes_exactly_under_a_stateful_loader(workers, sampler):
-    from fpipe.storage import Shuffler
+    from fpipe.orderings import Shuffler
     from fpipe.torch import Dataset, ElasticBatchSampler
 
     def make():

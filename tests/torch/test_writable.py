@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from fpipe.storage import FileWriter, MsgpackReader
+from fpipe.dataset import FileWriter, MsgpackReader
 from fpipe.torch import Dataset, IterableDataset
 
 

@@ -1,0 +1,17 @@
+"""Datasets at URLs (``s3://``, ``gs://``, ``https://`` ...): ranged reads through a block cache
+that the processes of one machine share (``urls`` and ``cache``), and whole datasets copied to
+and from object storage (``transfer``). fsspec is imported by ``urls`` alone, and only when
+such a URL is opened. The readers of :mod:`fpipe.dataset` and :mod:`fpipe.formats` take URLs
+through this package.
+
+>>> from fpipe.remote import is_url
+>>> is_url("s3://bucket/train.msgpack"), is_url("data/train.msgpack")
+(True, False)
+"""
+
+from fpipe.remote import cache, transfer, urls
+from fpipe.remote.transfer import download_dataset
+from fpipe.remote.urls import RemoteError, default_cache_dir, is_url
+
+# What users call; the helpers that the readers share stay in the modules.
+__all__ = ["RemoteError", "default_cache_dir", "download_dataset", "is_url"]
