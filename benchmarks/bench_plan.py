@@ -104,8 +104,8 @@ def _image_item():
 
 def _natural_t4(float_in_workers: bool = False) -> tuple:
     """The stages after T4's process stage, written naturally."""
-    return (fp.batch(IMAGE_BATCH), fp.map(fp.combine_to_arrays),
-            fp.map(_float_batch, in_workers=float_in_workers))
+    return (fp.batch(IMAGE_BATCH), fp.stream.map(fp.combine_to_arrays),
+            fp.stream.map(_float_batch, in_workers=float_in_workers))
 
 
 @workload("O1", description="T4 written naturally: processes(2 workers, augment to uint8 CHW), "
@@ -119,7 +119,7 @@ def natural_against_hand_fused() -> Pair:
     hand = fp.processes(_AugmentedBatch(DrawnItem(item)), n_workers=2)
     order = np.random.default_rng(0).permutation(len(item.reader)).tolist()
     _same_batches(lambda ids: pipe(ids, natural, fp.batch(IMAGE_BATCH),
-                                   fp.map(fp.combine_to_arrays)),
+                                   fp.stream.map(fp.combine_to_arrays)),
                   lambda pairs: pipe(pairs, fp.batch(IMAGE_BATCH), hand), order)
     pairs = list(enumerate(order))
 
@@ -127,7 +127,7 @@ def natural_against_hand_fused() -> Pair:
         return _drain(pipe(order, natural, *_natural_t4()))
 
     def theirs() -> int:
-        return _drain(pipe(pairs, fp.batch(IMAGE_BATCH), hand, fp.map(_float_batch)))
+        return _drain(pipe(pairs, fp.batch(IMAGE_BATCH), hand, fp.stream.map(_float_batch)))
 
     def teardown() -> None:
         natural.close()
@@ -155,7 +155,7 @@ def _peers_pair(kind: str) -> Pair:
                         n_workers=2)
 
     def ours(ids: list):
-        return pipe(ids, natural, fp.batch(IMAGE_BATCH), fp.map(fp.combine_to_arrays))
+        return pipe(ids, natural, fp.batch(IMAGE_BATCH), fp.stream.map(fp.combine_to_arrays))
 
     def theirs(pairs: list):
         return pipe(pairs, fp.batch(IMAGE_BATCH), hand)
@@ -194,7 +194,7 @@ def _item_pipeline(factory: Callable, work: Callable) -> Callable[..., Callable[
 
         def epoch(items: int) -> list:
             stamps = []
-            with pipe(zip(range(items)), stage, fp.batch(32), fp.map(fp.combine_batches)) as s:
+            with pipe(zip(range(items)), stage, fp.batch(32), fp.stream.map(fp.combine_batches)) as s:
                 for batch in s:
                     stamps.extend([time.perf_counter()] * len(batch[0]))
             return stamps
@@ -212,7 +212,7 @@ def _image_pipeline(**setting) -> Callable[[int], list]:
     def epoch(items: int) -> list:
         order = [i % size for i in range(items)]
         stamps = []
-        with pipe(order, stage, fp.batch(IMAGE_BATCH), fp.map(fp.combine_to_arrays)) as s:
+        with pipe(order, stage, fp.batch(IMAGE_BATCH), fp.stream.map(fp.combine_to_arrays)) as s:
             for _, labels in s:
                 stamps.extend([time.perf_counter()] * len(labels))
         return stamps
@@ -330,7 +330,7 @@ def _cpu_since(before: dict) -> float:
 def _slow_consumer_epoch(stage) -> tuple[float, float]:
     """Wall and CPU seconds of an epoch of a consumer that takes 10 ms per batch."""
     before, began = _tree_cpu(), time.perf_counter()
-    with pipe(zip(range(O3_BATCHES * 32)), stage, fp.batch(32), fp.map(fp.combine_batches)) as s:
+    with pipe(zip(range(O3_BATCHES * 32)), stage, fp.batch(32), fp.stream.map(fp.combine_batches)) as s:
         for _ in s:
             time.sleep(O3_STEP)
     return time.perf_counter() - began, _cpu_since(before)

@@ -45,8 +45,8 @@ def _infinite(*transformers, batches: int, **kwargs):
 
 
 def _p1(*extra) -> fp.Stream:
-    return pipe(zip(itertools.count()), fp.map(fp.identity), fp.batch(P1_SIZE),
-                fp.map(fp.combine_to_arrays), *extra, fp.take(P1_BATCHES))
+    return pipe(zip(itertools.count()), fp.stream.map(fp.identity), fp.batch(P1_SIZE),
+                fp.stream.map(fp.combine_to_arrays), *extra, fp.take(P1_BATCHES))
 
 
 @workload("P1", description="count source, identity, batch 32, combine_to_arrays, 2000 batches, "
@@ -168,7 +168,7 @@ def _serial_map(func) -> None:
 
 
 def _parallel(stage) -> None:
-    with pipe(zip(range(WORK_ITEMS)), stage, fp.batch(P1_SIZE), fp.map(fp.combine_batches)) as s:
+    with pipe(zip(range(WORK_ITEMS)), stage, fp.batch(P1_SIZE), fp.stream.map(fp.combine_batches)) as s:
         _drain(s)
 
 
@@ -246,7 +246,7 @@ def p5_restart() -> Pair:
     dpipe = _dpipe()
 
     def ours() -> fp.Stream:
-        return pipe(zip(itertools.count()), stage, fp.batch(P1_SIZE), fp.map(fp.combine_batches))
+        return pipe(zip(itertools.count()), stage, fp.batch(P1_SIZE), fp.stream.map(fp.combine_batches))
 
     def theirs():
         return dpipe.Infinite(zip(itertools.count()), dpipe.Loky(work, n_workers=2),
@@ -268,7 +268,7 @@ def m2_memory() -> Value:
 
     process = psutil.Process()
     with pipe(itertools.count(), fp.prefetch(256), fp.processes(small_item, n_workers=2),
-              fp.batch(8), fp.map(fp.combine_to_arrays), fp.take(M2_BATCHES)) as stream:
+              fp.batch(8), fp.stream.map(fp.combine_to_arrays), fp.take(M2_BATCHES)) as stream:
         _drain(itertools.islice(stream, 1000))
         gc.collect()
         before = process.memory_info().rss

@@ -195,7 +195,7 @@ def pipeline_against_data_loader() -> Pair:
     reader = fpipe.dataset.MsgpackReader(images_path())
     batch = _AugmentedBatch(_AugmentedItem(reader, _augment(_to_uint8_chw)))
     stage = fp.processes(batch, n_workers=2, seed=0)
-    return _against_data_loader(stage, (fp.batch(IMAGE_BATCH),), (fp.map(_float_batch),))
+    return _against_data_loader(stage, (fp.batch(IMAGE_BATCH),), (fp.stream.map(_float_batch),))
 
 
 @workload("T4n", description="T4 written naively: processes(2 workers) making one float tensor per "
@@ -208,4 +208,4 @@ def naive_pipeline_against_data_loader() -> Pair:
 
     reader = fpipe.dataset.MsgpackReader(images_path())
     stage = fp.processes(_AugmentedItem(reader, _augment(_to_tensor)), n_workers=2, seed=0)
-    return _against_data_loader(stage, (), (fp.batch(IMAGE_BATCH), fp.map(_stack_batch)))
+    return _against_data_loader(stage, (), (fp.batch(IMAGE_BATCH), fp.stream.map(_stack_batch)))

@@ -158,7 +158,7 @@ def _fpipe_items(augment: Augment, order: list) -> Callable[[], int]:
     import fpipe as fp
 
     stage = fp.processes(augment, n_workers=2, seed=0)
-    return lambda: _count(pipe(order, stage, fp.batch(IMAGE_BATCH), fp.map(fp.combine_to_arrays)))
+    return lambda: _count(pipe(order, stage, fp.batch(IMAGE_BATCH), fp.stream.map(fp.combine_to_arrays)))
 
 
 def _fpipe_batches(augment: Augment, order: list) -> Callable[[], int]:

@@ -385,7 +385,7 @@ def sample_args(func: Callable, *args: Callable, random_state: Any = None,
 
     Each of ``args`` and ``kwargs`` is a sampler: either a callable of no argument (dpipe
     style, such as ``np.random.normal``) or one that takes the generator, such as
-    :func:`fpipe.uniform` or ``lambda rng: rng.integers(4)``. Samplers of the second kind
+    :func:`fpipe.random.uniform` or ``lambda rng: rng.integers(4)``. Samplers of the second kind
     draw from the active item generator inside a seeded stage, so they are reproducible.
     So do NumPy's global functions (``np.random.normal``, or a ``functools.partial`` of one):
     inside a seeded stage they draw from the item's generator, through the ``Generator``
@@ -398,7 +398,7 @@ def sample_args(func: Callable, *args: Callable, random_state: Any = None,
     draw from that state instead (see :func:`random_apply`).
 
     >>> import fpipe, numpy as np
-    >>> shift = sample_args(lambda x, by: x + by, by=fpipe.integers(10, 11))
+    >>> shift = sample_args(lambda x, by: x + by, by=fpipe.random.integers(10, 11))
     >>> shift(1)
     11
     >>> noisy = sample_args(lambda x, by: x + by, by=np.random.uniform, random_state=0)

@@ -216,7 +216,7 @@ def worker_range(n: int, rank: int = 0, world_size: int = 1, worker: int = 0,
     rotate with the epoch: rank ``r`` reads the shards of rank ``(r + epoch) % world_size``.
 
     ``even="drop"`` or ``"pad"`` first cuts or pads each rank's range to ``n // world_size``
-    or ``ceil(n / world_size)`` positions (see :func:`fpipe.shard_range`), then splits it among
+    or ``ceil(n / world_size)`` positions (see :func:`fpipe.sharding.shard_range`), then splits it among
     the workers, so that every rank reads the same number of samples in the same pieces and
     makes the same number of batches.
 

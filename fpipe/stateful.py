@@ -12,10 +12,10 @@ state with each batch. fpipe's readers' orderings, sources, the streams that sta
 
 >>> from toolz import pipe
 >>> import fpipe
->>> stream = pipe(range(10), fpipe.filter(lambda x: x % 3), fpipe.batch(2))
+>>> stream = pipe(range(10), fpipe.stream.filter(lambda x: x % 3), fpipe.batch(2))
 >>> isinstance(stream, Stateful), next(stream)
 (True, [1, 2])
->>> again = pipe(range(10), fpipe.filter(lambda x: x % 3), fpipe.batch(2))
+>>> again = pipe(range(10), fpipe.stream.filter(lambda x: x % 3), fpipe.batch(2))
 >>> again.load_state_dict(stream.state_dict())
 >>> list(again) == list(stream) == [[4, 5], [7, 8]]
 True
@@ -30,7 +30,21 @@ __all__ = ["Stateful", "is_stateful"]
 
 @runtime_checkable
 class Stateful(Protocol):
-    """What can save its place: ``state_dict()`` and ``load_state_dict(state)``."""
+    """What can save its place: ``state_dict()`` and ``load_state_dict(state)``.
+
+    >>> class Counter:
+    ...     def __init__(self):
+    ...         self.count = 0
+    ...     def state_dict(self):
+    ...         return {"count": self.count}
+    ...     def load_state_dict(self, state):
+    ...         self.count = state["count"]
+    >>> counter, again = Counter(), Counter()
+    >>> counter.count = 3
+    >>> again.load_state_dict(counter.state_dict())
+    >>> isinstance(again, Stateful), again.count
+    (True, 3)
+    """
 
     def state_dict(self) -> dict[str, Any]:
         """Where this object stands, as a plain dict (ints, strings, lists, dicts; the items a

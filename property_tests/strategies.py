@@ -269,7 +269,8 @@ def as_decoded(value):
 # --- streaming stages --------------------------------------------------------------------
 # Items are small ints; the transforms are module-level, so that they pickle to processes.
 
-from fpipe import sample_args, uniform  # noqa: E402
+from fpipe import sample_args  # noqa: E402
+from fpipe.random import uniform  # noqa: E402
 
 stream_items = st.lists(st.integers(-1000, 1000), max_size=60)
 batch_sizes = st.integers(1, 12)
@@ -336,9 +337,10 @@ positive_weights = st.lists(st.floats(0.05, 10), min_size=1, max_size=6)
 # A transformer is described by a spec tuple and built fresh for each Infinite (a stage object
 # keeps its own epoch count). Items are ints all the way through.
 
-from fpipe import ExpirationPool, Iterator, Threads, integers, processes, threads  # noqa: E402
-from fpipe import filter as fp_filter  # noqa: E402
-from fpipe import map as fp_map  # noqa: E402
+from fpipe import ExpirationPool, Iterator, Threads, processes, threads  # noqa: E402
+from fpipe.random import integers  # noqa: E402
+from fpipe.stream import filter as fp_filter  # noqa: E402
+from fpipe.stream import map as fp_map  # noqa: E402
 
 
 def plus(x: int, r: int) -> int:

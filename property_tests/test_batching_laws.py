@@ -41,13 +41,13 @@ texts = st.text(max_size=3).filter(lambda text: not text.endswith("\x00"))
 @given(st.lists(st.tuples(st.integers(), st.floats(allow_nan=False), texts), min_size=1,
                 max_size=10))
 def test_uncombine_undoes_combine_to_arrays(items):
-    assert fp.uncombine(fp.combine_to_arrays(items)) == items
+    assert fp.stream.uncombine(fp.combine_to_arrays(items)) == items
 
 
 @given(st.lists(st.fixed_dictionaries({"a": st.integers(), "b": st.booleans()}),
                 min_size=1, max_size=10))
 def test_uncombine_undoes_combine_dicts(items):
-    assert fp.uncombine(fp.combine_dicts(items)) == items
+    assert fp.stream.uncombine(fp.combine_dicts(items)) == items
 
 
 @given(same_rank_shapes(), st.data())
@@ -92,11 +92,11 @@ def test_fused_batches_are_the_batches_and_errors_of_the_stages_one_after_anothe
     from toolz import pipe
 
     combine = getattr(fp, combiner)
-    after = [fp.batch(size, drop_last=drop_last), fp.map(combine)]
-    fused = pipe(items, fp.map(_item, bad, in_workers=fold),
+    after = [fp.batch(size, drop_last=drop_last), fp.stream.map(combine)]
+    fused = pipe(items, fp.stream.map(_item, bad, in_workers=fold),
                  fp.processes(fp.identity, n_workers=2, backend="threading", chunk_size=5),
                  *after)
-    reference = pipe(items, fp.map(_item, bad), *after)
+    reference = pipe(items, fp.stream.map(_item, bad), *after)
     assert _outcome(fused) == _outcome(reference)
     assert "fused" in str(fp.explain(fused))
 
@@ -117,8 +117,8 @@ def test_maps_folded_after_a_fused_combiner_give_the_batches_and_errors_of_the_s
 
     def stages(folded):
         return [fp.processes(_item, bad_items, n_workers=2, backend="threading", chunk_size=5),
-                fp.batch(size), fp.map(fp.combine_pad),
-                fp.map(_batch_checked, bad_batches, in_workers=folded)]
+                fp.batch(size), fp.stream.map(fp.combine_pad),
+                fp.stream.map(_batch_checked, bad_batches, in_workers=folded)]
     fused = pipe(items, *stages(True))
     assert _outcome(fused) == _outcome(pipe(items, *stages(False)))
     assert "runs in the workers, on each batch" in str(fp.explain(fused))

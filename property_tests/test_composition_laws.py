@@ -101,13 +101,13 @@ class Pipeline(torch.utils.data.IterableDataset):
             if name == "mix":
                 source = fpipe.mix(source, OTHER, seed=4, until="all")
             elif name == "filter":
-                made.append(fpipe.filter(keep))
+                made.append(fpipe.stream.filter(keep))
             elif name == "map":
-                made.append(fpipe.map(tokens))
+                made.append(fpipe.stream.map(tokens))
             elif name == "pool":
-                made.append(fpipe.pool(3, 2, seed=5))
+                made.append(fpipe.stream.pool(3, 2, seed=5))
             elif name == "pack":
-                made += [] if "map" in self.stages else [fpipe.map(tokens)]
+                made += [] if "map" in self.stages else [fpipe.stream.map(tokens)]
                 made.append(fpipe.pack(8, buffer_size=3))
             elif name == "batch":
                 made.append(fpipe.batch(3))

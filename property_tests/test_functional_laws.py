@@ -7,8 +7,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fpipe import (
-    Compose,
-    MissingParameterError,
     apply_at,
     compose,
     identity,
@@ -18,6 +16,8 @@ from fpipe import (
     unpack_args,
     zip_apply,
 )
+from fpipe.errors import MissingParameterError
+from fpipe.functional import Compose
 from fpipe.random import integers, item_rng, uniform, using_rng
 from property_tests.strategies import (
     composable_funcs,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from toolz import pipe
 
 from fpipe import Infinite, Stage, batch
-from fpipe import map as fp_map
+from fpipe.stream import map as fp_map
 from property_tests.strategies import (
     batch_iter_sources,
     dropping_transformers,

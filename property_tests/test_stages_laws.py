@@ -35,7 +35,7 @@ def _reference(items, chain):
 
 
 def _build(chain, background, regrouping=None):
-    stages = [fp.map(func) if kind == "map" else fp.filter(func) for kind, func in chain]
+    stages = [fp.stream.map(func) if kind == "map" else fp.stream.filter(func) for kind, func in chain]
     if regrouping is not None:
         stages += [fp.batch(regrouping), fp.unbatch()]
     for spec in background:
@@ -79,7 +79,7 @@ def test_pull_gives_one_to_n_items_until_it_gives_none(items, chain, background,
 
 @given(stream_items, st.lists(st.booleans(), max_size=40))
 def test_next_and_pull_can_be_mixed(items, use_next):
-    stream, got = fp.map(add_three)(items), []
+    stream, got = fp.stream.map(add_three)(items), []
     for by_next in itertools.chain(use_next, itertools.repeat(False)):
         chunk = [next(stream, None)] if by_next else stream.pull(3)
         chunk = [x for x in chunk if x is not None]
@@ -92,7 +92,7 @@ def test_next_and_pull_can_be_mixed(items, use_next):
 @given(st.lists(st.integers(0, 100), max_size=40), st.integers(0, 2**32), st.booleans())
 @settings(max_examples=5, deadline=None)
 def test_seeded_stages_give_the_same_output_for_any_workers_and_backend(items, seed, ordered):
-    reference = list(fp.map(noisy, seed=seed)(items))
+    reference = list(fp.stream.map(noisy, seed=seed)(items))
     stages = [fp.threads(noisy, n_workers=n, seed=seed, ordered=ordered, chunk_size=3)
               for n in (1, 2, 4)]
     stages += [fp.processes(noisy, n_workers=n, backend=backend, seed=seed, ordered=ordered,
@@ -121,13 +121,13 @@ def _scripted(settings):
 @settings(max_examples=10, deadline=None)
 def test_seeded_stages_give_the_same_output_whatever_the_tuner_chooses(items, seed, choices,
                                                                         kind, fused):
-    reference = list(fp.map(noisy, seed=seed)(items))
+    reference = list(fp.stream.map(noisy, seed=seed)(items))
     per_worker = 2 if kind == "processes" else 1
     settings = [_tuner.Setting(w, b, per_worker * w + b) for w, b in choices]
     factory = fp.processes if kind == "processes" else fp.threads
     stage = factory(noisy, n_workers="auto", buffer_size="auto", seed=seed, chunk_size=3,
                     **({"cpu_budget": 2} if kind == "processes" else {}))
-    after = [fp.batch(4), fp.map(fp.combine_batches)] if fused else []
+    after = [fp.batch(4), fp.stream.map(fp.combine_batches)] if fused else []
     expected = list(pipe(reference, *after))
     with mock.patch.multiple(_tuner, WINDOW_SECONDS=0.0, WINDOW_CHUNKS=1), \
             mock.patch.object(_tuner.Tuner, "decide", _scripted(settings)):
@@ -159,7 +159,7 @@ def test_a_stage_built_at_epoch_e_draws_what_one_stage_object_draws_in_its_epoch
         items, seed, epoch, kind):
     def build(**options):
         if kind == "map":
-            return fp.map(noisy, seed=seed, **options)
+            return fp.stream.map(noisy, seed=seed, **options)
         return fp.threads(noisy, n_workers=2, chunk_size=2, seed=seed, **options)
 
     reused = build()
@@ -176,7 +176,7 @@ def test_a_stage_built_at_epoch_e_draws_what_one_stage_object_draws_in_its_epoch
 def test_skipping_keeps_exactly_the_good_items_in_order_and_counts_the_rest(
         items, kind, n_workers, chunk_size):
     if kind == "map":
-        stage = fp.map(fails_on_multiples_of_seven, on_error="skip")
+        stage = fp.stream.map(fails_on_multiples_of_seven, on_error="skip")
     else:
         factory = fp.threads if kind == "threads" else fp.processes
         options = {} if kind == "threads" else {"backend": "threading"}

@@ -138,7 +138,7 @@ def infinite_pairs(draw: st.DrawFn) -> tuple:
 
 def _infinite(source_spec, batch_size, stages):
     source, first = make_source(source_spec)
-    made = [fpipe.map(abs) if kind == "map" else fpipe.filter(bool) for kind in stages]
+    made = [fpipe.stream.map(abs) if kind == "map" else fpipe.stream.filter(bool) for kind in stages]
     return fpipe.Infinite(source, *first, *made, batch_size=batch_size, batches_per_epoch=3,
                           combiner=list)
 

@@ -177,7 +177,7 @@ def test_o1s_hand_fused_reference_draws_as_the_fused_form():
 
     def natural(ids):
         stage = fp.processes(_drawn, n_workers=2, seed=0, backend="threading")
-        return pipe(ids, stage, fp.batch(32), fp.map(fp.combine_to_arrays))
+        return pipe(ids, stage, fp.batch(32), fp.stream.map(fp.combine_to_arrays))
 
     def hand(function, seed):
         return lambda items: pipe(items, fp.batch(32), fp.processes(

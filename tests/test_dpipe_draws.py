@@ -112,16 +112,16 @@ def add(x, s):
 def test_global_samplers_in_a_seeded_stage_reproduce_and_leave_the_global_state(sampler):
     transform = fpipe.sample_args(add, s=sampler)
     before = np.random.get_state()[1].copy()
-    one = list(fpipe.map(transform, seed=0)(range(8)))
+    one = list(fpipe.stream.map(transform, seed=0)(range(8)))
     two = list(fpipe.threads(transform, n_workers=2, chunk_size=1, seed=0)(range(8)))
     np.testing.assert_array_equal(np.array(one), np.array(two))
     assert np.array_equal(np.random.get_state()[1], before)
-    assert not np.array_equal(np.array(one), np.array(list(fpipe.map(transform, seed=1)(range(8)))))
+    assert not np.array_equal(np.array(one), np.array(list(fpipe.stream.map(transform, seed=1)(range(8)))))
 
 
 def test_a_global_sampler_draws_the_generator_method_of_the_same_meaning():
     transform = fpipe.sample_args(add, s=functools.partial(np.random.uniform, 5, 6))
-    out = list(fpipe.map(transform, seed=3)(range(3)))
+    out = list(fpipe.stream.map(transform, seed=3)(range(3)))
     assert out == [i + fpipe.item_rng(3, 0, i).uniform(5, 6) for i in range(3)]
 
 
@@ -129,11 +129,11 @@ def test_a_lambda_that_draws_from_the_global_state_in_a_seeded_stage_is_refused(
     transform = fpipe.sample_args(add, s=lambda: np.random.uniform(0, 2))
     with pytest.raises(RuntimeError, match="drew from NumPy's global random state inside a "
                                            "seeded stage"):
-        list(fpipe.map(transform, seed=0)(range(3)))
-    assert len(list(fpipe.map(transform)(range(3)))) == 3  # unseeded: as in dpipe
+        list(fpipe.stream.map(transform, seed=0)(range(3)))
+    assert len(list(fpipe.stream.map(transform)(range(3)))) == 3  # unseeded: as in dpipe
 
 
 def test_a_global_function_without_a_generator_counterpart_is_refused():
     transform = fpipe.sample_args(add, s=functools.partial(np.random.random_integers, 1, 3))
     with pytest.raises(TypeError, match="np.random.random_integers has no numpy.random.Generator"):
-        list(fpipe.map(transform, seed=0)(range(3)))
+        list(fpipe.stream.map(transform, seed=0)(range(3)))

@@ -7,18 +7,10 @@ import pytest
 import toolz
 
 import fpipe
-from fpipe import (
-    Compose,
-    MissingParameterError,
-    apply_at,
-    compose,
-    multiply,
-    random_apply,
-    sample_args,
-    unpack_args,
-    zip_apply,
-)
-from fpipe.random import item_rng, using_rng
+from fpipe import apply_at, compose, multiply, random_apply, sample_args, unpack_args, zip_apply
+from fpipe.errors import MissingParameterError
+from fpipe.functional import Compose
+from fpipe.random import item_rng, uniform, using_rng
 
 
 def add(x, number):
@@ -163,7 +155,7 @@ def test_random_apply_does_not_touch_global_numpy_state():
     before = np.random.get_state()[1].copy()
     for _ in range(20):
         random_apply(0.5, abs)(-1)
-        sample_args(add, number=fpipe.uniform())(1)
+        sample_args(add, number=fpipe.random.uniform())(1)
     assert (np.random.get_state()[1] == before).all()
 
 
@@ -173,7 +165,7 @@ def test_sample_args_accepts_dpipe_and_fpipe_samplers():
     with using_rng(item_rng(3, 0, 0)):
         first = sample_args(add, number=lambda rng: int(rng.integers(1000)))(0)
     with using_rng(item_rng(3, 0, 0)):
-        assert sample_args(add, number=fpipe.integers(1000))(0) == first
+        assert sample_args(add, number=fpipe.random.integers(1000))(0) == first
 
 
 def test_sample_args_rejects_non_callable_samplers():
@@ -193,6 +185,6 @@ def test_combinators_reject_non_callable_functions():
 def test_reprs_are_readable():
     assert repr(apply_at(0, abs)) == "apply_at(0, abs)"
     assert repr(random_apply(0.5, abs)) == "random_apply(0.5, abs)"
-    assert repr(sample_args(add, number=fpipe.uniform(0, 2))) == "sample_args(add, number=uniform(0, 2))"
+    assert repr(sample_args(add, number=uniform(0, 2))) == "sample_args(add, number=uniform(0, 2))"
     assert repr(zip_apply(abs, str)) == "zip_apply(abs, str)"
     assert repr(unpack_args(pow, 2)) == "unpack_args(pow, 2)"

@@ -81,7 +81,7 @@ def _add_shuffle(commands: argparse._SubParsersAction) -> None:
         "position (fpipe.IndexShuffler: no permutation in memory, for datasets of any size) "
         "and reads sample by sample; --mode quasi reads chunks of --chunk-size samples in a "
         "shuffled order through a buffer of --buf-size samples (fewer, larger reads: for slow "
-        "disks; see fpipe.QuasiShuffler). --mode index and quasi hold the same memory at any "
+        "disks; see fpipe.orderings.QuasiShuffler). --mode index and quasi hold the same memory at any "
         "size.",
         "  fpipe shuffle train.msgpack train-shuffled.msgpack --seed 7\n"
         "  fpipe shuffle web.msgpack web-shuffled.msgpack --mode index\n"

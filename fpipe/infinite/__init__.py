@@ -324,7 +324,7 @@ class Infinite:
 
     * ``source`` is any iterable; an infinite one (:func:`fpipe.sample`,
       :func:`fpipe.load_by_random_id`) is the usual choice.
-    * ``transformers`` are plain functions of an item (each becomes :func:`fpipe.map`),
+    * ``transformers`` are plain functions of an item (each becomes :func:`fpipe.stream.map`),
       :class:`Threads`, :class:`Loky`, :class:`Iterator`, :class:`fpipe.ExpirationPool`, or any
       fpipe stage.
     * ``batch_size`` is an integer, or a predicate ``batch_size(batch, item) -> bool`` that says
@@ -473,7 +473,7 @@ class Infinite:
         For a seeded pipeline (a seeded source such as :func:`fpipe.sample` and seeded
         stages), an ``Infinite`` built the same way that loads this state hands out exactly
         the batches this one would have. When every transformer maps one item to one item
-        (functions, :class:`Threads`, :class:`Loky`, :func:`fpipe.map`, :func:`fpipe.threads`,
+        (functions, :class:`Threads`, :class:`Loky`, :func:`fpipe.stream.map`, :func:`fpipe.threads`,
         :func:`fpipe.processes`), also if it skips the items on which it raises
         (``on_error``: the state counts the items it took, not those it gave), and
         ``batch_size`` is an integer, the restored pipeline skips ahead at once; otherwise it

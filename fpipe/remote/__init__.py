@@ -10,8 +10,7 @@ through this package.
 """
 
 from fpipe.remote import cache, transfer, urls
-from fpipe.remote.transfer import download_dataset
 from fpipe.remote.urls import RemoteError, default_cache_dir, is_url
 
-# What users call; the helpers that the readers share stay in the modules.
-__all__ = ["RemoteError", "default_cache_dir", "download_dataset", "is_url"]
+# What users call; the helpers that the readers and the fpipe command share stay in the modules.
+__all__ = ["RemoteError", "default_cache_dir", "is_url"]

@@ -1,9 +1,9 @@
 """Batching: group items into batches, and combine a batch into arrays (and back).
 
-:func:`batch` is a stage; the combiners are transforms for :func:`fpipe.map`:
+:func:`batch` is a stage; the combiners are transforms for :func:`fpipe.stream.map`:
 
 >>> from toolz import pipe
->>> from fpipe import map
+>>> from fpipe.stream import map
 >>> items = [(np.ones((2, 3)), 0), (np.ones((4, 1)), 1)]
 >>> images, labels = next(pipe(items, batch(2), map(combine_pad)))
 >>> images.shape, labels

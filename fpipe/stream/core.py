@@ -7,7 +7,8 @@ that starts nothing before its first ``next()``, closes its upstream when it is 
 leaving a ``with`` block), and measures where its time goes (:func:`fpipe.stats`).
 
 >>> from toolz import pipe
->>> from fpipe import filter, map, take
+>>> from fpipe.stream import filter, map
+>>> from fpipe import take
 >>> with pipe(range(10), map(lambda x: x * x), filter(lambda x: x % 2), take(3)) as stream:
 ...     list(stream)
 [1, 9, 25]
@@ -307,7 +308,8 @@ class Stream(abc.ABC):
         (work under way in threads or processes, a generator) raises ``TypeError``.
 
         >>> from toolz import pipe
-        >>> from fpipe import batch, map
+        >>> from fpipe import batch
+        >>> from fpipe.stream import map
         >>> stream = pipe(range(7), map(lambda x: 10 * x), batch(3))
         >>> next(stream)
         [0, 10, 20]
@@ -606,7 +608,7 @@ class Stage(abc.ABC):
     inputs it leaves out with ``on_error``, which its stream's ``skips`` log records: then
     :class:`fpipe.Infinite` resumes a pipeline by skipping inputs instead of replaying outputs.
 
-    >>> from fpipe import map
+    >>> from fpipe.stream import map
     >>> stage = map(abs)
     >>> stage.epoch, list(stage([1, -2])), stage.epoch, stage.one_to_one
     (0, [1, 2], 1, True)
@@ -627,7 +629,7 @@ class Stage(abc.ABC):
     def set_epoch(self, epoch: int) -> None:
         """Make the next call epoch ``epoch`` (later calls count on from there).
 
-        >>> from fpipe import map
+        >>> from fpipe.stream import map
         >>> stage = map(abs)
         >>> stage.set_epoch(5)
         >>> stage.epoch
@@ -641,7 +643,7 @@ class Stage(abc.ABC):
         from which a seeded stage derives each item's generator); the epoch counter is left
         alone. This is how a stopped stream is resumed.
 
-        >>> from fpipe import map
+        >>> from fpipe.stream import map
         >>> list(map(abs).apply([3, -4], epoch=2, start=10))
         [3, 4]
         """
@@ -705,8 +707,8 @@ def mapped_stream(iterable: Iterable, name: str, into: Callable[[list, list, int
     """The stream, named ``name``, that runs ``into(outputs, chunk, index)`` on each chunk of
     ``iterable`` in the consumer's thread: ``into`` appends the chunk's results to ``outputs``
     (those made before an error stay there and are delivered), and ``index`` numbers the
-    chunk's first item, counting from ``start``. What :func:`fpipe.map` and
-    :func:`fpipe.filter` apply; not in ``__all__``.
+    chunk's first item, counting from ``start``. What :func:`fpipe.stream.map` and
+    :func:`fpipe.stream.filter` apply; not in ``__all__``.
 
     >>> def doubled(outputs, chunk, index):
     ...     outputs.extend(2 * x for x in chunk)

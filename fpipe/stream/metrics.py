@@ -103,7 +103,8 @@ def stats(stream: Stream) -> Stats:
     under 5 % even for stages that do almost nothing.
 
     >>> from toolz import pipe
-    >>> from fpipe import map, take
+    >>> from fpipe.stream import map
+    >>> from fpipe import take
     >>> stream = pipe(range(100), map(abs), take(10))
     >>> _ = list(stream)
     >>> report = stats(stream)

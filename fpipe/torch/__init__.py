@@ -374,7 +374,7 @@ class ElasticBatchSampler(torch.utils.data.Sampler):
 
     The epoch's order is the dataset's own, ``0 .. len(data)-1`` (put a
     :class:`~fpipe.orderings.order.Shuffler` in the :class:`Dataset` to shuffle it), dealt out in
-    global batches of ``world_size * batch_size`` indices as :func:`fpipe.elastic_batches` says:
+    global batches of ``world_size * batch_size`` indices as :func:`fpipe.sharding.elastic_batches` says:
     step ``t`` takes the same samples on every grid. ``even=`` gives the ranks equal batch counts,
     as for :class:`IterableDataset`. :meth:`state_dict` says where the epoch stands after some
     batches, and :meth:`load_state_dict` carries on from there, on any grid of ranks and
@@ -534,7 +534,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
 
     ``elastic=True`` (with ``batch_size``, and without ``shuffle``) lays the epoch out so that a
     run can carry on on another grid: one order for the epoch, the reader's positions, dealt out
-    in global batches of ``world_size * batch_size`` (:func:`fpipe.elastic_batches`), rank
+    in global batches of ``world_size * batch_size`` (:func:`fpipe.sharding.elastic_batches`), rank
     ``r`` taking the ``r``-th ``batch_size`` of each, its workers taking its batches in turn.
     :meth:`state_dict` then says where the epoch stands, and :meth:`load_state_dict` carries on
     from there with any number of ranks and workers and any batch size. ``resume`` still works

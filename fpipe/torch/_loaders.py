@@ -35,7 +35,7 @@ def asked_length(dataset: Any, length: Callable[[int, int], int]) -> int:
     That DataLoader computes its ``len`` as ``len(dataset)`` divided by its batch size, as if
     one worker batched every sample, while each worker batches its own shard and may end on a
     short batch. So it gets the length that makes its division the number of batches its
-    workers make (:func:`fpipe.loader_length`): the samples wherever the division is exact
+    workers make (:func:`fpipe.sharding.loader_length`): the samples wherever the division is exact
     already, as it always is when the shards are cut on whole batches.
 
     >>> from torch.utils.data import DataLoader

@@ -36,7 +36,7 @@ def _equal(got, expected):
 def test_the_same_crops_in_map_threads_and_processes_of_any_size():
     crop = random_resized_crop(48)
     expected = _expected(crop)
-    assert _equal(list(pipe(IMAGES, fp.map(crop, seed=0))), expected)
+    assert _equal(list(pipe(IMAGES, fp.stream.map(crop, seed=0))), expected)
     assert _equal(list(pipe(IMAGES, fp.threads(crop, n_workers=2, seed=0))), expected)
     for workers in (1, 2):
         with closing(fp.processes(crop, n_workers=workers, seed=0, chunk_size=3)) as stage:
@@ -56,7 +56,7 @@ class CropBatch:
 @pytest.mark.timeout(240)
 def test_inside_a_worker_side_batch_function_the_batches_are_reproducible():
     make = CropBatch(random_resized_crop(40, layout="CHW"))
-    serial = list(pipe(IMAGES, fp.batch(4), fp.map(make, seed=0)))
+    serial = list(pipe(IMAGES, fp.batch(4), fp.stream.map(make, seed=0)))
     with closing(fp.processes(make, n_workers=2, seed=0)) as stage:
         parallel = list(pipe(IMAGES, fp.batch(4), stage))
     assert [b.shape for b in parallel] == [(4, 3, 40, 40), (4, 3, 40, 40), (2, 3, 40, 40)]

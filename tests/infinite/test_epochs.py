@@ -5,7 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from fpipe import Infinite, Iterator, Loky, Threads, batch, filter, map, sample, threads
+from fpipe import Infinite, Iterator, Loky, Threads, batch, sample, threads
+from fpipe.stream import filter, map
 
 from .helpers import pairs, square
 

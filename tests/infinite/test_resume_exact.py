@@ -9,9 +9,10 @@ import warnings
 import pytest
 
 import fpipe
-from fpipe import Infinite, Loky, Threads, filter, map, sample, threads
+from fpipe import Infinite, Loky, Threads, sample, threads
 from fpipe.dataset import ListReader
 from fpipe.orderings import Cycler, QuasiShuffler, Range, Repeater, Shuffler
+from fpipe.stream import filter, map
 
 from .helpers import noisy
 

@@ -4,18 +4,8 @@ import re
 
 import pytest
 
-from fpipe import (
-    ExpirationPool,
-    Infinite,
-    Iterator,
-    Loky,
-    Threads,
-    filter,
-    map,
-    processes,
-    sample,
-    threads,
-)
+from fpipe import ExpirationPool, Infinite, Iterator, Loky, Threads, processes, sample, threads
+from fpipe.stream import filter, map
 
 from .helpers import noisy, pairs, square
 

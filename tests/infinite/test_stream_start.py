@@ -34,7 +34,7 @@ def test_start_begins_a_background_stage_before_the_first_next():
 
 
 def test_start_is_a_no_op_for_streams_in_the_consumer_thread_and_after_close():
-    stream = pipe(range(3), fp.map(abs))
+    stream = pipe(range(3), fp.stream.map(abs))
     assert stream.start() is stream and list(stream) == [0, 1, 2]
     closed = pipe(range(3), fp.prefetch(2))
     closed.close()

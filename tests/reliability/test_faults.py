@@ -125,13 +125,13 @@ def pipeline(kind: str | None, bad: int) -> fp.Stream:
 
     return pipe(
         _items(bad if kind == "source" else None),
-        fp.map(work("map")),
+        fp.stream.map(work("map")),
         fp.threads(work("threads"), n_workers=2, chunk_size=4),
         fp.processes(work("processes"), n_workers=2, chunk_size=4),
-        fp.map(work("pool")),  # the pool's input fails while the pool holds items
-        fp.pool(pool_size=6, repetitions=1, seed=0),
+        fp.stream.map(work("pool")),  # the pool's input fails while the pool holds items
+        fp.stream.pool(pool_size=6, repetitions=1, seed=0),
         fp.batch(PredicateFailAt(bad) if kind == "batch predicate" else PredicateFailAt(-1)),
-        fp.map(CombineFailAt(bad) if kind == "combiner" else tuple),
+        fp.stream.map(CombineFailAt(bad) if kind == "combiner" else tuple),
     )
 
 

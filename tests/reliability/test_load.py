@@ -92,8 +92,8 @@ def cycle(number: int) -> None:
     Every 25th cycle leaves the process stage's joblib generator to end when the dropped stage
     is garbage-collected; the others end it with ``stage.close()``."""
     workers = fp.processes(small_item, n_workers=2, chunk_size=16)
-    with pipe(range(10**6), fp.map(int), fp.threads(abs, n_workers=2), fp.prefetch(16),
-              workers, fp.batch(8), fp.map(fp.combine_to_arrays)) as stream:
+    with pipe(range(10**6), fp.stream.map(int), fp.threads(abs, n_workers=2), fp.prefetch(16),
+              workers, fp.batch(8), fp.stream.map(fp.combine_to_arrays)) as stream:
         batches = list(itertools.islice(stream, 5))
     assert [labels.tolist() for _, labels in batches] == [list(range(8 * b, 8 * b + 8))
                                                          for b in range(5)]
@@ -138,7 +138,7 @@ def test_a_long_run_of_batches_through_worker_processes(batches, record):
     the first 1,000 batches and then every 1,000."""
     process, growth = psutil.Process(), []
     with pipe(itertools.count(), fp.prefetch(256), fp.processes(small_item, n_workers=2),
-              fp.batch(8), fp.map(fp.combine_to_arrays), fp.take(batches)) as stream:
+              fp.batch(8), fp.stream.map(fp.combine_to_arrays), fp.take(batches)) as stream:
         for number, (arrays, labels) in enumerate(stream):
             first = 8 * number
             assert labels[0] == first and labels[-1] == first + 7 and arrays.shape == (8, 16)

@@ -138,8 +138,8 @@ def test_the_suffix_constants_are_datadings_s():
         {name: getattr(datadings.index, name) for name in names}
     files = DatasetFiles("x.msgpack")
     assert [files.offsets.name, files.keys.name, files.legacy_index.name] == \
-        ["x.msgpack" + fpipe.SUFFIX_OFFSETS, "x.msgpack" + fpipe.SUFFIX_KEYS,
-         "x.msgpack" + fpipe.SUFFIX_LEGACY_INDEX]
+        ["x.msgpack" + fpipe.dataset.SUFFIX_OFFSETS, "x.msgpack" + fpipe.dataset.SUFFIX_KEYS,
+         "x.msgpack" + fpipe.dataset.SUFFIX_LEGACY_INDEX]
 
 
 def test_close_has_datadings_s_private_name_too(both):

@@ -6,7 +6,8 @@ import time
 
 import numpy as np
 
-from fpipe import random_apply, sample_args, uniform
+from fpipe import random_apply, sample_args
+from fpipe.random import uniform
 
 
 def double(x):

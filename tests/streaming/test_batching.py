@@ -86,14 +86,14 @@ def test_mismatched_and_ragged_items_name_the_problem():
 
 def test_pad_to_shape_follows_dpipes_geometry():
     x = np.arange(1, 4)
-    assert fp.pad_to_shape(x, [6]).tolist() == [0, 1, 2, 3, 0, 0]  # odd: the extra goes after
-    assert fp.pad_to_shape(x, [5], ratio=0).tolist() == [1, 2, 3, 0, 0]
-    assert fp.pad_to_shape(x, [5], ratio=1).tolist() == [0, 0, 1, 2, 3]
-    assert fp.pad_to_shape(np.ones((1, 2)), [3], axis=0).shape == (3, 2)
-    assert fp.pad_to_shape(np.ones(2, np.uint8), [3], padding_values=-1).tolist() == [1, 1, 255]
-    assert fp.pad_to_shape(np.array([2, 5]), [4], padding_values=np.min).tolist() == [2, 2, 5, 2]
+    assert fp.stream.pad_to_shape(x, [6]).tolist() == [0, 1, 2, 3, 0, 0]  # odd: the extra goes after
+    assert fp.stream.pad_to_shape(x, [5], ratio=0).tolist() == [1, 2, 3, 0, 0]
+    assert fp.stream.pad_to_shape(x, [5], ratio=1).tolist() == [0, 0, 1, 2, 3]
+    assert fp.stream.pad_to_shape(np.ones((1, 2)), [3], axis=0).shape == (3, 2)
+    assert fp.stream.pad_to_shape(np.ones(2, np.uint8), [3], padding_values=-1).tolist() == [1, 1, 255]
+    assert fp.stream.pad_to_shape(np.array([2, 5]), [4], padding_values=np.min).tolist() == [2, 2, 5, 2]
     with pytest.raises(ValueError, match="to the smaller shape"):
-        fp.pad_to_shape(x, [2])
+        fp.stream.pad_to_shape(x, [2])
 
 
 def test_large_integers_keep_every_digit_where_numpy_would_make_floats():
@@ -123,16 +123,16 @@ def test_combine_dicts_pads_when_asked():
 
 def test_uncombine_undoes_the_combiners():
     items = [(1, "a"), (2, "b")]
-    assert fp.uncombine(fp.combine_to_arrays(items)) == items
+    assert fp.stream.uncombine(fp.combine_to_arrays(items)) == items
     dicts = [{"x": 1.5, "y": 0}, {"x": 2.5, "y": 1}]
-    assert fp.uncombine(fp.combine_dicts(dicts)) == dicts
+    assert fp.stream.uncombine(fp.combine_dicts(dicts)) == dicts
     with pytest.raises(ValueError, match="fields have different lengths"):
-        fp.uncombine(([1, 2], [1]))
+        fp.stream.uncombine(([1, 2], [1]))
 
 
 def test_a_combiner_error_reaches_the_consumer():
     with pytest.raises(ValueError, match="different shapes"):
-        list(pipe([(np.zeros(1),), (np.zeros(2),)], fp.batch(2), fp.map(fp.combine_to_arrays)))
+        list(pipe([(np.zeros(1),), (np.zeros(2),)], fp.batch(2), fp.stream.map(fp.combine_to_arrays)))
 
 
 @pytest.mark.parametrize("combiner", [fp.combine_batches, fp.combine_to_arrays,

@@ -29,6 +29,6 @@ def test_the_pipeline_runs_unchanged_on_dask(client):
     finally:
         stage.close()
         errors.close()
-    reference = list(pipe(range(200), fp.map(noisy, seed=3), fp.batch(10)))
+    reference = list(pipe(range(200), fp.stream.map(noisy, seed=3), fp.batch(10)))
     assert on_dask == reference
     assert [x for b in again for x, _ in b] == list(range(200)) and again != reference

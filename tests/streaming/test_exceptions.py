@@ -28,10 +28,10 @@ PARALLEL = {
     "processes loky": lambda: fp.processes(stop_at_five, n_workers=2, chunk_size=4),
 }
 STOPPING = {
-    "map": lambda: fp.map(stop_at_five),
-    "map seeded": lambda: fp.map(stop_at_five, seed=0),
-    "map with arguments": lambda: fp.map(lambda x, y: stop_at_five(x) + y, 0),
-    "filter": lambda: fp.filter(keep_below_five),
+    "map": lambda: fp.stream.map(stop_at_five),
+    "map seeded": lambda: fp.stream.map(stop_at_five, seed=0),
+    "map with arguments": lambda: fp.stream.map(lambda x, y: stop_at_five(x) + y, 0),
+    "filter": lambda: fp.stream.filter(keep_below_five),
     "batch predicate": lambda: fp.batch(lambda batch, x: stop_at_five(x) < 100),
     **PARALLEL,
 }
@@ -55,7 +55,7 @@ def test_a_stop_iteration_in_a_function_is_an_error_that_names_the_item(name):
 
 
 def test_a_stop_iteration_is_skipped_like_any_error_with_on_error_skip():
-    stream = fp.map(stop_at_five, on_error="skip")(range(8))
+    stream = fp.stream.map(stop_at_five, on_error="skip")(range(8))
     assert list(stream) == [0, 1, 2, 3, 4, 6, 7]
     (skipped,) = fp.stats(stream)[-1].skipped_items
     assert skipped.index == 5 and "StopIteration" in skipped.error
@@ -89,13 +89,13 @@ def interrupting_source(kind):
 
 
 INTERRUPTED_STAGES = {
-    "map": lambda f: [fp.map(f)],
-    "map seeded": lambda f: [fp.map(f, seed=1)],
-    "filter": lambda f: [fp.filter(lambda x: f(x) >= 0)],
+    "map": lambda f: [fp.stream.map(f)],
+    "map seeded": lambda f: [fp.stream.map(f, seed=1)],
+    "filter": lambda f: [fp.stream.filter(lambda x: f(x) >= 0)],
     "transform_stream": lambda f: [fp.transform_stream(lambda items: map(f, items))],
     "threads": lambda f: [fp.threads(f, n_workers=2)],
     "processes": lambda f: [fp.processes(f, n_workers=2, backend="threading")],
-    "batch then unbatch": lambda f: [fp.map(f), fp.batch(16), fp.unbatch()],
+    "batch then unbatch": lambda f: [fp.stream.map(f), fp.batch(16), fp.unbatch()],
 }
 
 
@@ -110,7 +110,7 @@ def test_a_base_exception_in_a_function_comes_after_every_item_before_it(name, k
 
 
 @pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit])
-@pytest.mark.parametrize("stages", [[], [fp.map(double)], [fp.prefetch(8)],
+@pytest.mark.parametrize("stages", [[], [fp.stream.map(double)], [fp.prefetch(8)],
                                     [fp.threads(double, n_workers=2)], [fp.batch(7), fp.unbatch()]],
                          ids=["none", "map", "prefetch", "threads", "batch"])
 @pytest.mark.parametrize("waits", [None, False], ids=["read as it comes", "read ahead"])
@@ -146,12 +146,12 @@ class ClosingFails:
 
 CLOSING_STAGES = {
     "none": [],
-    "map": [fp.map(abs)],
+    "map": [fp.stream.map(abs)],
     "prefetch": [fp.prefetch(4)],
     "threads": [fp.threads(abs, n_workers=2)],
     "processes threading": [fp.processes(abs, backend="threading")],
     "processes loky": [fp.processes(abs, n_workers=2)],
-    "map prefetch threads": [fp.map(abs), fp.prefetch(4), fp.threads(abs)],
+    "map prefetch threads": [fp.stream.map(abs), fp.prefetch(4), fp.threads(abs)],
 }
 
 
@@ -183,5 +183,5 @@ def test_an_error_in_closing_does_not_hide_the_error_that_ended_the_stream():
             raise KeyError("read failed")
 
     with pytest.raises(KeyError, match="read failed") as raised:
-        next(fp.map(abs)(FailsThenCloses()))
+        next(fp.stream.map(abs)(FailsThenCloses()))
     assert isinstance(raised.value.__context__, OSError)

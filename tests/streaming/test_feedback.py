@@ -39,22 +39,22 @@ def halve(x):
 
 STAGES = {
     "none": [],
-    "map": [fp.map(double), fp.map(halve)],
-    "map seeded": [fp.map(abs, seed=0)],
-    "filter": [fp.filter(lambda x: x >= 0)],
+    "map": [fp.stream.map(double), fp.stream.map(halve)],
+    "map seeded": [fp.stream.map(abs, seed=0)],
+    "filter": [fp.stream.filter(lambda x: x >= 0)],
     "take": [fp.take(10 * STEPS)],
-    "batch(1)": [fp.batch(1), fp.map(first)],
+    "batch(1)": [fp.batch(1), fp.stream.map(first)],
     "batch(1) unbatch": [fp.batch(1), fp.unbatch()],
     "transform_stream": [fp.transform_stream(unchanged)],
     "Iterator": [fp.Iterator(unchanged)],
-    "shard": [fp.shard(0, 1), fp.map(abs)],
+    "shard": [fp.shard(0, 1), fp.stream.map(abs)],
     "prefetch": [fp.prefetch(4)],
     "threads": [fp.threads(abs, n_workers=2)],
     "threads unordered": [fp.threads(abs, n_workers=2, ordered=False)],
     "Threads": [fp.Threads(abs, n_workers=2)],
     "processes threading": [fp.processes(abs, n_workers=2, backend="threading")],
-    "prefetch threads map": [fp.prefetch(8), fp.threads(abs, n_workers=2), fp.map(abs)],
-    "map prefetch batch(1)": [fp.map(abs), fp.prefetch(3), fp.batch(1), fp.map(first)],
+    "prefetch threads map": [fp.prefetch(8), fp.threads(abs, n_workers=2), fp.stream.map(abs)],
+    "map prefetch batch(1)": [fp.stream.map(abs), fp.prefetch(3), fp.batch(1), fp.stream.map(first)],
 }
 
 
@@ -101,9 +101,9 @@ def test_next_reads_a_generator_one_item_at_a_time_and_a_list_ahead():
             read.append(i)
             yield i
 
-    stream = fp.map(abs)(source())
+    stream = fp.stream.map(abs)(source())
     assert [next(stream) for _ in range(5)] == list(range(5)) and len(read) == 5
-    ahead = fp.map(abs)(list(range(100)))
+    ahead = fp.stream.map(abs)(list(range(100)))
     assert [next(ahead) for _ in range(5)] == list(range(5)) and ahead.read_ahead > 0
 
 

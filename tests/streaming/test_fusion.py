@@ -32,8 +32,8 @@ def loky(func, *args, **kwargs):
 
 def serial(items, func, combiner, size, drop_last=False, seed=None, **options):
     """What the pipeline gives with every stage in this process (the reference)."""
-    return pipe(items, fp.map(func, seed=seed), fp.batch(size, drop_last=drop_last),
-                fp.map(combiner, **options))
+    return pipe(items, fp.stream.map(func, seed=seed), fp.batch(size, drop_last=drop_last),
+                fp.stream.map(combiner, **options))
 
 
 def outcome(stream):
@@ -82,7 +82,7 @@ def test_the_natural_idiom_makes_the_same_batches_in_the_workers(combiner, func,
                                                                   drop_last):
     items = range(23)
     stream = pipe(items, loky(func, seed=3), fp.batch(size, drop_last=drop_last),
-                  fp.map(combiner, **options))
+                  fp.stream.map(combiner, **options))
     got = list(stream)
     assert_same_batches(got, list(serial(items, func, combiner, size, drop_last, seed=3,
                                          **options)))
@@ -90,7 +90,7 @@ def test_the_natural_idiom_makes_the_same_batches_in_the_workers(combiner, func,
 
 
 def test_fused_batches_cross_in_shared_memory_as_one_piece():
-    stream = pipe(range(64), loky(image), fp.batch(16), fp.map(fp.combine_to_arrays))
+    stream = pipe(range(64), loky(image), fp.batch(16), fp.stream.map(fp.combine_to_arrays))
     images = [images for images, _ in stream]
     assert len(images) == 4 and all(is_shared(array) for array in images)
 
@@ -98,17 +98,17 @@ def test_fused_batches_cross_in_shared_memory_as_one_piece():
 @pytest.mark.parametrize("bad", [0, 3, 4, 9, 22])
 def test_an_item_that_fails_ends_the_same_batches_with_the_same_error(bad):
     items = range(23)
-    stream = pipe(items, loky(bad_at, bad), fp.batch(4), fp.map(fp.combine_to_arrays))
+    stream = pipe(items, loky(bad_at, bad), fp.batch(4), fp.stream.map(fp.combine_to_arrays))
     got, error = outcome(stream)
-    expected, expected_error = outcome(pipe(items, fp.map(bad_at, bad), fp.batch(4),
-                                            fp.map(fp.combine_to_arrays)))
+    expected, expected_error = outcome(pipe(items, fp.stream.map(bad_at, bad), fp.batch(4),
+                                            fp.stream.map(fp.combine_to_arrays)))
     assert_same_batches(got, expected)
     assert error == expected_error and "bad item" in error[1]
     assert "fused" in plan_text(stream)
 
 
 def test_a_combiner_that_fails_ends_the_same_batches_with_the_same_error():
-    stream = pipe(range(12), loky(ragged), fp.batch(4), fp.map(fp.combine_to_arrays))
+    stream = pipe(range(12), loky(ragged), fp.batch(4), fp.stream.map(fp.combine_to_arrays))
     got, error = outcome(stream)
     expected, expected_error = outcome(serial(range(12), ragged, fp.combine_to_arrays, 4))
     assert_same_batches(got, expected)
@@ -121,7 +121,7 @@ def test_an_upstream_that_fails_ends_the_same_batches_with_its_error():
         yield from range(10)
         raise OSError("the disk went away")
 
-    got, error = outcome(pipe(source(), loky(image), fp.batch(4), fp.map(fp.combine_to_arrays)))
+    got, error = outcome(pipe(source(), loky(image), fp.batch(4), fp.stream.map(fp.combine_to_arrays)))
     expected, expected_error = outcome(serial(source(), image, fp.combine_to_arrays, 4))
     assert_same_batches(got, expected)
     assert error == expected_error == (OSError, "the disk went away")
@@ -130,25 +130,25 @@ def test_an_upstream_that_fails_ends_the_same_batches_with_its_error():
 def test_a_fused_stage_numbers_items_from_where_it_starts():
     # as Infinite resumes a pipeline: the process stage and the map each start elsewhere
     process, batching, combining = (fp.processes(drawn, n_workers=2, seed=5), fp.batch(3),
-                                    fp.map(fp.combine_batches))
+                                    fp.stream.map(fp.combine_batches))
     stream = combining.apply(batching.apply(process.apply(range(9), epoch=2, start=30)),
                              start=10)
-    reference = pipe(fp.map(drawn, seed=5).apply(range(9), epoch=2, start=30), fp.batch(3),
-                     fp.map(fp.combine_batches))
+    reference = pipe(fp.stream.map(drawn, seed=5).apply(range(9), epoch=2, start=30), fp.batch(3),
+                     fp.stream.map(fp.combine_batches))
     assert list(stream) == list(reference)
     assert "fused" in plan_text(stream)
 
 
 @pytest.mark.parametrize("stages, reason", [
-    ([loky(image, on_error="skip"), fp.batch(4), fp.map(fp.combine_to_arrays)],
+    ([loky(image, on_error="skip"), fp.batch(4), fp.stream.map(fp.combine_to_arrays)],
      "on_error='skip'"),
-    ([loky(image, ordered=False), fp.batch(4), fp.map(fp.combine_to_arrays)], "ordered=False"),
-    ([loky(image), fp.batch(lambda batch, item: len(batch) < 3), fp.map(fp.combine_to_arrays)],
+    ([loky(image, ordered=False), fp.batch(4), fp.stream.map(fp.combine_to_arrays)], "ordered=False"),
+    ([loky(image), fp.batch(lambda batch, item: len(batch) < 3), fp.stream.map(fp.combine_to_arrays)],
      "predicate"),
-    ([loky(image), fp.batch(4), fp.map(fp.combine_to_arrays, on_error="skip")],
+    ([loky(image), fp.batch(4), fp.stream.map(fp.combine_to_arrays, on_error="skip")],
      "the map has on_error"),
-    ([loky(image), fp.batch(4), fp.map(stacked_here)], "stacked_here is your function"),
-    ([loky(labelled), fp.batch(4), fp.map(fp.combine_pad, padding_values=pad_value)],
+    ([loky(image), fp.batch(4), fp.stream.map(stacked_here)], "stacked_here is your function"),
+    ([loky(labelled), fp.batch(4), fp.stream.map(fp.combine_pad, padding_values=pad_value)],
      "combine_pad's padding_values=pad_value is your function"),
 ])
 def test_what_does_not_fuse_runs_as_written_and_the_plan_says_why(stages, reason):
@@ -162,9 +162,9 @@ def test_what_does_not_fuse_runs_as_written_and_the_plan_says_why(stages, reason
 
 
 def test_a_user_combiner_runs_in_the_workers_only_when_its_map_says_so():
-    here = pipe(range(8), loky(image), fp.batch(4), fp.map(stacked_here))
+    here = pipe(range(8), loky(image), fp.batch(4), fp.stream.map(stacked_here))
     assert {pid for _, pid in here} == {os.getpid()}
-    there = pipe(range(8), loky(image), fp.batch(4), fp.map(stacked_here, in_workers=True))
+    there = pipe(range(8), loky(image), fp.batch(4), fp.stream.map(stacked_here, in_workers=True))
     batches = list(there)
     assert os.getpid() not in {pid for _, pid in batches}
     assert_same_batches([images for images, _ in batches],
@@ -173,10 +173,10 @@ def test_a_user_combiner_runs_in_the_workers_only_when_its_map_says_so():
 
 
 def test_a_map_before_a_process_stage_runs_in_its_workers_only_when_it_says_so():
-    here = pipe(range(20), fp.map(where), loky(fp.identity))
+    here = pipe(range(20), fp.stream.map(where), loky(fp.identity))
     assert {pid for _, pid in here} == {os.getpid()}
     assert "not folded in: map(where)" in plan_text(here)
-    there = pipe(range(20), fp.map(where, in_workers=True), loky(fp.identity))
+    there = pipe(range(20), fp.stream.map(where, in_workers=True), loky(fp.identity))
     assert [i for i, _ in there] == list(range(20))
     assert os.getpid() not in {pid for _, pid in there}
     text = plan_text(there)
@@ -185,14 +185,14 @@ def test_a_map_before_a_process_stage_runs_in_its_workers_only_when_it_says_so()
 
 def test_folded_maps_keep_their_draws_and_their_errors():
     def stages(folded):
-        return [fp.map(twice, in_workers=folded), fp.map(drawn, seed=1, in_workers=folded),
-                fp.processes(fp.identity, n_workers=2), fp.batch(4), fp.map(fp.combine_batches)]
+        return [fp.stream.map(twice, in_workers=folded), fp.stream.map(drawn, seed=1, in_workers=folded),
+                fp.processes(fp.identity, n_workers=2), fp.batch(4), fp.stream.map(fp.combine_batches)]
     folded = pipe(range(30), *stages(True))
     assert list(folded) == list(pipe(range(30), *stages(False)))
     assert plan_text(folded).count("folded in") == 2 and "fused" in plan_text(folded)
 
-    got, error = outcome(pipe(range(30), fp.map(bad_at, 13, in_workers=True), loky(fp.identity),
-                              fp.batch(4), fp.map(fp.combine_to_arrays)))
+    got, error = outcome(pipe(range(30), fp.stream.map(bad_at, 13, in_workers=True), loky(fp.identity),
+                              fp.batch(4), fp.stream.map(fp.combine_to_arrays)))
     expected, expected_error = outcome(serial(range(30), lambda i: bad_at(i, 13),
                                               fp.combine_to_arrays, 4))
     assert_same_batches(got, expected)
@@ -201,9 +201,9 @@ def test_folded_maps_keep_their_draws_and_their_errors():
 
 def test_maps_after_a_fused_combiner_run_in_the_workers_only_when_they_say_so():
     def stages(folded):
-        return [loky(image), fp.batch(4), fp.map(fp.combine_to_arrays),
-                fp.map(bad_batch_at, 100, in_workers=folded),
-                fp.map(noisy_batch, seed=2, in_workers=folded)]
+        return [loky(image), fp.batch(4), fp.stream.map(fp.combine_to_arrays),
+                fp.stream.map(bad_batch_at, 100, in_workers=folded),
+                fp.stream.map(noisy_batch, seed=2, in_workers=folded)]
     there, here = pipe(range(22), *stages(True)), pipe(range(22), *stages(False))
     got, expected = list(there), list(here)
     assert_same_batches([batch[:2] for batch in got], [batch[:2] for batch in expected])
@@ -217,8 +217,8 @@ def test_maps_after_a_fused_combiner_run_in_the_workers_only_when_they_say_so():
 @pytest.mark.parametrize("bad", [0, 8, 20])
 def test_a_map_after_a_fused_combiner_that_fails_ends_the_same_batches_with_its_error(bad):
     def stages(folded):
-        return [loky(image), fp.batch(4), fp.map(fp.combine_to_arrays),
-                fp.map(bad_batch_at, bad, in_workers=folded)]
+        return [loky(image), fp.batch(4), fp.stream.map(fp.combine_to_arrays),
+                fp.stream.map(bad_batch_at, bad, in_workers=folded)]
     got, error = outcome(pipe(range(22), *stages(True)))
     expected, expected_error = outcome(pipe(range(22), *stages(False)))
     assert_same_batches(got, expected)
@@ -229,7 +229,7 @@ def test_a_map_after_a_fused_combiner_that_fails_ends_the_same_batches_with_its_
 def test_a_stream_read_already_is_not_fused():
     head = pipe(range(12), loky(image), fp.batch(4))
     first = next(head)
-    stream = fp.map(fp.combine_to_arrays)(head)
+    stream = fp.stream.map(fp.combine_to_arrays)(head)
     assert len(list(stream)) == 2 and len(first) == 4
     assert "not fused: the stream before the map had been read already" in plan_text(stream)
 

@@ -20,7 +20,7 @@ def work(x):
     return x
 
 stream = pipe(zip(itertools.count()), fp.prefetch(8), fp.threads(work, n_workers=2),
-              fp.processes(work, n_workers=2), fp.batch(4), fp.map(fp.combine_to_arrays))
+              fp.processes(work, n_workers=2), fp.batch(4), fp.stream.map(fp.combine_to_arrays))
 """
 
 

@@ -9,8 +9,10 @@ import pytest
 from toolz import pipe
 
 import fpipe
-from fpipe import Infinite, Loky, Threads, TooManyErrors, map, processes, stats, threads
+from fpipe import Infinite, Loky, Threads, processes, stats, threads
 from fpipe.dataset import MsgpackReader
+from fpipe.skipping import TooManyErrors
+from fpipe.stream import map
 
 from ..torch.test_on_error import BAD, decode, write_images
 
@@ -122,7 +124,7 @@ def test_infinite_skips_in_its_plain_transformers_and_reports_them():
 
 
 def test_skipped_records_pickle_and_say_where():
-    record = fpipe.Skipped(3, "a.jpg", "OSError: truncated")
+    record = fpipe.skipping.Skipped(3, "a.jpg", "OSError: truncated")
     assert pickle.loads(pickle.dumps(record)) == record
     assert record.where() == "item 3 (key 'a.jpg')"
 

@@ -102,7 +102,7 @@ def test_two_runs_of_one_stage_at_once_get_their_own_results():
 @pytest.mark.parametrize("backend", ["loky", "threading"])
 @pytest.mark.parametrize("n_workers", [1, 2])
 def test_seeded_results_do_not_depend_on_workers_or_backend(backend, n_workers):
-    reference = list(fp.map(noisy, seed=5)(range(60)))
+    reference = list(fp.stream.map(noisy, seed=5)(range(60)))
     stage = fp.processes(noisy, n_workers=n_workers, backend=backend, seed=5, chunk_size=7)
     assert list(stage(range(60))) == reference
     unordered = fp.processes(noisy, n_workers=n_workers, backend=backend, seed=5,

@@ -39,10 +39,10 @@ def read_together(stream, readers, use_pull=False):
 
 
 @pytest.mark.parametrize("stages", [
-    [fp.map(double)],
-    [fp.map(double), fp.filter(lambda x: x % 3), fp.batch(5), fp.unbatch()],
+    [fp.stream.map(double)],
+    [fp.stream.map(double), fp.stream.filter(lambda x: x % 3), fp.batch(5), fp.unbatch()],
     [fp.threads(double, n_workers=2)],
-    [fp.prefetch(16), fp.map(double)],
+    [fp.prefetch(16), fp.stream.map(double)],
 ], ids=["map", "map filter batch unbatch", "threads", "prefetch map"])
 @pytest.mark.parametrize("use_pull", [False, True], ids=["next", "pull"])
 def test_readers_in_several_threads_share_the_items_without_loss(stages, use_pull):
@@ -58,7 +58,7 @@ def test_readers_in_several_threads_share_the_items_without_loss(stages, use_pul
 
 
 def test_readers_of_a_generator_share_its_items():
-    got = read_together(fp.map(double)(x for x in range(20_000)), 4)
+    got = read_together(fp.stream.map(double)(x for x in range(20_000)), 4)
     assert sorted(x for mine in got for x in mine) == [2 * x for x in range(20_000)]
 
 

@@ -50,7 +50,7 @@ def test_a_sample_resumes_from_its_state():
 
 def test_a_closed_sample_goes_on():
     s = fp.sample([1, 2, 3], random_state=0)
-    with pipe(s, fp.map(abs)) as stream:
+    with pipe(s, fp.stream.map(abs)) as stream:
         next(stream)
     assert len(s.pull(5)) == 5
 

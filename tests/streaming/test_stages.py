@@ -19,7 +19,7 @@ def test_a_pipeline_is_a_lazy_stream():
         log.append("started")
         yield from range(5)
 
-    stream = pipe(source(), fp.map(double), fp.filter(bool), fp.take(3))
+    stream = pipe(source(), fp.stream.map(double), fp.stream.filter(bool), fp.take(3))
     assert isinstance(stream, Stream) and log == []
     assert list(stream) == [2, 4, 6] and log == ["started"]
 
@@ -36,15 +36,15 @@ def test_stage_and_stream_are_abstract_and_subclasses_fill_them_in():
 
     class Doubled(fp.Stage):
         def apply(self, iterable, *, epoch=0, start=0):
-            return fp.map(double).apply(iterable, epoch=epoch, start=start)
+            return fp.stream.map(double).apply(iterable, epoch=epoch, start=start)
 
     assert list(Doubled()(range(3))) == [0, 2, 4]
-    for stage in (fp.map(double), fp.threads(double, n_workers=2), fp.batch(2)):
+    for stage in (fp.stream.map(double), fp.threads(double, n_workers=2), fp.batch(2)):
         assert list(pickle.loads(pickle.dumps(stage))(range(3))) == list(stage(range(3)))
 
 
 def test_pull_returns_between_one_and_n_items_then_empty():
-    stream = fp.map(double)(range(5))
+    stream = fp.stream.map(double)(range(5))
     assert stream.pull(2) == [0, 2]
     assert stream.pull(10) == [4, 6, 8]
     assert stream.pull(3) == [] and stream.pull(3) == []
@@ -58,7 +58,7 @@ def test_next_and_pull_share_one_position():
 
 
 def test_filter_keeps_what_the_predicate_accepts_across_chunks():
-    stream = fp.filter(lambda x: x % 100 == 0)(range(1000))
+    stream = fp.stream.filter(lambda x: x % 100 == 0)(range(1000))
     assert list(stream) == list(range(0, 1000, 100))
 
 
@@ -69,8 +69,8 @@ def test_take_reads_no_more_than_n_items():
 
 
 def test_map_passes_extra_arguments_after_the_item():
-    assert list(fp.map(pow, 2)(range(4))) == [0, 1, 4, 9]
-    assert list(fp.map(int, base=2)(["10", "11"])) == [2, 3]
+    assert list(fp.stream.map(pow, 2)(range(4))) == [0, 1, 4, 9]
+    assert list(fp.stream.map(int, base=2)(["10", "11"])) == [2, 3]
 
 
 def test_transform_stream_hands_over_the_whole_stream():
@@ -93,22 +93,22 @@ def test_closing_a_pipeline_closes_its_source():
         finally:
             closed.append(True)
 
-    with pipe(source(), fp.map(double), fp.filter(bool)) as stream:
+    with pipe(source(), fp.stream.map(double), fp.stream.filter(bool)) as stream:
         assert next(stream) == 2
     assert closed == [True]
     assert stream.pull(1) == [] and list(stream) == []
 
 
 def test_close_twice_and_close_before_start_do_nothing():
-    stream = fp.map(double)(range(3))
+    stream = fp.stream.map(double)(range(3))
     stream.close()
     stream.close()
     assert list(stream) == []
 
 
 @pytest.mark.parametrize("stage, before", [
-    (fp.map(fail_at), list(range(7))),
-    (fp.filter(fail_at), list(range(1, 7))),
+    (fp.stream.map(fail_at), list(range(7))),
+    (fp.stream.filter(fail_at), list(range(1, 7))),
     (fp.transform_stream(lambda items: map(fail_at, items)), list(range(7))),
 ])
 def test_an_error_arrives_after_the_items_before_it(stage, before):
@@ -124,7 +124,7 @@ def test_an_error_in_the_source_arrives_after_its_items_and_closes_the_stream():
         yield from range(3)
         raise OSError("disk gone")
 
-    stream = pipe(source(), fp.map(double))
+    stream = pipe(source(), fp.stream.map(double))
     got = []
     with pytest.raises(OSError, match="disk gone"):
         for x in stream:
@@ -133,7 +133,7 @@ def test_an_error_in_the_source_arrives_after_its_items_and_closes_the_stream():
 
 
 def test_epochs_count_applications_and_can_be_set():
-    stage = fp.map(noisy, seed=3)
+    stage = fp.stream.map(noisy, seed=3)
     first, second = list(stage(range(4))), list(stage(range(4)))
     assert first != second and stage.epoch == 2
     stage.set_epoch(0)
@@ -142,28 +142,28 @@ def test_epochs_count_applications_and_can_be_set():
 
 
 def test_apply_start_numbers_the_items_for_resuming():
-    stage = fp.map(noisy, seed=3)
+    stage = fp.stream.map(noisy, seed=3)
     whole = list(stage.apply(range(10)))
     assert list(stage.apply(range(6, 10), start=6)) == whole[6:]
 
 
 def test_a_seeded_map_draws_from_each_items_generator():
-    outputs = [list(fp.map(maybe_negate, seed=11)(range(1, 50))) for _ in range(2)]
+    outputs = [list(fp.stream.map(maybe_negate, seed=11)(range(1, 50))) for _ in range(2)]
     assert outputs[0] == outputs[1]
     assert {x < 0 for x in outputs[0]} == {True, False}
 
 
 def test_unseeded_stages_leave_randomness_to_fresh_entropy():
-    assert list(fp.map(noisy)(range(3))) != list(fp.map(noisy)(range(3)))
+    assert list(fp.stream.map(noisy)(range(3))) != list(fp.stream.map(noisy)(range(3)))
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: fp.map(3), "func must be callable; got func=3"),
-    (lambda: fp.filter(None), "predicate must be callable"),
+    (lambda: fp.stream.map(3), "func must be callable; got func=3"),
+    (lambda: fp.stream.filter(None), "predicate must be callable"),
     (lambda: fp.take(-1), "n must be >= 0; got n=-1"),
     (lambda: fp.take(2.5), "n must be an integer; got n=2.5"),
     (lambda: fp.prefetch(0), "n must be >= 1; got n=0"),
-    (lambda: fp.map(double).set_epoch(-1), "epoch must be >= 0"),
+    (lambda: fp.stream.map(double).set_epoch(-1), "epoch must be >= 0"),
 ])
 def test_bad_arguments_are_rejected_at_construction(make, message):
     with pytest.raises((TypeError, ValueError), match=message):
@@ -180,7 +180,7 @@ def load(path):
                                   r"threads\(load, n_workers=2\)\?"),
     (lambda: fp.processes(load, 4), r"did you mean processes\(load, n_workers=4\)\?"),
     (lambda: fp.Threads(load, 2), r"did you mean threads\(load, n_workers=2\)\?"),
-    (lambda: fp.map(load, 2), r"map\(load, 2\): load\(item, 2\) does not fit"),
+    (lambda: fp.stream.map(load, 2), r"map\(load, 2\): load\(item, 2\) does not fit"),
     (lambda: fp.threads(load, size=3), r"load\(item, size=3\) does not fit load's signature "
                                        r"\(got an unexpected keyword argument 'size'\)"),
     (lambda: fp.processes(load, "x"), r"the options of processes, n_workers= and the others, "
@@ -200,13 +200,13 @@ def test_arguments_the_function_takes_and_functions_without_signatures_pass():
             return x * factor
 
     assert list(fp.threads(pow, 2)(range(3))) == [0, 1, 4]
-    assert list(fp.map(Scaled(), factor=3)([1])) == [3]
-    assert list(fp.map(np.sqrt)([4.0])) == [2.0]  # a ufunc has no signature to check
+    assert list(fp.stream.map(Scaled(), factor=3)([1])) == [3]
+    assert list(fp.stream.map(np.sqrt)([4.0])) == [2.0]  # a ufunc has no signature to check
 
 
 def test_stages_and_streams_have_readable_reprs():
-    assert repr(fp.map(pow, 2, seed=5)) == "map(pow, 2, seed=5)"
-    assert repr(fp.filter(bool)) == "filter(bool)" and repr(fp.take(3)) == "take(3)"
+    assert repr(fp.stream.map(pow, 2, seed=5)) == "map(pow, 2, seed=5)"
+    assert repr(fp.stream.filter(bool)) == "filter(bool)" and repr(fp.take(3)) == "take(3)"
     assert repr(fp.take(3)([])) == "<take(3) stream>"
 
 
@@ -268,7 +268,7 @@ def test_queue_messages_say_what_they_are():
     assert not (result.is_end or result.is_failure or result.is_wake)
 
 
-@pytest.mark.parametrize("factory", [fp.map, fp.threads, fp.processes])
+@pytest.mark.parametrize("factory", [fp.stream.map, fp.threads, fp.processes])
 def test_epoch_sets_the_first_application_and_is_checked(factory):
     stage = factory(abs, epoch=3)
     assert stage.epoch == 3

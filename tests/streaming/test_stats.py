@@ -14,7 +14,8 @@ def slow(x):
 
 
 def test_counts_are_exact_per_stage():
-    stream = pipe(range(1000), fp.map(abs), fp.filter(lambda x: x % 2), fp.batch(10), fp.take(20))
+    stream = pipe(range(1000), fp.stream.map(abs), fp.stream.filter(lambda x: x % 2), fp.batch(10),
+                  fp.take(20))
     assert len(list(stream)) == 20
     rows = fp.stats(stream)
     assert [(row.name, row.items) for row in rows] == [
@@ -23,7 +24,7 @@ def test_counts_are_exact_per_stage():
 
 
 def test_the_slow_stage_is_named_the_bottleneck():
-    stream = pipe(range(200), fp.map(abs), fp.map(slow), fp.batch(8))
+    stream = pipe(range(200), fp.stream.map(abs), fp.stream.map(slow), fp.batch(8))
     list(stream)
     report = fp.stats(stream)
     assert report.bottleneck == "map(slow)"
@@ -41,7 +42,7 @@ def test_a_parallel_stage_reports_its_busy_workers():
 
 
 def test_a_slow_consumer_is_the_bottleneck():
-    stream = pipe(range(30), fp.map(abs), fp.prefetch(4))
+    stream = pipe(range(30), fp.stream.map(abs), fp.prefetch(4))
     for _ in stream:
         time.sleep(0.003)
     report = fp.stats(stream)
@@ -50,19 +51,19 @@ def test_a_slow_consumer_is_the_bottleneck():
 
 
 def test_stats_of_a_stream_that_has_not_started():
-    rows = fp.stats(pipe([1], fp.map(abs)))
+    rows = fp.stats(pipe([1], fp.stream.map(abs)))
     assert [row.items for row in rows] == [0, 0] and rows.bottleneck == "none"
 
 
 def test_a_stage_that_is_mostly_idle_is_not_named_the_bottleneck():
-    rows = fp.Stats([fp.StageStats("source(generator)", 256, 66.8, 0.01, 0.0, 0.99),
-                     fp.StageStats("processes(augment, n_workers=2)", 2, 0.5, 0.02, 0.0, 0.97),
-                     fp.StageStats("prefetch(2)", 2, 0.5, 0.0, 1.0, 0.0)])
+    rows = fp.stream.Stats([fp.stream.StageStats("source(generator)", 256, 66.8, 0.01, 0.0, 0.99),
+                     fp.stream.StageStats("processes(augment, n_workers=2)", 2, 0.5, 0.02, 0.0, 0.97),
+                     fp.stream.StageStats("prefetch(2)", 2, 0.5, 0.0, 1.0, 0.0)])
     assert rows.bottleneck == "none"
     assert str(rows).splitlines()[-1] == (
         "bottleneck: none (no stage works half of the time, the busiest is "
         "processes(augment, n_workers=2) at 2%, and the consumer is not waited for)")
-    busy = fp.Stats([*rows[:1], fp.StageStats("processes(augment)", 2, 0.5, 0.6, 0.0, 0.4)])
+    busy = fp.stream.Stats([*rows[:1], fp.stream.StageStats("processes(augment)", 2, 0.5, 0.6, 0.0, 0.4)])
     assert busy.bottleneck == "processes(augment)"
 
 

@@ -41,7 +41,7 @@ def test_threads_pass_extra_arguments():
 @pytest.mark.parametrize("n_workers", [1, 2, 4])
 @pytest.mark.parametrize("ordered", [True, False])
 def test_seeded_threads_draw_the_same_for_any_number_of_workers(n_workers, ordered):
-    reference = list(fp.map(noisy, seed=7)(range(40)))
+    reference = list(fp.stream.map(noisy, seed=7)(range(40)))
     stage = fp.threads(noisy, n_workers=n_workers, ordered=ordered, seed=7, chunk_size=3)
     out = list(stage(range(40)))
     assert sorted(out) == sorted(reference)
@@ -184,7 +184,7 @@ def test_all_cores_and_repr():
 
 def test_start_reaches_background_stages_upstream():
     before = len(fpipe_threads())
-    stream = pipe(range(10), fp.prefetch(2), fp.map(abs), fp.batch(3)).start()
+    stream = pipe(range(10), fp.prefetch(2), fp.stream.map(abs), fp.batch(3)).start()
     assert len(fpipe_threads()) == before + 1
     assert list(stream) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     assert len(fpipe_threads()) == before

@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from fpipe import TooManyErrors
 from fpipe.dataset import FileWriter, MsgpackReader
+from fpipe.skipping import TooManyErrors
 from fpipe.torch import Dataset, IterableDataset
 
 from .conftest import encode, pixels

@@ -36,7 +36,7 @@ class Packed(torch.utils.data.IterableDataset):
         self.inner, self.length = inner, length
 
     def __iter__(self):
-        return pipe(self.inner, fpipe.map(tokens_of), fpipe.pack(self.length, buffer_size=4))
+        return pipe(self.inner, fpipe.stream.map(tokens_of), fpipe.pack(self.length, buffer_size=4))
 
 
 def row_tokens(rows: list) -> list:

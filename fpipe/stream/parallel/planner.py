@@ -20,7 +20,7 @@ pipeline gives the same items in the same batches in the same order, with the sa
 >>> from toolz import pipe
 >>> import fpipe
 >>> stream = pipe(range(6), fpipe.processes(divmod, 4, backend="threading"), fpipe.batch(4),
-...               fpipe.map(fpipe.combine_batches))
+...               fpipe.stream.map(fpipe.combine_batches))
 >>> list(stream)
 [((0, 0, 0, 0), (0, 1, 2, 3)), ((1, 1), (0, 1))]
 >>> print(explain(stream))  # doctest: +ELLIPSIS

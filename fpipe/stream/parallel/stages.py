@@ -271,7 +271,7 @@ def threads(func: Callable, *args: Any, n_workers: int | str = 1, buffer_size: i
     the input order unless ``ordered=False``. With ``seed``, each item's generator (from
     ``(seed, epoch, index)``) is active while ``func`` runs, so the output does not depend on
     ``n_workers`` or on the order of completion; ``epoch`` is the epoch of the first
-    application, as in :func:`fpipe.map`.
+    application, as in :func:`fpipe.stream.map`.
 
     An exception in ``func`` reaches the consumer with its type, message and the worker's
     traceback, after the results of the items before it. With ``on_error="skip"`` (or a
