@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from fpipe.dataset import MsgpackReader
-from fpipe.torch import IterableDataset
+from fpipe.torch import IterableDataset, Shards
 
 
 def _positions(data_loader) -> list[int]:
@@ -47,7 +47,7 @@ def _training(reader: MsgpackReader, even: str) -> dict:
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-    dataset = IterableDataset(reader, batch_size=2, even=even)
+    dataset = IterableDataset(reader, batch_size=2, layout=Shards(even=even))
     data_loader = DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=True)
     report = {}
     for epoch in (0, 1):
