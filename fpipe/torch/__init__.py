@@ -589,25 +589,25 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                  layout: Shards | Elastic | None = None, samples: Samples | None = None,
                  **removed: Any) -> None:
         removed_keywords("IterableDataset", removed, ("layout", "samples"))
+        # the options first, so that a bad one is refused before the shared state is made
         layout = as_layout(layout)
-        self.layout = layout
+        elastic = isinstance(layout, Elastic)
+        batch_size = None if batch_size is None else check_integer("batch_size", batch_size, 1)
+        if elastic and batch_size is None:
+            raise ValueError("layout=Elastic() needs batch_size (the DataLoader's): the epoch is "
+                             "dealt out in batches; got batch_size=None")
+        chunk_size = check_integer("chunk_size", chunk_size, 1)
         super().__init__(reader, transforms, rng, epoch=epoch, samples=samples)
-        self.n_threads = self.samples.n_threads
         if not callable(getattr(reader, "iter", None)):
             raise TypeError(f"reader must be a reader or an ordering (with iter); got reader={reader!r:.80}")
-        self.batch_size = None if batch_size is None else check_integer("batch_size", batch_size, 1)
-        self.copy = bool(copy)
-        self.chunk_size = check_integer("chunk_size", chunk_size, 1)
-        self.elastic = isinstance(layout, Elastic)
+        self.layout, self.elastic, self.n_threads = layout, elastic, self.samples.n_threads
+        self.batch_size, self.copy, self.chunk_size = batch_size, bool(copy), chunk_size
         self.even = layout.even
-        self.shuffle = not self.elastic and layout.shuffle
-        self.buffer_samples = 0.01 if self.elastic else layout.buffer_samples
+        self.shuffle = not elastic and layout.shuffle
+        self.buffer_samples = 0.01 if elastic else layout.buffer_samples
         # the shuffle needs a seed even when the transforms draw fresh entropy
         self._shuffle_seed = seed_entropy(self.samples.seed) if self.seed is None else self.seed
         self.rank, self.world_size = _distributed(group, layout.rank, layout.world_size)
-        if self.elastic and self.batch_size is None:
-            raise ValueError("layout=Elastic() needs batch_size (the DataLoader's): the epoch is "
-                             "dealt out in batches; got batch_size=None")
         self._pending: dict | None = None  # a pass state that the next pass here carries on from
         self._latest: Any = None  # a weak reference to the latest pass in this process
         if self.elastic and self._may_skip():

@@ -21,6 +21,10 @@ def _reader(n: int = 10) -> ListReader:
     return ListReader([{"x": i} for i in range(n)])
 
 
+def _nothing_made(*args, **kwargs):
+    raise AssertionError("the dataset made its shared state before refusing an option")
+
+
 @pytest.mark.parametrize(("cls", "fields", "error", "message"), [
     (Shards, {"rank": 1}, ValueError, r"pass rank and world_size together; got rank=1, world_size=None"),
     (Shards, {"world_size": 2}, ValueError, r"pass rank and world_size together; got rank=None"),
@@ -71,11 +75,8 @@ def test_every_bad_field_is_refused_when_the_option_is_made_naming_it(cls, field
     ("elastic", True, "layout=Elastic(...)"),
 ])
 def test_a_keyword_of_the_old_api_says_what_replaced_it(keyword, value, replacement, monkeypatch):
-    def nothing_made(*args, **kwargs):
-        raise AssertionError("the dataset made its shared state before refusing the keyword")
-
-    monkeypatch.setattr(fpipe.torch, "EpochClock", nothing_made)
-    monkeypatch.setattr(fpipe.torch, "SkipBoard", nothing_made)
+    monkeypatch.setattr(fpipe.torch, "EpochClock", _nothing_made)
+    monkeypatch.setattr(fpipe.torch, "SkipBoard", _nothing_made)
     expected = f"got an unexpected keyword argument '{keyword}': it became {replacement}"
     with pytest.raises(TypeError, match=rf"^IterableDataset {re.escape(expected)}$"):
         IterableDataset(_reader(), batch_size=2, **{keyword: value})
@@ -109,7 +110,8 @@ def test_an_elastic_layout_has_no_shuffle_and_says_where_to_shuffle(field):
         Elastic(rnak=1)
 
 
-def test_the_modes_that_need_more_are_refused_by_the_dataset():
+def test_the_modes_that_need_more_are_refused_by_the_dataset(monkeypatch):
+    monkeypatch.setattr(fpipe.torch, "EpochClock", _nothing_made)
     with pytest.raises(ValueError, match=r"layout=Elastic\(\) needs batch_size"):
         IterableDataset(_reader(), layout=Elastic())
     with pytest.raises(ValueError, match=r"Samples\(n_threads=...\) is for IterableDataset; "
