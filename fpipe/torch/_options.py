@@ -4,20 +4,30 @@ and how each sample is made (:class:`Samples`, the ``samples=`` of both datasets
 
 Why values and not keywords: ``IterableDataset`` had 18 parameters, the eight of datadings and
 ten of fpipe's in modes that exclude each other (``elastic=True`` with ``shuffle=True``, say,
-was a ``ValueError`` at run time). The eight stay as datadings has them, so ported code runs
-unchanged; fpipe's ten are two frozen dataclasses, as Grain's ``ShardOptions`` and
-``ReadOptions`` are:
+was a ``ValueError`` at run time). The eight stay as datadings has them, positional, so ported
+code runs unchanged; that leaves room for two more under the bound of ten, so fpipe's ten are
+two frozen dataclasses, as Grain's ``ShardOptions`` and ``ReadOptions`` are, grouped by what
+they decide:
 
-* the **layout**, one class per mode: :class:`Shards` (datadings's, a contiguous shard per
-  worker, shuffled or not) or :class:`Elastic` (one order for the epoch, dealt out in global
-  batches, so a run can carry on on another grid). A mode that cannot shuffle has no field for
-  it, so the exclusion is a ``TypeError`` when the value is made;
-* the **samples**: the seed of their random draws, the threads that make them, and what a
-  sample that fails does; the same class for :class:`~fpipe.torch.Dataset`.
+* the **layout**, which positions each rank and DataLoader worker reads and in which order, one
+  class per mode: :class:`Shards` (datadings's, a contiguous shard per worker, shuffled or not)
+  or :class:`Elastic` (one order for the epoch, dealt out in global batches, so a run can carry
+  on on another grid). A mode that cannot shuffle has no field for it, so the exclusion is a
+  ``TypeError`` when the value is made, not a check at run time. ``rank`` and ``world_size``
+  are in both, as the grid is part of the layout (datadings's ``group`` stays where it was);
+* the **samples**, how each sample is made once it is read: the seed of its random draws, the
+  threads that make it, and what a sample that fails does. Both datasets take it, so the seed
+  of ``Dataset`` and ``IterableDataset`` is given the same way. The seed also keys the
+  shuffle, as it did: one seed reproduces a run.
 
-Each checks its fields when it is made, with messages that name the field, so a bad option is
-refused before a dataset exists; one value can serve many datasets (the ranks of a test, the
-train and validation sets). Private: :mod:`fpipe.torch` exports the three classes.
+The vocabulary is the library's: a buffer names its unit (``buffer_samples``, where datadings's
+``QuasiShuffler`` keeps its own ``buf_size``); counts of workers are ``n_...``, and since the
+torch adapters' workers are the DataLoader's processes (``num_workers``, torch's name), the
+threads in each are ``n_threads``. Each value checks its fields when it is made, with messages
+that name the field, so a bad option is refused before a dataset exists; one value can serve
+many datasets (the ranks of a test, the train and validation sets). A keyword of the old API
+(``IterableDataset(reader, elastic=True)``) is a ``TypeError`` that says what replaced it.
+Private: :mod:`fpipe.torch` exports the three classes.
 
 >>> Shards(rank=1, world_size=2, shuffle=True)
 Shards(rank=1, world_size=2, shuffle=True)
