@@ -2,7 +2,7 @@
 
 The launcher (test_even_batches.py) sets MASTER_ADDR, MASTER_PORT and WORLD_SIZE. Each rank
 reads its part of a corpus of documents that grow longer with their position (so the ranks'
-parts hold different numbers of tokens) through fpipe's IterableDataset with even="drop",
+parts hold different numbers of tokens) through fpipe's IterableDataset with Shards(even="drop"),
 packs them into rows in each of two DataLoader workers, and counts the batches: without the
 wrapper, with even_batches(..., even="drop") around a DistributedDataParallel training, with
 even="pad", on a group of its own, and with a loader that raises on one rank. It writes what
