@@ -228,14 +228,15 @@ def grouped_parquet_path() -> str:
     return str(_folder("grouped", _write_grouped_parquet) / "rows.parquet")
 
 
-@workload("X7", description="a shuffled epoch (IterableDataset(ParquetReader, shuffle=True), seed "
-          "0, a new epoch each run) of 100,000 Parquet rows in row groups of 1,000",
+@workload("X7", description="a shuffled epoch (IterableDataset(ParquetReader, "
+          "layout=Shards(shuffle=True)), seed 0, a new epoch each run) of 100,000 Parquet rows in "
+          "row groups of 1,000",
           reference="the in-order epoch of the same dataset", target=">= 0.5")
 def shuffled_parquet_epoch() -> Pair:
-    from fpipe.torch import IterableDataset
+    from fpipe.torch import IterableDataset, Samples, Shards
 
     path = grouped_parquet_path()
-    shuffled = IterableDataset(ParquetReader(path), shuffle=True, seed=0)
+    shuffled = IterableDataset(ParquetReader(path), layout=Shards(shuffle=True), samples=Samples(seed=0))
     in_order = IterableDataset(ParquetReader(path))
     return Pair(fpipe=lambda: _drain(shuffled), reference=lambda: _drain(in_order),
                 items=len(in_order))

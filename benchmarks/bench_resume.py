@@ -2,8 +2,8 @@
 ``StatefulDataLoader`` against re-reading to the same point) and C4 (the size of its state).
 
 The data is ``compact`` (100,000 samples of a key, 100 random bytes and a label), read as
-``IterableDataset(MsgpackReader(path), shuffle=True, seed=0)`` in batches of 64 (default
-collation), interrupted after 1,406 batches: 89,984 samples, 90 % of the epoch.
+``IterableDataset(MsgpackReader(path), layout=Shards(shuffle=True), samples=Samples(seed=0))``
+in batches of 64 (default collation), interrupted after 1,406 batches: 89,984 samples, 90 % of the epoch.
 
 C2 times, from ``load_state_dict`` to the first batch of the resumed loader: a fresh
 ``StatefulDataLoader`` over a freshly built dataset (built untimed) loads the state taken at
@@ -46,8 +46,9 @@ def _dataset(plain: bool = False):
     import fpipe
     import fpipe.torch
 
-    data = fpipe.torch.IterableDataset(fpipe.dataset.MsgpackReader(compact_path()), shuffle=True,
-                                       seed=0)
+    data = fpipe.torch.IterableDataset(fpipe.dataset.MsgpackReader(compact_path()),
+                                       layout=fpipe.torch.Shards(shuffle=True),
+                                       samples=fpipe.torch.Samples(seed=0))
     return _plain(data) if plain else data
 
 

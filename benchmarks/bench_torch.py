@@ -117,7 +117,7 @@ def _image_dataset():
     import fpipe.torch
 
     return fpipe.torch.Dataset(fpipe.dataset.MsgpackReader(images_path()),
-                               {"image": _augment(_to_tensor)}, seed=0)
+                               {"image": _augment(_to_tensor)}, samples=fpipe.torch.Samples(seed=0))
 
 
 @workload("T3", description="images: decode + random resized crop 224 + flip + to tensor, "

@@ -419,22 +419,6 @@ def _elastic(n: int, position: int, batch_size: int, rank: int, world_size: int,
             yield _tail(n, start, batch_size, rank, world_size, even)
 
 
-def check_elastic(elastic: Any, batch_size: int | None, shuffle: bool) -> bool:
-    """``elastic`` of the torch adapters, checked against the ``batch_size`` and ``shuffle``
-    it needs."""
-    if not check_bool("elastic", elastic):
-        return False
-    if batch_size is None:
-        raise ValueError("elastic=True needs batch_size (the DataLoader's): the epoch is dealt "
-                         "out in batches; got batch_size=None")
-    if shuffle:
-        raise ValueError("elastic=True needs one order for the whole epoch, and shuffle=True "
-                         "shuffles each worker's shard; shuffle with an ordering instead: "
-                         "IterableDataset(IndexShuffler(reader, seed=...), elastic=True) (or a Shuffler, "
-                         "for datadings's order); got shuffle=True")
-    return True
-
-
 ELASTIC_STATE = "ElasticEpoch"  # the type of the states of an elastic layout
 
 

@@ -24,7 +24,7 @@ import fpipe  # noqa: E402
 from fpipe.dataset import FileWriter, ListReader, MsgpackReader  # noqa: E402
 from fpipe.orderings import QuasiShuffler, Shuffler  # noqa: E402
 from fpipe.orderings.permutation import IndexShuffler  # noqa: E402
-from fpipe.torch import IterableDataset, regrid_state  # noqa: E402
+from fpipe.torch import Elastic, IterableDataset, Samples, Shards, regrid_state  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
               pytest.mark.filterwarnings("ignore:This DataLoader will create")]
@@ -149,11 +149,11 @@ def dataset(folder, composition: dict, rank: int, ranks: int):
     ordering = composition["ordering"]
     elastic = composition["elastic"] and ordering != "shuffle=True"
     threads = composition["threads"]
+    layout = Elastic(rank=rank, world_size=ranks) if elastic else Shards(
+        rank=rank, world_size=ranks, shuffle=ordering == "shuffle=True")
     inner = IterableDataset(ordered(reader_of(composition["source"], folder), ordering),
-                            dict if threads else None, threads=threads,
-                            shuffle=ordering == "shuffle=True", seed=7, rank=rank,
-                            world_size=ranks, batch_size=12 // ranks if elastic else None,
-                            elastic=elastic)
+                            dict if threads else None, batch_size=12 // ranks if elastic else None,
+                            layout=layout, samples=Samples(seed=7, n_threads=threads))
     return Pipeline(inner, composition["stages"])
 
 

@@ -178,12 +178,12 @@ def test_an_elastic_state_moves_to_any_grid_and_batch_size_of_the_same_length(
         n, other_n, grid, other_grid, steps, epoch):
     pytest.importorskip("torch")
     from fpipe.dataset import ListReader
-    from fpipe.torch import IterableDataset
+    from fpipe.torch import Elastic, IterableDataset
 
     def ranks(length, world_size, batch_size):
         reader = ListReader([{"x": i} for i in range(length)])
-        return [IterableDataset(reader, batch_size=batch_size, rank=r, world_size=world_size,
-                                elastic=True) for r in range(world_size)]
+        return [IterableDataset(reader, batch_size=batch_size,
+                                layout=Elastic(rank=r, world_size=world_size)) for r in range(world_size)]
 
     before = ranks(n, *grid)
     for data in before:

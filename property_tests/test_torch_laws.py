@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from fpipe.dataset import ListReader
 from fpipe.sharding import worker_range
-from fpipe.torch import IterableDataset
+from fpipe.torch import Elastic, IterableDataset, Samples, Shards
 from property_tests.strategies import round_robin, worker_epochs
 
 
@@ -26,8 +26,10 @@ def test_ranks_and_workers_together_yield_every_sample_once(n, world_size, worke
         for worker in range(workers):
             info = SimpleNamespace(id=worker, num_workers=workers)
             with mock.patch.object(torch.utils.data, "get_worker_info", lambda info=info: info):
-                dataset = IterableDataset(reader, rank=rank, world_size=world_size, epoch=epoch,
-                                          shuffle=shuffle, seed=1, buf_size=3, chunk_size=2)
+                layout = Shards(rank=rank, world_size=world_size, shuffle=shuffle,
+                                buffer_samples=3)
+                dataset = IterableDataset(reader, epoch=epoch, chunk_size=2, layout=layout,
+                                          samples=Samples(seed=1))
                 shard = [sample["x"] for sample in dataset]
             assert sorted(shard) == list(worker_range(n, rank, world_size, worker, workers, epoch))
             seen += shard
@@ -52,8 +54,9 @@ def _loader_batches(dataset: IterableDataset, workers: int, batch_size: int, dro
 def test_a_resumed_pass_is_the_rest_of_the_simulated_loaders_epoch(
         n, workers, batch_size, drop_last, shuffle, done):
     reader = ListReader([{"x": i} for i in range(n)])
-    dataset = IterableDataset(reader, rank=1, world_size=2, shuffle=shuffle, seed=1, buf_size=3,
-                              chunk_size=2)
+    dataset = IterableDataset(reader, chunk_size=2,
+                              layout=Shards(rank=1, world_size=2, shuffle=shuffle, buffer_samples=3),
+                              samples=Samples(seed=1))
     original = _loader_batches(dataset, workers, batch_size, drop_last)
     dataset.set_epoch(0)
     dataset.resume(done, batch_size, drop_last)
@@ -62,21 +65,22 @@ def test_a_resumed_pass_is_the_rest_of_the_simulated_loaders_epoch(
 
 # --- len(DataLoader): the batches the DataLoader yields, whatever the workers ---
 
-_LAYOUTS = st.sampled_from([{}, {"shuffle": True}, {"even": "drop"}, {"even": "pad"},
-                            {"elastic": True}, {"elastic": True, "even": "pad"}])
+_LAYOUTS = st.sampled_from([(Shards, {}), (Shards, {"shuffle": True, "buffer_samples": 3}),
+                            (Shards, {"even": "drop"}), (Shards, {"even": "pad"}),
+                            (Elastic, {}), (Elastic, {"even": "pad"})])
 
 
 @st.composite
 def _loaded_datasets(draw, max_workers: int = 3) -> tuple[IterableDataset, int, int, bool]:
     """A dataset of a random layout on a random rank, and the DataLoader's workers, batch size
     and drop_last; the dataset knows the batch size (always in elastic layouts) or not."""
-    layout, batch_size = draw(_LAYOUTS), draw(st.integers(1, 7))
+    (kind, options), batch_size = draw(_LAYOUTS), draw(st.integers(1, 7))
     world_size = draw(st.integers(1, 3))
-    known = "elastic" in layout or draw(st.booleans())
+    known = kind is Elastic or draw(st.booleans())
+    layout = kind(rank=draw(st.integers(0, world_size - 1)), world_size=world_size, **options)
     dataset = IterableDataset(ListReader([{"x": i} for i in range(draw(st.integers(0, 60)))]),
-                              batch_size=batch_size if known else None, seed=1, buf_size=3,
-                              chunk_size=2, rank=draw(st.integers(0, world_size - 1)),
-                              world_size=world_size, epoch=draw(worker_epochs), **layout)
+                              batch_size=batch_size if known else None, chunk_size=2,
+                              epoch=draw(worker_epochs), layout=layout, samples=Samples(seed=1))
     return dataset, draw(st.integers(0, max_workers)), batch_size, draw(st.booleans())
 
 

@@ -3,6 +3,7 @@
 import ast
 import builtins
 import importlib
+import inspect
 import pkgutil
 import re
 import subprocess
@@ -111,6 +112,63 @@ def test_every_public_function_has_a_docstring_with_an_example():
     lacking = [label for label, obj in _public_objects().items()
                if _needs_example(obj) and ">>>" not in (obj.__doc__ or "")]
     assert lacking == [], f"public names without a runnable example: {lacking}"
+
+
+# fpipe.stream.processes and fpipe.stream.threads are over the bound:
+WIDE = ("fpipe.stream.processes", "fpipe.stream.threads")  # reduced on the stream branch
+
+
+def _parameters(func, bound: bool = False) -> int | None:
+    """How many parameters ``func`` takes, ``*args`` and ``**kwargs`` not counted (nor the
+    ``self`` of a method, ``bound``); None where Python cannot tell (a builtin's)."""
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if bound and parameters and parameters[0].kind is not parameters[0].VAR_POSITIONAL:
+        parameters = parameters[1:]
+    return sum(p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters)
+
+
+def _signatures():
+    """``label: parameters`` for every public callable of the surface and fpipe.torch, and for
+    the public methods (and ``__call__``) that fpipe's public classes define."""
+    import fpipe.torch
+
+    objects = _public_objects()
+    seen = {id(obj) for obj in objects.values()}
+    objects.update((f"fpipe.torch.{name}", getattr(fpipe.torch, name))
+                   for name in fpipe.torch.__all__ if id(getattr(fpipe.torch, name)) not in seen)
+    wide = {id(importlib.import_module(label.rsplit(".", 1)[0]).__dict__[label.rsplit(".", 1)[1]])
+            for label in WIDE}
+    counts = {}
+    for label, obj in objects.items():
+        if not callable(obj) or id(obj) in wide:
+            continue
+        counts[label] = _parameters(obj)
+        if not isinstance(obj, type):
+            continue
+        for klass in obj.__mro__:
+            if not klass.__module__.startswith("fpipe"):
+                continue
+            for name, member in vars(klass).items():
+                if (name.startswith("_") and name != "__call__") or f"{label}.{name}" in counts:
+                    continue
+                if isinstance(member, (staticmethod, classmethod)):
+                    counts[f"{label}.{name}"] = _parameters(member.__func__, isinstance(member, classmethod))
+                elif inspect.isfunction(member):
+                    counts[f"{label}.{name}"] = _parameters(member, bound=True)
+    return counts
+
+
+def test_no_public_signature_has_more_than_ten_parameters():
+    """Options come as values (frozen option classes, keyword-only parameters) rather than as
+    long signatures; every parameter counts but ``*args``, ``**kwargs`` and ``self``, the seeds'
+    own ones too (datadings's IterableDataset has 8)."""
+    counts = _signatures()
+    assert "fpipe.torch.IterableDataset" in counts and "fpipe.torch.Samples" in counts
+    wide = {label: n for label, n in counts.items() if n is not None and n > 10}
+    assert wide == {}, f"public signatures over 10 parameters: {wide}"
 
 
 def test_py_typed_is_shipped():

@@ -332,9 +332,12 @@ ARGUMENTS = {
     "fpipe.zip_apply": lambda f, out: _call(scale),
     "fpipe.torch.Dataset": lambda f, out: _call(MsgpackReader(f.msgpack)),
     "fpipe.torch.DatasetBase": lambda f, out: _call(MsgpackReader(f.msgpack)),
+    "fpipe.torch.Elastic": lambda f, out: _call(rank=0, world_size=2, even="pad"),
     "fpipe.torch.ElasticBatchSampler": lambda f, out: _call(range(10), 2, rank=0, world_size=1),
     "fpipe.torch.EvenBatches": lambda f, out: _call([1, 2]),
     "fpipe.torch.IterableDataset": lambda f, out: _call(MsgpackReader(f.msgpack)),
+    "fpipe.torch.Samples": lambda f, out: _call(seed=0, on_error="skip", max_errors=2),
+    "fpipe.torch.Shards": lambda f, out: _call(rank=1, world_size=2, shuffle=True),
     "fpipe.torch.dict2tuple": lambda f, out: _call([{"image": 1, "label": 0}]),
     "fpipe.torch.even_batches": lambda f, out: _call([1, 2]),
     "fpipe.torch.no_rng": lambda f, out: _call(None),
@@ -369,6 +372,9 @@ MODES = {
     "fpipe.threads": [{"n_workers": 2}],
     "fpipe.processes": [{"n_workers": 2}, {"n_workers": 2, "backend": "threading"}],
     "fpipe.Infinite": [{"combiner": fpipe.stream.map(list)}],  # a stage combiner takes no keywords
+    # the other layout, and transforms in threads
+    "fpipe.torch.IterableDataset": [{"batch_size": 2, "layout": fpipe.torch.Elastic()},
+                                    {"samples": fpipe.torch.Samples(n_threads=2)}],
 }
 
 

@@ -292,13 +292,15 @@ def _train_torch(dataset: Path, classes: int, args: argparse.Namespace) -> tuple
     import torch
     from torch.utils.data import DataLoader
 
-    from fpipe.torch import IterableDataset
+    from fpipe.torch import IterableDataset, Samples, Shards
 
     stream_set = IterableDataset(MsgpackReader(dataset), transforms=Augment(args.size),
-                                 shuffle=True, buf_size=0.5, chunk_size=8, seed=args.seed)
+                                 chunk_size=8, layout=Shards(shuffle=True, buffer_samples=0.5),
+                                 samples=Samples(seed=args.seed))
     loader = DataLoader(stream_set, batch_size=args.batch_size, num_workers=args.workers,
                         persistent_workers=args.workers > 0)
-    say(args, f"3. IterableDataset(shuffle=True, seed={args.seed}, transforms={Augment(args.size)}) "
+    say(args, f"3. IterableDataset(transforms={Augment(args.size)}, layout=Shards(shuffle=True), "
+              f"samples=Samples(seed={args.seed})) "
               f"-> DataLoader(batch_size={args.batch_size}, num_workers={args.workers}) -> "
               f"a small CNN (torch {torch.__version__})")
     with torch.random.fork_rng(devices=[]):
@@ -308,8 +310,8 @@ def _train_torch(dataset: Path, classes: int, args: argparse.Namespace) -> tuple
         step = _TorchStep(torch, model, optimiser)
         where = (f"in {args.workers} DataLoader worker processes" if args.workers else
                  "in this process (--workers 0)")
-        inside = (f"{where}: IterableDataset(shuffle=True) -> {Augment(args.size)} -> batches "
-                  f"of {args.batch_size} (torch's collate)")
+        inside = (f"{where}: IterableDataset(layout=Shards(shuffle=True)) -> {Augment(args.size)} "
+                  f"-> batches of {args.batch_size} (torch's collate)")
         try:
             return _epochs(_Epochs(stream_set, loader), step, args, len(stream_set),
                            inside=inside)

@@ -4,8 +4,14 @@ The names and signatures are datadings's (``Compose``, ``CompressedToPIL``, ``Da
 ``DatasetBase``, ``IterableDataset``, ``dict2tuple``, ``no_rng``), so datadings code ports by
 changing its imports. What changes is what breaks there: readers work in forked and spawned
 workers after the parent has read, ``set_epoch`` works with and without persistent workers,
-empty shards yield nothing, orderings give decoded samples, and ``even=`` gives every rank
-the same number of batches. This is the only fpipe module that imports torch.
+empty shards yield nothing, orderings give decoded samples, and ``Shards(even=...)`` gives
+every rank the same number of batches. This is the only fpipe module that imports torch.
+
+fpipe's options are values, keyword-only after datadings's parameters: ``layout=`` says which
+samples each rank reads in which order (:class:`Shards`, datadings's layout, shuffled or not; or
+:class:`Elastic`, one order that another grid carries on), ``samples=`` how each sample is made
+(:class:`Samples`: the seed, threads, what a failing sample does). See :mod:`fpipe.torch._options`
+for why.
 
 >>> from fpipe.dataset import ListReader
 >>> def add(value, number):
@@ -14,13 +20,14 @@ the same number of batches. This is the only fpipe module that imports torch.
 >>> dataset = Dataset(reader, transforms={"x": Compose(add)}, rng=lambda sample: {"number": 10})
 >>> dataset[2]["x"], len(dataset)
 (12, 6)
->>> stream = IterableDataset(reader, rank=1, world_size=2)   # rank 1 of 2, no workers
+>>> stream = IterableDataset(reader, layout=Shards(rank=1, world_size=2))   # rank 1 of 2, no workers
 >>> [sample["x"] for sample in stream], len(stream)
 ([3, 4, 5], 3)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
 import weakref
@@ -39,10 +46,8 @@ import numpy as np
 
 from fpipe.dataset.shuffling import shuffled_shard
 from fpipe.errors import (
-    check_auto,
     check_bool,
     check_callable,
-    check_fraction_or_count,
     check_integer,
     check_not_path,
     check_state,
@@ -52,9 +57,8 @@ from fpipe.errors import (
 )
 from fpipe.functional import Compose, dict2tuple, no_rng
 from fpipe.image import CompressedToPIL, with_sample_named
-from fpipe.random import Seed, item_rng, optional_entropy, seed_entropy, set_active, shard_seed
+from fpipe.random import item_rng, optional_entropy, seed_entropy, set_active, shard_seed
 from fpipe.sharding import (
-    check_elastic,
     check_even,
     elastic_batches,
     elastic_position,
@@ -66,10 +70,7 @@ from fpipe.sharding import (
     wrapped_runs,
 )
 from fpipe.skipping import (
-    OnError,
     TooManyErrors,
-    check_max_errors,
-    check_on_error,
     handle,
     read_on,
     read_or_each,
@@ -77,6 +78,15 @@ from fpipe.skipping import (
 from fpipe.stream.parallel._shm import register as share_type
 from fpipe.stream.parallel.stages import threads as parallel_threads
 from fpipe.torch._loaders import EvenBatches, asked_length, even_batches
+from fpipe.torch._options import (
+    Elastic,
+    Samples,
+    Shards,
+    as_layout,
+    as_samples,
+    check_ranks,
+    removed_keywords,
+)
 from fpipe.torch._shared import EpochClock, Resume, SkipBoard, current_worker
 
 __all__ = [
@@ -84,9 +94,12 @@ __all__ = [
     "CompressedToPIL",
     "Dataset",
     "DatasetBase",
+    "Elastic",
     "ElasticBatchSampler",
     "EvenBatches",
     "IterableDataset",
+    "Samples",
+    "Shards",
     "dict2tuple",
     "even_batches",
     "get_worker_info",
@@ -138,23 +151,24 @@ class DatasetBase:
 
     ``transforms`` is either one callable ``f(sample) -> sample``, or a dict from sample
     field to ``t(value, params)`` (a :class:`Compose`, say), where ``params = rng(sample)``
-    is also stored in ``sample["__params__"]``. With ``seed``, the item generator of
+    is also stored in ``sample["__params__"]``. ``samples`` (a :class:`Samples`) holds the
+    options of how each sample is made. With its ``seed``, the item generator of
     ``(seed, epoch, index)`` is active while ``rng`` and the transforms run, so whatever
     draws from :func:`fpipe.current_rng` (or uses fpipe's random combinators) is
     reproducible per sample, whichever worker or rank reads it. An exception in a transform
     names the sample (its index, key and field).
 
-    ``on_error="skip"`` (or a callable ``on_error(error, sample, index)``, called in the
+    ``Samples(on_error="skip")`` (or a callable ``on_error(error, sample, index)``, called in the
     worker; see :mod:`fpipe.skipping`) leaves out the samples whose transforms raise (a
     corrupt image, say) or that do not read (a damaged record, ``sample`` None; not in
-    ``shuffle=True``'s buffer): :attr:`skipped` counts the skips over every DataLoader worker and
+    ``Shards(shuffle=True)``'s buffer): :attr:`skipped` counts the skips over every DataLoader worker and
     every epoch (a sample skipped in three epochs counts three times), and
     :attr:`skipped_indices` lists the index of each skipped sample once (the first 32 distinct
     of each worker). ``max_errors`` raises :class:`~fpipe.skipping.TooManyErrors` once more
     skips than that were counted.
 
     >>> from fpipe.dataset import ListReader
-    >>> base = DatasetBase(ListReader([{"x": 1}, {"x": 2}]), seed=7)
+    >>> base = DatasetBase(ListReader([{"x": 1}, {"x": 2}]), samples=Samples(seed=7))
     >>> len(base), base.epoch, base.seed
     (2, 0, 7)
     >>> base.set_epoch(3)
@@ -163,9 +177,10 @@ class DatasetBase:
     """
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
-                 rng: Callable[[Any], Mapping] | None = None, *, seed: Seed = None,
-                 epoch: int = 0, on_error: OnError = "raise",
-                 max_errors: int | None = None) -> None:
+                 rng: Callable[[Any], Mapping] | None = None, *, epoch: int = 0,
+                 samples: Samples | None = None, **removed: Any) -> None:
+        removed_keywords(type(self).__name__, removed, ("epoch", "samples"))
+        samples = as_samples(samples)
         check_not_path(type(self).__name__, reader)
         if not hasattr(reader, "__len__"):
             raise TypeError(f"reader must be a reader or an ordering (with len); got reader={reader!r:.80}")
@@ -174,10 +189,11 @@ class DatasetBase:
         self.reader = reader
         self.transforms = transforms
         self.rng = rng or no_rng
-        self.seed = optional_entropy(seed)
+        self.samples = samples
+        self.seed = optional_entropy(samples.seed)
         self._transform = self._checked_transform(transforms)
         self._clock = EpochClock(check_integer("epoch", epoch, 0))
-        self.on_error, self.max_errors = check_on_error(on_error), check_max_errors(max_errors)
+        self.on_error, self.max_errors = samples.on_error, samples.max_errors
         self._skips = SkipBoard()
 
     @property
@@ -294,13 +310,14 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
     DataLoader asks for a batch at once (``__getitems__``): a batch of consecutive indices is
     read with one ``get_slice``.
 
-    ``seed`` makes ``rng`` and the transforms reproducible per index (see
+    ``samples=Samples(seed=...)`` makes ``rng`` and the transforms reproducible per index (see
     :class:`DatasetBase`); their draws depend on the epoch too, so call
     :meth:`~DatasetBase.set_epoch` at the start of every epoch for new augmentations.
 
-    With ``on_error="skip"``, a batch that the DataLoader asks for (``__getitems__``) comes
+    With ``Samples(on_error="skip")``, a batch that the DataLoader asks for (``__getitems__``) comes
     without the samples that failed, so it may be smaller; ``dataset[i]`` alone still raises,
-    as it must return sample ``i``.
+    as it must return sample ``i``. ``Samples(n_threads=...)`` is refused: the DataLoader asks
+    for one sample (or batch) per call, in its workers.
 
     >>> import random
     >>> from fpipe.dataset import ListReader
@@ -315,17 +332,21 @@ class Dataset(DatasetBase, torch.utils.data.Dataset):
     >>> import fpipe
     >>> def seeded_rng(_):
     ...     return {"number": int(fpipe.current_rng().integers(1, 10))}
-    >>> seeded = Dataset(ListReader([{"a": 0} for _ in range(3)]), {"a": Compose(add)}, seeded_rng, seed=0)
+    >>> seeded = Dataset(ListReader([{"a": 0} for _ in range(3)]), {"a": Compose(add)}, seeded_rng,
+    ...                  samples=Samples(seed=0))
     >>> [seeded[i]["a"] for i in range(3)] == [seeded[i]["a"] for i in range(3)]
     True
     """
 
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
-                 rng: Callable[[Any], Mapping] | None = None, *, seed: Seed = None,
-                 epoch: int = 0, on_error: OnError = "raise",
-                 max_errors: int | None = None) -> None:
-        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch, on_error=on_error,
-                         max_errors=max_errors)
+                 rng: Callable[[Any], Mapping] | None = None, *, epoch: int = 0,
+                 samples: Samples | None = None, **removed: Any) -> None:
+        removed_keywords("Dataset", removed, ("epoch", "samples"))
+        if samples is not None and as_samples(samples).n_threads is not None:
+            raise ValueError("Dataset makes one sample per call, in the DataLoader's workers: "
+                             "Samples(n_threads=...) is for IterableDataset; got "
+                             f"n_threads={samples.n_threads!r}")
+        super().__init__(reader, transforms, rng, epoch=epoch, samples=samples)
         if not callable(getattr(reader, "get", None)):
             raise TypeError(f"Dataset needs random access (a reader with get); got reader={reader!r:.80}; "
                             "iterate orderings without it (QuasiShuffler, Cycler) with IterableDataset")
@@ -375,8 +396,9 @@ class ElasticBatchSampler(torch.utils.data.Sampler):
     The epoch's order is the dataset's own, ``0 .. len(data)-1`` (put a
     :class:`~fpipe.orderings.order.Shuffler` in the :class:`Dataset` to shuffle it), dealt out in
     global batches of ``world_size * batch_size`` indices as :func:`fpipe.sharding.elastic_batches` says:
-    step ``t`` takes the same samples on every grid. ``even=`` gives the ranks equal batch counts,
-    as for :class:`IterableDataset`. :meth:`state_dict` says where the epoch stands after some
+    step ``t`` takes the same samples on every grid, as :class:`Elastic` deals out an
+    :class:`IterableDataset`. ``even=`` gives the ranks equal batch counts, as
+    ``Elastic(even=...)`` does. :meth:`state_dict` says where the epoch stands after some
     batches, and :meth:`load_state_dict` carries on from there, on any grid of ranks and
     DataLoader workers and with any batch size. ``rank`` and ``world_size`` come from
     ``torch.distributed`` (process ``group``) when it is initialised, or are given.
@@ -480,12 +502,8 @@ def _distributed(group: Any, rank: int | None, world_size: int | None) -> tuple[
         if distributed.is_available() and distributed.is_initialized():
             return distributed.get_rank(group), distributed.get_world_size(group)
         return 0, 1
-    if rank is None or world_size is None:
-        raise ValueError(f"pass rank and world_size together; got rank={rank!r}, world_size={world_size!r}")
-    world_size = check_integer("world_size", world_size, 1)
-    if not 0 <= check_integer("rank", rank) < world_size:
-        raise ValueError(f"rank must be in [0, world_size); got rank={rank}, world_size={world_size}")
-    return int(rank), world_size
+    check_ranks(rank, world_size)
+    return int(rank), int(world_size)
 
 
 class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
@@ -497,8 +515,16 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     ``reader`` may be a reader or an ordering (:class:`~fpipe.orderings.order.Shuffler`,
     :class:`~fpipe.orderings.permutation.IndexShuffler`, :class:`~fpipe.orderings.order.QuasiShuffler`,
     ...), which is read at the dataset's epoch.
-    ``rank`` and ``world_size`` come from ``torch.distributed`` (process ``group``) when it
-    is initialised at construction, or are given.
+
+    The eight positional parameters are datadings's, so datadings code runs unchanged; fpipe's
+    options are two values, keyword-only: ``layout`` (:class:`Shards`, the default, or
+    :class:`Elastic`) says which samples each rank and worker reads and in which order, and
+    ``samples`` (:class:`Samples`) how each is made. One class per layout, as the modes exclude
+    each other; each value checks its fields when it is made. Any other keyword is a
+    ``TypeError`` that names it, raised before anything is created (for a keyword of fpipe's
+    earlier API, such as ``elastic=True``, the message says what replaced it). A layout's
+    ``rank`` and ``world_size`` come from ``torch.distributed`` (process ``group``) when they
+    are None and it is initialised at construction.
 
     Epochs: a pass reads the epoch last given to :meth:`~DatasetBase.set_epoch` (or
     ``epoch=``) plus the number of passes begun since, counted per worker in shared memory.
@@ -508,15 +534,16 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     ``batch_size`` (the DataLoader's) cuts the workers' shards on whole batches (:func:`worker_range`),
     where datadings raises a ``RuntimeError`` for shards that make uneven batch counts; with it or
     not, ``len(DataLoader)`` is the batches it yields (:func:`asked_length`). ``even="drop"`` or
-    ``"pad"`` gives every rank the same samples in the same pieces, so all make the same number
-    of batches; after a stage that packs or filters them, :func:`even_batches` evens the batches.
+    ``"pad"`` (of the layout) gives every rank the same samples in the same pieces, so all make
+    the same number of batches; after a stage that packs or filters them, :func:`even_batches`
+    evens the batches.
 
-    ``shuffle=True`` shuffles each shard anew every epoch, from ``(seed, epoch, shard)``, as
+    ``Shards(shuffle=True)`` shuffles each shard anew every epoch, from ``(seed, epoch, shard)``, as
     well as the reader affords (:func:`~fpipe.dataset.shuffling.shuffled_shard`): a true
     permutation where random access is cheap (``get``: packed datasets, lists); for a reader
     that decodes blocks (``blocks``: Parquet, Arrow, a dataset at a URL), the blocks in a
-    random order, each read once, in groups of at least 4 blocks and ``buf_size`` samples
-    mixed whole; for an ordering without ``get``, a QuasiShuffler's buffer of ``buf_size``.
+    random order, each read once, in groups of at least 4 blocks and ``buffer_samples`` samples
+    mixed whole; for an ordering without ``get``, a QuasiShuffler's buffer of ``buffer_samples``.
     The next sample lies within 16 positions of the one before (defaults, seeds 0-4; a true
     shuffle: 33 / n) for 1.6 % of 2,000 samples with random access, 1.6 % in Parquet row
     groups of 1,000, 21 % through the buffer; of 100,000: 0.03 %, 0.8 %, 0.75 % (see the
@@ -524,15 +551,15 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     rank's samples in the main process, the worker's in a worker. :meth:`resume` starts the
     next pass in the middle of an epoch, after the batches that a DataLoader has already made.
 
-    ``threads`` runs ``rng`` and the transforms of each process's pass in that many threads
-    (:func:`fpipe.threads`, ordered), or ``"auto"``: as many as keep up with the DataLoader,
+    ``Samples(n_threads=...)`` runs ``rng`` and the transforms of each process's pass in that
+    many threads (:func:`fpipe.threads`, ordered), or ``"auto"``: as many as keep up with the DataLoader,
     chosen while the pass runs, with a buffer that grows as it needs (see the tuning page).
     It pays for transforms that release the GIL (decoding images with Pillow or simplejpeg,
     NumPy, IO): each DataLoader worker then keeps more than one core busy. Outputs keep their
     order and their per-sample randomness, so they do not depend on the number of threads,
     and each carries the place of the pass, so a state stays exact.
 
-    ``elastic=True`` (with ``batch_size``, and without ``shuffle``) lays the epoch out so that a
+    ``layout=Elastic()`` (with ``batch_size``; it has no shuffle) lays the epoch out so that a
     run can carry on on another grid: one order for the epoch, the reader's positions, dealt out
     in global batches of ``world_size * batch_size`` (:func:`fpipe.sharding.elastic_batches`), rank
     ``r`` taking the ``r``-th ``batch_size`` of each, its workers taking its batches in turn.
@@ -542,12 +569,14 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
 
     >>> from fpipe.dataset import ListReader
     >>> reader = ListReader([{"x": i} for i in range(10)])
-    >>> ranks = [IterableDataset(reader, rank=r, world_size=2, even="drop") for r in range(2)]
+    >>> ranks = [IterableDataset(reader, layout=Shards(rank=r, world_size=2, even="drop"))
+    ...          for r in range(2)]
     >>> [[s["x"] for s in rank] for rank in ranks]
     [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     >>> [[s["x"] for s in rank] for rank in ranks]           # the next epoch: ranks swap
     [[5, 6, 7, 8, 9], [0, 1, 2, 3, 4]]
-    >>> shuffled = IterableDataset(reader, shuffle=True, seed=0, buf_size=4, chunk_size=2)
+    >>> shuffled = IterableDataset(reader, chunk_size=2, layout=Shards(shuffle=True, buffer_samples=4),
+    ...                            samples=Samples(seed=0))
     >>> sorted(s["x"] for s in shuffled) == list(range(10))
     True
     """
@@ -557,35 +586,39 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     def __init__(self, reader: Any, transforms: Mapping[Any, Callable] | Callable | None = None,
                  rng: Callable[[Any], Mapping] | None = None, batch_size: int | None = None,
                  epoch: int = 0, copy: bool = True, chunk_size: int = 16, group: Any = None, *,
-                 even: str | None = None, shuffle: bool = False, buf_size: float = 0.01,
-                 seed: Seed = None, rank: int | None = None, world_size: int | None = None,
-                 elastic: bool = False, on_error: OnError = "raise",
-                 max_errors: int | None = None, threads: int | str | None = None) -> None:
-        super().__init__(reader, transforms, rng, seed=seed, epoch=epoch, on_error=on_error,
-                         max_errors=max_errors)
-        self.threads = None if threads is None else check_auto(
-            "threads", threads, lambda value: check_integer("threads", value, 1))
+                 layout: Shards | Elastic | None = None, samples: Samples | None = None,
+                 **removed: Any) -> None:
+        removed_keywords("IterableDataset", removed, ("layout", "samples"))
+        # the options first, so that a bad one is refused before the shared state is made
+        layout = as_layout(layout)
+        elastic = isinstance(layout, Elastic)
+        batch_size = None if batch_size is None else check_integer("batch_size", batch_size, 1)
+        if elastic and batch_size is None:
+            raise ValueError("layout=Elastic() needs batch_size (the DataLoader's): the epoch is "
+                             "dealt out in batches; got batch_size=None")
+        chunk_size = check_integer("chunk_size", chunk_size, 1)
+        super().__init__(reader, transforms, rng, epoch=epoch, samples=samples)
         if not callable(getattr(reader, "iter", None)):
             raise TypeError(f"reader must be a reader or an ordering (with iter); got reader={reader!r:.80}")
-        self.batch_size = None if batch_size is None else check_integer("batch_size", batch_size, 1)
-        self.copy = bool(copy)
-        self.chunk_size = check_integer("chunk_size", chunk_size, 1)
-        self.even, self.shuffle = check_even(even), bool(shuffle)
-        self.buf_size = check_fraction_or_count("buf_size", buf_size)
+        self.layout, self.elastic, self.n_threads = layout, elastic, self.samples.n_threads
+        self.batch_size, self.copy, self.chunk_size = batch_size, bool(copy), chunk_size
+        self.even = layout.even
+        self.shuffle = not elastic and layout.shuffle
+        self.buffer_samples = 0.01 if elastic else layout.buffer_samples
         # the shuffle needs a seed even when the transforms draw fresh entropy
-        self._shuffle_seed = seed_entropy(seed) if self.seed is None else self.seed
-        self.rank, self.world_size = _distributed(group, rank, world_size)
-        self.elastic = check_elastic(elastic, self.batch_size, self.shuffle)
+        self._shuffle_seed = seed_entropy(self.samples.seed) if self.seed is None else self.seed
+        self.rank, self.world_size = _distributed(group, layout.rank, layout.world_size)
         self._pending: dict | None = None  # a pass state that the next pass here carries on from
         self._latest: Any = None  # a weak reference to the latest pass in this process
         if self.elastic and self._may_skip():
             raise ValueError(
-                "elastic=True needs on_error='raise': a skipped sample moves the later samples "
-                "of its worker into earlier batches, so after some steps each worker and rank "
-                "stands at another place of the epoch, and no one position resumes them all; "
-                "leave bad samples out of the reader, or use Dataset(..., on_error=...) with "
-                "ElasticBatchSampler, whose batches are positions (a skipped sample makes its "
-                f"batch smaller); got on_error={self.on_error!r}")
+                "layout=Elastic() needs Samples(on_error='raise'): a skipped sample moves the "
+                "later samples of its worker into earlier batches, so after some steps each "
+                "worker and rank stands at another place of the epoch, and no one position "
+                "resumes them all; leave bad samples out of the reader, or use "
+                "Dataset(..., samples=Samples(on_error=...)) with ElasticBatchSampler, whose "
+                "batches are positions (a skipped sample makes its batch smaller); "
+                f"got on_error={self.on_error!r}")
 
     def __len__(self) -> int:
         """The samples that the calling process yields in its next pass (the rank's in the main
@@ -623,14 +656,15 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
                 f"failed in positions {shard.window.start}..{shard.window.stop - 1} leave them "
                 f"fewer than the {shard.made} batches the resume counts the DataLoader had of "
                 "them, and the DataLoader passed over their worker sooner; resume before a "
-                "worker runs out, or use Dataset(..., on_error=...) with ElasticBatchSampler")
+                "worker runs out, or use Dataset(..., samples=Samples(on_error=...)) with "
+                "ElasticBatchSampler")
         yield from outputs
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch`` next, in this process and in every DataLoader worker, persistent or
         not. A :meth:`resume` waiting for its pass stays.
 
-        With ``elastic=True``, after :meth:`load_state_dict` and before a pass has read the
+        With ``layout=Elastic()``, after :meth:`load_state_dict` and before a pass has read the
         state, the state's epoch keeps it (a loop that calls ``set_epoch`` at the start of
         every epoch resumes too), the next epoch after a state at the end of its epoch begins
         whole, and any other epoch raises ``ValueError``: it would drop the samples the state
@@ -638,7 +672,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
 
         >>> from fpipe.dataset import ListReader
         >>> data = IterableDataset(ListReader([{"x": i} for i in range(10)]), batch_size=2,
-        ...                        elastic=True)
+        ...                        layout=Elastic())
         >>> data.load_state_dict({"type": "ElasticEpoch", "version": 1, "length": 10,
         ...                       "epoch": 1, "position": 6})
         >>> data.set_epoch(1)
@@ -676,7 +710,7 @@ it, or load a state of epoch 2
 
         The resume reaches the workers through shared memory, as the epoch does; ``set_epoch``
         keeps it and ``resume(0, batch_size)`` cancels it. ``len()`` counts what the resumed
-        pass yields. Skipped samples are not read, except by ``shuffle=True`` over a reader
+        pass yields. Skipped samples are not read, except by ``Shards(shuffle=True)`` over a reader
         without ``get`` (that shard's shuffle needs them to fill its buffer), and with
         ``on_error`` other than ``"raise"``: which samples fail is known only by transforming
         them, so the batches before are made again and dropped. Should the failed samples have
@@ -714,7 +748,7 @@ it, or load a state of epoch 2
         batches of the
         latest pass (or of the next one, if none has begun since :meth:`load_state_dict` or
         :meth:`~DatasetBase.set_epoch`): the epoch, the position in its order (the samples
-        every rank together has consumed) and the dataset's length. Needs ``elastic=True``.
+        every rank together has consumed) and the dataset's length. Needs ``layout=Elastic()``.
         A count that cannot be right is refused with a ``ValueError``: more batches than the
         workers have made, another number of samples than a DataLoader without workers was
         handed, or a pass read by a dataset of yours around this one (which may regroup,
@@ -726,7 +760,7 @@ it, or load a state of epoch 2
 
         >>> from fpipe.dataset import ListReader
         >>> reader = ListReader([{"x": i} for i in range(10)])
-        >>> ranks = [IterableDataset(reader, batch_size=2, rank=r, world_size=2, elastic=True)
+        >>> ranks = [IterableDataset(reader, batch_size=2, layout=Elastic(rank=r, world_size=2))
         ...          for r in range(2)]
         >>> [[s["x"] for s in rank] for rank in ranks]       # batches [0 1] [4 5] [8] | [2 3] [6 7] [9]
         [[0, 1, 4, 5, 8], [2, 3, 6, 7, 9]]
@@ -736,7 +770,7 @@ it, or load a state of epoch 2
         >>> state = ranks[0].state_dict(batches=1)            # after one step: 4 samples done
         >>> state
         {'type': 'ElasticEpoch', 'version': 1, 'length': 10, 'epoch': 0, 'position': 4}
-        >>> alone = IterableDataset(reader, batch_size=3, elastic=True)
+        >>> alone = IterableDataset(reader, batch_size=3, layout=Elastic())
         >>> alone.load_state_dict(state)
         >>> [s["x"] for s in alone]
         [4, 5, 6, 7, 8, 9]
@@ -804,7 +838,7 @@ it, or load a state of epoch 2
 
     def _need_elastic(self, method: str) -> None:
         if not self.elastic:
-            raise ValueError(f"{method} needs IterableDataset(..., elastic=True): the default "
+            raise ValueError(f"{method} needs IterableDataset(..., layout=Elastic()): the default "
                              "layout's position depends on the number of ranks and workers")
 
     def _elastic_batches(self, position: int, worker: int, workers: int) -> Iterator[range]:
@@ -889,21 +923,21 @@ it, or load a state of epoch 2
     def _transformed(self, triples: Iterator[tuple[int, int, Any]],
                      epoch: int) -> Iterator[tuple[int, Any]]:
         """``(done, output)`` of ``(done, index, sample)``: the samples transformed here, or in
-        ``threads`` threads (ordered, each sample with its ``done``, so the pass's place is
+        ``Samples(n_threads=...)`` threads (ordered, each sample with its ``done``, so the pass's place is
         that of the output handed out, whatever is in the threads)."""
         if self._transform is None:
             for done, _, sample in triples:
                 yield done, sample
             return
-        if self.threads is None:
+        if self.n_threads is None:
             apply = self._apply_or_skip
             for done, index, sample in triples:
                 output = apply(sample, index, epoch)
                 if output is not _SKIP:
                     yield done, output
             return
-        stage = parallel_threads(self._apply_triple, epoch, n_workers=self.threads,
-                                 buffer_size="auto" if self.threads == "auto" else 2)
+        stage = parallel_threads(self._apply_triple, epoch, n_workers=self.n_threads,
+                                 buffer_size="auto" if self.n_threads == "auto" else 2)
         with stage(triples) as outputs:
             for done, output in outputs:
                 if output is not _SKIP:
@@ -918,14 +952,12 @@ it, or load a state of epoch 2
         # keyed by (seed, epoch, shard)
         return shuffled_shard(self.reader, window.start, window.stop, epoch=epoch, skip=skip,
                               seed=shard_seed(self._shuffle_seed, window.start),
-                              buf_size=self.buf_size, chunk_size=self.chunk_size, copy=self.copy)
+                              buf_size=self.buffer_samples, chunk_size=self.chunk_size, copy=self.copy)
 
     def __repr__(self) -> str:
         options = [f"batch_size={self.batch_size}"] if self.batch_size is not None else []
-        options += [f"even={self.even!r}"] if self.even else []
-        options += ["shuffle=True"] if self.shuffle else []
-        options += [f"rank={self.rank}", f"world_size={self.world_size}"]
-        return f"IterableDataset({self.reader!r}, {', '.join(options)})"
+        layout = dataclasses.replace(self.layout, rank=self.rank, world_size=self.world_size)
+        return f"IterableDataset({self.reader!r}, {', '.join(options + [f'layout={layout!r}'])})"
 
 
 class _Pass:
@@ -1012,7 +1044,8 @@ class _Pass:
         data = self._data
         return {"length": len(data.reader), "rank": data.rank, "world_size": data.world_size,
                 "workers": self._workers, "shuffle": data.shuffle, "elastic": data.elastic,
-                "even": data.even, "batch_size": data.batch_size, "buf_size": data.buf_size,
+                # "buf_size": the key of the states saved before it was named buffer_samples
+                "even": data.even, "batch_size": data.batch_size, "buf_size": data.buffer_samples,
                 "chunk_size": data.chunk_size}
 
     def state_dict(self) -> dict[str, Any]:
@@ -1087,7 +1120,7 @@ def regrid_state(states: Any) -> dict[str, Any]:
     :meth:`IterableDataset.load_state_dict` on another grid of ranks and DataLoader workers.
 
     ``states`` holds, for every rank, what its loader or dataset saved: the ``state_dict()``
-    of a torchdata ``StatefulDataLoader`` over an ``IterableDataset(..., elastic=True)`` (or
+    of a torchdata ``StatefulDataLoader`` over an ``IterableDataset(..., layout=Elastic())`` (or
     over a dataset of yours that reads one), or the pass states of its workers, gathered (for
     instance with ``torch.distributed.all_gather_object``) at the same step. The positions the
     passes have handed out must make one run of the epoch's order from where they began: that
@@ -1098,7 +1131,7 @@ def regrid_state(states: Any) -> dict[str, Any]:
 
     >>> from fpipe.dataset import ListReader
     >>> reader = ListReader([{"x": i} for i in range(10)])
-    >>> ranks = [IterableDataset(reader, batch_size=2, rank=r, world_size=2, elastic=True)
+    >>> ranks = [IterableDataset(reader, batch_size=2, layout=Elastic(rank=r, world_size=2))
     ...          for r in range(2)]
     >>> passes = [iter(rank) for rank in ranks]
     >>> [[next(p)["x"] for _ in range(2)] for p in passes]       # one step of each rank
@@ -1124,7 +1157,7 @@ def regrid_state(states: Any) -> dict[str, Any]:
             raise ValueError(f"the passes are of different {key}s: {sorted(differ, key=repr)}; "
                              "give the states of one run, taken at the same step")
     if not first["elastic"]:
-        raise ValueError("the passes are not elastic: only IterableDataset(..., elastic=True) "
+        raise ValueError("the passes are not elastic: only IterableDataset(..., layout=Elastic()) "
                          "deals the epoch out in one order that another grid can carry on")
     n, start = first["length"], first["start"]
     runs = sorted((run for state in passes for run in _handed_runs(state)), key=lambda r: r.start)

@@ -40,12 +40,13 @@ def asked_length(dataset: Any, length: Callable[[int, int], int]) -> int:
 
     >>> from torch.utils.data import DataLoader
     >>> from fpipe.dataset import ListReader
-    >>> from fpipe.torch import IterableDataset
+    >>> from fpipe.torch import IterableDataset, Shards
     >>> reader = ListReader([{"x": i} for i in range(2000)])
-    >>> loose = IterableDataset(reader, shuffle=True)    # shards of 1000 and 1000: 32 batches each
+    >>> shuffled = Shards(shuffle=True)
+    >>> loose = IterableDataset(reader, layout=shuffled)  # shards of 1000 and 1000: 32 batches each
     >>> len(loose), len(DataLoader(loose, batch_size=32, num_workers=2))
     (2000, 64)
-    >>> cut = IterableDataset(reader, batch_size=32, shuffle=True)   # 1024 and 976: 32 and 31
+    >>> cut = IterableDataset(reader, batch_size=32, layout=shuffled)   # 1024 and 976: 32 and 31
     >>> len(cut), len(DataLoader(cut, batch_size=32, num_workers=2))
     (2000, 63)
     """
@@ -88,7 +89,8 @@ class EvenBatches:
             "len() of even_batches(...) over a process group of more than one rank: the ranks "
             "agree on each batch as they go, so the count is known at the end of the pass; "
             "count an epoch's batches in a first pass, or give every rank the same number of "
-            "batches before the wrapper (IterableDataset(..., batch_size=B, even='drop') "
+            "batches before the wrapper (IterableDataset(..., batch_size=B, "
+            "layout=Shards(even='drop')) "
             "without a stage that packs or filters) and take len() of the loader")
 
     def __getattr__(self, name: str) -> Any:
@@ -178,7 +180,7 @@ def even_batches(loader: Iterable[Any], group: Any = None, *, even: str = "drop"
     None) makes the same number of steps, so that ``DistributedDataParallel`` never waits at
     the end of an epoch for a rank that has run out.
 
-    ``IterableDataset(even=...)`` evens the samples each rank reads; a pipeline that packs or
+    ``IterableDataset(layout=Shards(even=...))`` evens the samples each rank reads; a pipeline that packs or
     filters them gives the ranks different numbers of batches again. ``even=`` evens the
     batches themselves (every rank must pass the same):
 

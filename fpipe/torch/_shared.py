@@ -194,7 +194,7 @@ class SkipBoard:
     def add(self, index: int) -> int:
         """Record sample ``index`` as skipped by this worker; the count over every worker."""
         row = self._rows[current_worker()[0]]
-        with _ADDING:  # a worker's transforms may run in threads (IterableDataset(threads=))
+        with _ADDING:  # a worker's transforms may run in threads (Samples(n_threads=...))
             kept = row[1]
             if kept < _KEPT_INDICES and index not in row[2:2 + kept]:  # once, whatever the epochs
                 row[2 + kept] = index

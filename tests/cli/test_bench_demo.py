@@ -46,8 +46,8 @@ def test_the_demo_trains_through_a_dataloader_and_leaves_nothing_behind(tmp_path
     assert "4. where the time went, per stage, in the last epoch (2/2) alone:" in out
     assert ("5. the plan (fpipe.explain: what runs where, with how many workers):\n"
             "source(DataLoader)\n"
-            "    in 2 DataLoader worker processes: IterableDataset(shuffle=True) -> Augment(32) "
-            "-> batches of 16 (torch's collate)\n"
+            "    in 2 DataLoader worker processes: IterableDataset(layout=Shards(shuffle=True)) "
+            "-> Augment(32) -> batches of 16 (torch's collate)\n"
             "map(train_step)\n") in out
     assert "nothing was left behind" in out
     assert list(scratch.iterdir()) == []  # torch's compiler cache folder too

@@ -71,7 +71,7 @@ def test_a_field_transform_of_the_torch_dataset_alone_and_in_compose_with_a_pref
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
-    from fpipe.torch import Compose, Dataset
+    from fpipe.torch import Compose, Dataset, Samples
 
     crop = random_resized_crop(32, layout="CHW")
     expected = _expected(crop, epoch=1)
@@ -80,14 +80,14 @@ def test_a_field_transform_of_the_torch_dataset_alone_and_in_compose_with_a_pref
         return value, number
 
     for transform in (crop, Compose(crop, prefix="image_"), Compose(crop, tag, prefix="image_")):
-        dataset = Dataset(_samples(), transforms={"image": transform}, seed=0, epoch=1,
-                          rng=lambda sample: {"image_number": 7})
+        dataset = Dataset(_samples(), transforms={"image": transform}, epoch=1,
+                          rng=lambda sample: {"image_number": 7}, samples=Samples(seed=0))
         got = [dataset[i]["image"] for i in range(len(dataset))]
         if transform.__class__ is Compose and len(transform.funcs) == 2:
             assert {number for _, number in got} == {7}
             got = [value for value, _ in got]
         assert _equal(got, expected)
-    loaded = DataLoader(Dataset(_samples(), transforms={"image": crop}, seed=0, epoch=1),
+    loaded = DataLoader(Dataset(_samples(), transforms={"image": crop}, epoch=1, samples=Samples(seed=0)),
                         batch_size=5, num_workers=2)
     batches = [batch["image"] for batch in loaded]
     assert isinstance(batches[0], torch.Tensor)

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from fpipe.dataset import MsgpackReader, ShardedReader, ShardedWriter
 from fpipe.orderings import IndexShuffler, Shuffler
-from fpipe.torch import Dataset, IterableDataset
+from fpipe.torch import Dataset, IterableDataset, Samples, Shards
 
 from .conftest import BLOCK, N, sample
 
@@ -65,7 +65,7 @@ def _keys(batches) -> list[str]:
 
 
 def test_two_dataloader_workers_read_every_sample_once(s3, cache):
-    iterable = IterableDataset(s3_reader(s3, cache), shuffle=True, seed=0)
+    iterable = IterableDataset(s3_reader(s3, cache), layout=Shards(shuffle=True), samples=Samples(seed=0))
     assert sorted(_keys(DataLoader(iterable, batch_size=64, num_workers=2))) == KEYS
     mapped = Dataset(s3_reader(s3, cache))
     loader = DataLoader(mapped, batch_size=64, num_workers=2, shuffle=True)

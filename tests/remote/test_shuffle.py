@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from fpipe.dataset import MsgpackReader
-from fpipe.torch import IterableDataset
+from fpipe.torch import IterableDataset, Samples, Shards
 
 from .conftest import BLOCK, N, sample
 
@@ -28,7 +28,8 @@ def test_a_shuffled_epoch_at_a_url_fetches_each_block_once_with_a_small_cache(
     offsets = np.fromfile(served / "train.msgpack.offsets", dtype=">u8")
     blocks = len(np.unique(offsets[:-1] // BLOCK))
     before = http.faults.ranged_gets
-    order = [s["key"] for s in IterableDataset(remote, shuffle=True, seed=0)]
+    order = [s["key"] for s in IterableDataset(remote, layout=Shards(shuffle=True),
+                                               samples=Samples(seed=0))]
     assert sorted(order) == [sample(i)["key"] for i in range(N)]
     assert http.faults.ranged_gets - before == blocks
     # groups of 4 blocks of about 115 samples: about 1 / 4 * 33 / 115, 7 %

@@ -149,7 +149,8 @@ def test_a_damaged_row_group_names_file_and_sample_and_loses_nothing_else(tmp_pa
         for row in reader:
             got.append(row["n"])
     assert got == list(range(100))
-    dataset = fpipe.torch.IterableDataset(reader, transforms=lambda row: row["n"], on_error="skip")
+    dataset = fpipe.torch.IterableDataset(reader, transforms=lambda row: row["n"],
+                                          samples=fpipe.torch.Samples(on_error="skip"))
     assert list(dataset) == [*range(100), *range(200, 300)] and dataset.skipped == 100
 
 

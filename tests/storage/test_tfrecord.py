@@ -245,7 +245,8 @@ def test_skip_goes_past_a_bad_record_in_dataloader_workers(tmp_path, cache):
     data[(len(data) // 6) * 4 + 40] ^= 1
     path.write_bytes(bytes(data))
     reader = TFRecordFileReader(path, cache_dir=cache)
-    dataset = fpipe.torch.IterableDataset(reader, transforms=key_of_label, on_error="skip")
+    dataset = fpipe.torch.IterableDataset(reader, transforms=key_of_label,
+                                          samples=fpipe.torch.Samples(on_error="skip"))
     loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2,
                                          multiprocessing_context="spawn")
     assert sorted(int(x) for batch in loader for x in batch) == [0, 1, 2, 3, 5]

@@ -239,9 +239,10 @@ def test_on_error_skip_goes_past_the_bad_sample(tmp_path, cache):
     path = tmp_path / "fields.tar"
     _tar(path, [("a.jpg", b"1"), ("a.cls", b"0"), ("b.jpg", b"2"), ("c.jpg", b"3"), ("c.cls", b"1")])
     reader = TarReader(path, fields=["jpg", "cls"], cache_dir=cache)
-    mapped = fpipe.torch.Dataset(reader, transforms=key_of, on_error="skip")
+    skip = fpipe.torch.Samples(on_error="skip")
+    mapped = fpipe.torch.Dataset(reader, transforms=key_of, samples=skip)
     assert [k for batch in torch.utils.data.DataLoader(mapped, batch_size=3) for k in batch] == ["a", "c"]
-    iterable = fpipe.torch.IterableDataset(reader, transforms=key_of, on_error="skip")
+    iterable = fpipe.torch.IterableDataset(reader, transforms=key_of, samples=skip)
     assert list(iterable) == ["a", "c"] and iterable.skipped == 1
 
 

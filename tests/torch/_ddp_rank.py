@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from fpipe.dataset import MsgpackReader
-from fpipe.torch import IterableDataset
+from fpipe.torch import IterableDataset, Samples, Shards
 
 
 def _positions(data_loader) -> list[int]:
@@ -47,7 +47,7 @@ def _training(reader: MsgpackReader, even: str) -> dict:
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-    dataset = IterableDataset(reader, batch_size=2, even=even)
+    dataset = IterableDataset(reader, batch_size=2, layout=Shards(even=even))
     data_loader = DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=True)
     report = {}
     for epoch in (0, 1):
@@ -73,7 +73,8 @@ def _resumed(reader: MsgpackReader, done: int = 5) -> dict:
     new dataset and persistent workers, as a run restarted from a checkpoint would."""
     def loader(dataset):
         return DataLoader(dataset, batch_size=3, num_workers=2, persistent_workers=True)
-    options = {"shuffle": True, "buf_size": 4, "chunk_size": 2, "seed": 0, "even": "drop"}
+    options = {"chunk_size": 2, "layout": Shards(even="drop", shuffle=True, buffer_samples=4),
+               "samples": Samples(seed=0)}
     whole = IterableDataset(reader, epoch=1, **options)
     restarted = IterableDataset(reader, epoch=1, **options)
     restarted.resume(done, batch_size=3)

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 import fpipe
 from fpipe.dataset import MsgpackReader
-from fpipe.torch import Compose, IterableDataset
+from fpipe.torch import Compose, Elastic, IterableDataset, Samples
 
 
 def draw(_sample) -> dict:
@@ -31,7 +31,7 @@ def draw(_sample) -> dict:
 
 def make(path: str, batch_size: int) -> IterableDataset:
     return IterableDataset(MsgpackReader(path), {"x": Compose(abs)}, draw, batch_size=batch_size,
-                           seed=11, even="drop", elastic=True)
+                           layout=Elastic(even="drop"), samples=Samples(seed=11))
 
 
 def train(dataset: IterableDataset, workers: int, batch_size: int, steps: int) -> list:

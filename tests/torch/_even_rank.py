@@ -2,7 +2,7 @@
 
 The launcher (test_even_batches.py) sets MASTER_ADDR, MASTER_PORT and WORLD_SIZE. Each rank
 reads its part of a corpus of documents that grow longer with their position (so the ranks'
-parts hold different numbers of tokens) through fpipe's IterableDataset with even="drop",
+parts hold different numbers of tokens) through fpipe's IterableDataset with Shards(even="drop"),
 packs them into rows in each of two DataLoader workers, and counts the batches: without the
 wrapper, with even_batches(..., even="drop") around a DistributedDataParallel training, with
 even="pad", on a group of its own, and with a loader that raises on one rank. It writes what
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 import fpipe
 from fpipe.dataset import ListReader
-from fpipe.torch import IterableDataset, even_batches
+from fpipe.torch import IterableDataset, Shards, even_batches
 
 DOCUMENTS = 120  # document i has 5 + i tokens
 ROW, BATCH = 64, 3
@@ -42,7 +42,7 @@ class PackedReads(torch.utils.data.IterableDataset):
 
 def _loader() -> tuple[IterableDataset, DataLoader]:
     reader = ListReader([{"tokens": np.arange(5 + i) + 1000 * i} for i in range(DOCUMENTS)])
-    documents = IterableDataset(reader, even="drop")
+    documents = IterableDataset(reader, layout=Shards(even="drop"))
     return documents, DataLoader(PackedReads(documents), batch_size=BATCH, num_workers=2,
                                  multiprocessing_context="fork")
 

@@ -28,6 +28,8 @@ from fpipe.torch import (
     Dataset,
     DatasetBase,
     IterableDataset,
+    Samples,
+    Shards,
     dict2tuple,
     no_rng,
     worker_range,
@@ -142,7 +144,7 @@ def test_dataset_base_is_a_base_of_both_datasets():
     ({"transforms": {"x": 3}}, TypeError, r"transforms\['x'\] must be callable"),
     ({"rng": "nope"}, TypeError, "rng must be callable"),
     ({"epoch": -1}, ValueError, "epoch must be >= 0"),
-    ({"seed": -2}, ValueError, "seed must be a non-negative integer"),
+    ({"samples": {"seed": 1}}, TypeError, r"samples must be Samples\(...\); got samples=\{'seed': 1\}"),
 ])
 def test_bad_arguments_of_both_datasets_fail_at_construction(bad, error, message):
     for cls in (Dataset, IterableDataset):
@@ -153,13 +155,8 @@ def test_bad_arguments_of_both_datasets_fail_at_construction(bad, error, message
 @pytest.mark.parametrize("bad, error, message", [
     ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),
     ({"chunk_size": 0}, ValueError, "chunk_size must be >= 1"),
-    ({"even": "trim"}, ValueError, "even must be None, 'drop' or 'pad'"),
-    ({"buf_size": 1.5}, ValueError, "buf_size must be a fraction"),
-    ({"buf_size": "big"}, TypeError, "buf_size must be a number"),
-    ({"rank": 1}, ValueError, "pass rank and world_size together"),
-    ({"rank": 2, "world_size": 2}, ValueError, "rank must be in"),
-    ({"rank": 0, "world_size": 0}, ValueError, "world_size must be >= 1"),
-])
+    ({"layout": True}, TypeError, r"layout must be Shards\(...\) or Elastic\(...\); got layout=True"),
+])  # the options' own checks: tests/torch/test_options.py
 def test_bad_arguments_of_the_iterable_dataset_fail_at_construction(bad, error, message):
     with pytest.raises(error, match=message):
         IterableDataset(number_reader(2), **bad)
@@ -228,12 +225,12 @@ def test_importing_without_torch_names_the_extra_to_install():
 
 def test_datasets_pickle_and_a_pickled_copy_keeps_its_own_epoch():
     dataset = IterableDataset(number_reader(6), transforms={"x": Compose(abs)}, epoch=2,
-                              rank=0, world_size=2)
+                              layout=Shards(rank=0, world_size=2))
     copy = pickle.loads(pickle.dumps(dataset))
     copy.set_epoch(5)
     assert (dataset.epoch, copy.epoch) == (2, 5)
     assert xs(copy) == [3, 4, 5]
-    assert repr(dataset) == "IterableDataset(ListReader, rank=0, world_size=2)".replace(
+    assert repr(dataset) == "IterableDataset(ListReader, layout=Shards(rank=0, world_size=2))".replace(
         "ListReader", repr(dataset.reader))
 
 
@@ -248,8 +245,8 @@ def keep_params(sample):
 
 
 def test_a_seeded_dataset_draws_the_same_parameters_per_index_in_any_order():
-    first = Dataset(number_reader(8), {"x": Compose(abs)}, draw, seed=7)
-    again = Dataset(number_reader(8), {"x": Compose(abs)}, draw, seed=7)
+    first = Dataset(number_reader(8), {"x": Compose(abs)}, draw, samples=Samples(seed=7))
+    again = Dataset(number_reader(8), {"x": Compose(abs)}, draw, samples=Samples(seed=7))
     forward = [keep_params(first[i]) for i in range(8)]
     assert [keep_params(again[i]) for i in reversed(range(8))] == forward[::-1]
     assert [keep_params(s) for s in again.__getitems__([5, 1, 2])] == [forward[i] for i in (5, 1, 2)]
@@ -265,7 +262,7 @@ def test_an_unseeded_dataset_draws_fresh_parameters():
 
 def test_seeded_transforms_draw_from_the_item_generator_too():
     flip = fpipe.random_apply(0.5, lambda x: -x)
-    dataset = Dataset(number_reader(64), {"x": Compose(lambda x: x + 1, flip)}, seed=3)
+    dataset = Dataset(number_reader(64), {"x": Compose(lambda x: x + 1, flip)}, samples=Samples(seed=3))
     signs = [dataset[i]["x"] > 0 for i in range(64)]
     assert signs == [dataset[i]["x"] > 0 for i in range(64)]
     assert 0 < sum(signs) < 64
@@ -277,9 +274,10 @@ def test_an_iterable_dataset_gives_each_sample_its_parameters_whatever_the_shard
         for rank in range(world_size):
             for worker in range(workers):
                 as_worker(worker, workers)
-                dataset = IterableDataset(number_reader(30), {"x": Compose(abs)}, draw, seed=11,
-                                          rank=rank, world_size=world_size, shuffle=shuffle,
-                                          chunk_size=4, buf_size=8)
+                layout = Shards(rank=rank, world_size=world_size, shuffle=shuffle,
+                                buffer_samples=8)
+                dataset = IterableDataset(number_reader(30), {"x": Compose(abs)}, draw, chunk_size=4,
+                                          layout=layout, samples=Samples(seed=11))
                 found.update((s["key"], keep_params(s)) for s in dataset)
         return found
 
@@ -298,7 +296,7 @@ def test_getitems_reads_runs_and_scattered_indices_alike():
 
 
 def test_a_negative_index_counts_from_the_end_and_seeds_as_its_position():
-    dataset = Dataset(number_reader(5), {"x": Compose(abs)}, draw, seed=1)
+    dataset = Dataset(number_reader(5), {"x": Compose(abs)}, draw, samples=Samples(seed=1))
     assert keep_params(dataset[-1]) == keep_params(dataset[4])
 
 
@@ -400,7 +398,7 @@ def test_worker_range_checks_its_arguments():
 # --- the iterable dataset: shards, epochs, length, the guard ---------------------------------------
 
 def test_ranks_rotate_through_the_shards_from_pass_to_pass():
-    ranks = [IterableDataset(number_reader(11), rank=r, world_size=2) for r in range(2)]
+    ranks = [IterableDataset(number_reader(11), layout=Shards(rank=r, world_size=2)) for r in range(2)]
     first = [xs(rank) for rank in ranks]
     second = [xs(rank) for rank in ranks]
     assert first == [list(range(0, 6)), list(range(6, 11))]
@@ -409,24 +407,25 @@ def test_ranks_rotate_through_the_shards_from_pass_to_pass():
 
 
 def test_set_epoch_chooses_the_epoch_of_the_next_pass():
-    dataset = IterableDataset(number_reader(11), rank=0, world_size=2, epoch=1)
+    dataset = IterableDataset(number_reader(11), epoch=1, layout=Shards(rank=0, world_size=2))
     assert xs(dataset) == list(range(6, 11))
     dataset.set_epoch(0)
     assert len(dataset) == 6
     assert xs(dataset) == list(range(0, 6))
     dataset.set_epoch(3)
-    assert xs(dataset) == xs(IterableDataset(number_reader(11), rank=0, world_size=2, epoch=3))
+    assert xs(dataset) == xs(IterableDataset(number_reader(11), epoch=3,
+                                             layout=Shards(rank=0, world_size=2)))
     dataset.epoch = 0  # datadings code sets the attribute
     assert xs(dataset) == list(range(0, 6))
 
 
 def test_len_is_what_the_calling_process_yields_next(as_worker):
-    dataset = IterableDataset(number_reader(23), rank=1, world_size=2)
+    dataset = IterableDataset(number_reader(23), layout=Shards(rank=1, world_size=2))
     for _ in range(3):
         expected = len(dataset)
         assert len(xs(dataset)) == expected
     as_worker(1, 3)
-    worker = IterableDataset(number_reader(23), rank=1, world_size=2)
+    worker = IterableDataset(number_reader(23), layout=Shards(rank=1, world_size=2))
     assert len(worker) == len(xs(worker)) == len(worker_range(23, 1, 2, 1, 3))
 
 
@@ -434,7 +433,7 @@ def test_empty_shards_yield_nothing(as_worker):
     seen = []
     for worker in range(4):
         as_worker(worker, 4)
-        dataset = IterableDataset(number_reader(2), rank=0, world_size=1)
+        dataset = IterableDataset(number_reader(2), layout=Shards(rank=0, world_size=1))
         seen.append(xs(dataset))
     assert sorted(x for shard in seen for x in shard) == [0, 1]
     assert [] in seen
@@ -453,7 +452,7 @@ def test_batch_size_cuts_the_worker_shards_on_whole_batches(as_worker, n):
     assert sum(shards, []) == list(range(n))
     assert sum(-(-len(shard) // 8) for shard in shards) == -(-n // 8)
     assert [len(shard) % 8 for shard in shards[:-1]] == [0, 0]
-    evened = IterableDataset(number_reader(n), batch_size=8, even="drop")
+    evened = IterableDataset(number_reader(n), batch_size=8, layout=Shards(even="drop"))
     assert len(xs(evened)) == len(worker_range(n, 0, 1, 2, 3, even="drop", batch_size=8))
 
 
@@ -484,8 +483,9 @@ def test_shuffle_permutes_each_shard_differently_every_epoch_and_reproducibly(as
         found = []
         for worker in range(2):
             as_worker(worker, 2)
-            found.append(xs(IterableDataset(number_reader(40), shuffle=True, buf_size=6,
-                                            chunk_size=3, seed=seed, epoch=epoch)))
+            found.append(xs(IterableDataset(number_reader(40), chunk_size=3, epoch=epoch,
+                                            layout=Shards(shuffle=True, buffer_samples=6),
+                                            samples=Samples(seed=seed))))
         return found
 
     epoch0, epoch1 = shards(0, seed=1), shards(1, seed=1)

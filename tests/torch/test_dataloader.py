@@ -19,7 +19,16 @@ import fpipe
 from fpipe.dataset import FileWriter, ListReader, MsgpackReader
 from fpipe.image import ImageDecodeError
 from fpipe.stream.parallel import _tuner
-from fpipe.torch import Compose, CompressedToPIL, Dataset, IterableDataset, dict2tuple, worker_range
+from fpipe.torch import (
+    Compose,
+    CompressedToPIL,
+    Dataset,
+    IterableDataset,
+    Samples,
+    Shards,
+    dict2tuple,
+    worker_range,
+)
 
 from .conftest import encode, pixels, write_numbers
 
@@ -52,7 +61,7 @@ def rank_positions(n: int, rank: int, world_size: int, workers: int, epoch: int,
 def test_every_pass_reads_the_ranks_shard_once_and_epochs_rotate(tmp_path, workers, context, persistent):
     reader = MsgpackReader(write_numbers(tmp_path / "numbers.msgpack", 23))
     assert reader.get(5)["x"] == 5 and len(list(reader)) == 23  # the parent reads first
-    dataset = IterableDataset(reader, rank=1, world_size=2, batch_size=4)
+    dataset = IterableDataset(reader, batch_size=4, layout=Shards(rank=1, world_size=2))
     data_loader = loader(dataset, workers, context, persistent)
     epochs = [0, 1, 0]  # two passes advance by themselves, then set_epoch(0) goes back
     for pass_number, epoch in enumerate(epochs):
@@ -67,7 +76,7 @@ def test_every_pass_reads_the_ranks_shard_once_and_epochs_rotate(tmp_path, worke
 @pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
 def test_across_ranks_every_sample_comes_once_per_epoch(tmp_path, workers, persistent):
     path = write_numbers(tmp_path / "numbers.msgpack", 37)
-    ranks = [IterableDataset(MsgpackReader(path), rank=r, world_size=2) for r in range(2)]
+    ranks = [IterableDataset(MsgpackReader(path), layout=Shards(rank=r, world_size=2)) for r in range(2)]
     loaders = [loader(rank, workers, "fork", persistent, batch_size=5) for rank in ranks]
     for epoch in range(3):
         for rank in ranks:
@@ -102,9 +111,10 @@ def test_seeded_parameters_do_not_depend_on_the_workers(tmp_path, kind):
 
     def dataset():
         if kind == "map":
-            return Dataset(reader, transforms, draw, seed=5)
-        return IterableDataset(reader, transforms, draw, seed=5, shuffle=kind.endswith("shuffled"),
-                               buf_size=4, chunk_size=2)
+            return Dataset(reader, transforms, draw, samples=Samples(seed=5))
+        return IterableDataset(reader, transforms, draw, chunk_size=2,
+                               layout=Shards(shuffle=kind.endswith("shuffled"), buffer_samples=4),
+                               samples=Samples(seed=5))
 
     alone = _params_by_key(loader(dataset(), 0))
     shared = _params_by_key(loader(dataset(), 2, "fork", shuffle=kind == "map" or None))
@@ -113,12 +123,12 @@ def test_seeded_parameters_do_not_depend_on_the_workers(tmp_path, kind):
 
 def test_set_epoch_reaches_persistent_workers_of_a_map_style_dataset(tmp_path):
     reader = MsgpackReader(write_numbers(tmp_path / "numbers.msgpack", 24))
-    dataset = Dataset(reader, {"x": Compose(abs)}, draw, seed=9)
+    dataset = Dataset(reader, {"x": Compose(abs)}, draw, samples=Samples(seed=9))
     data_loader = loader(dataset, 2, "fork", persistent=True)
     epoch0 = _params_by_key(data_loader)
     dataset.set_epoch(1)
     epoch1 = _params_by_key(data_loader)
-    reference = Dataset(reader, {"x": Compose(abs)}, draw, seed=9, epoch=1)
+    reference = Dataset(reader, {"x": Compose(abs)}, draw, epoch=1, samples=Samples(seed=9))
     assert epoch1 == _params_by_key(loader(reference, 0))
     assert set(epoch0.values()).isdisjoint(epoch1.values())
 
@@ -126,7 +136,7 @@ def test_set_epoch_reaches_persistent_workers_of_a_map_style_dataset(tmp_path):
 def _batch_counts(path: str, even, workers: int = 2, batch_size: int = 2) -> list[int]:
     counts = []
     for rank in range(2):
-        dataset = IterableDataset(MsgpackReader(path), rank=rank, world_size=2, even=even)
+        dataset = IterableDataset(MsgpackReader(path), layout=Shards(rank=rank, world_size=2, even=even))
         counts.append(sum(1 for _ in loader(dataset, workers, "fork", batch_size=batch_size)))
     return counts
 

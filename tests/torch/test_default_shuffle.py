@@ -13,7 +13,7 @@ from fpipe.dataset import ListReader, MsgpackReader
 from fpipe.formats import ParquetReader
 from fpipe.orderings import QuasiShuffler, Range
 from fpipe.orderings.order import Indexed
-from fpipe.torch import IterableDataset
+from fpipe.torch import IterableDataset, Samples, Shards
 
 from .conftest import write_numbers
 
@@ -48,7 +48,7 @@ def near(indices: list[int], distance: int = 16) -> float:
 def test_a_shuffled_parquet_epoch_decodes_each_row_group_once(parquet_path):
     reader = ParquetReader(parquet_path)
     decoded = counted(reader)
-    data = IterableDataset(reader, shuffle=True, seed=0)
+    data = IterableDataset(reader, layout=Shards(shuffle=True), samples=Samples(seed=0))
     for epoch in range(2):
         data.set_epoch(epoch)
         assert sorted(s["n"] for s in data) == list(range(ROWS))
@@ -61,8 +61,9 @@ def test_each_rank_decodes_the_row_groups_of_its_shard_about_once(parquet_path):
     decoded = counted(reader)
     seen = []
     for rank in range(3):
-        seen += [s["n"] for s in IterableDataset(reader, shuffle=True, seed=0, rank=rank,
-                                                 world_size=3)]
+        seen += [s["n"] for s in IterableDataset(reader,
+                                                 layout=Shards(rank=rank, world_size=3, shuffle=True),
+                                                 samples=Samples(seed=0))]
     assert sorted(seen) == list(range(ROWS))
     # a row group that two shards share is decoded by both
     assert len(decoded) <= ROWS // GROUP + 2
@@ -70,7 +71,7 @@ def test_each_rank_decodes_the_row_groups_of_its_shard_about_once(parquet_path):
 
 def test_a_resumed_shuffled_parquet_pass_decodes_only_what_is_left(parquet_path):
     reader = ParquetReader(parquet_path)
-    data = IterableDataset(reader, shuffle=True, seed=3)
+    data = IterableDataset(reader, layout=Shards(shuffle=True), samples=Samples(seed=3))
     whole = [s["n"] for s in data]
     decoded = counted(reader)
     data.set_epoch(0)
@@ -90,7 +91,8 @@ def test_a_quasi_shuffler_over_an_indexed_parquet_shard_goes_through_the_row_gro
 
 
 def test_the_default_shuffle_of_a_parquet_file_mixes_across_row_groups(parquet_path):
-    order = [s["n"] for s in IterableDataset(ParquetReader(parquet_path), shuffle=True, seed=0)]
+    order = [s["n"] for s in IterableDataset(ParquetReader(parquet_path), layout=Shards(shuffle=True),
+                                             samples=Samples(seed=0))]
     # groups of 4 row groups: about 1 / 4 * 33 / 500, 1.6 %
     assert near(order) < 0.03
     assert len({n // GROUP for n in order[:200]}) >= 4
@@ -104,7 +106,8 @@ def test_the_default_shuffle_is_a_true_permutation_where_random_access_is_cheap(
               else MsgpackReader(write_numbers(tmp_path / "n.msgpack", n)))
     fractions = []
     for seed in range(3):
-        order = [s["x"] for s in IterableDataset(reader, shuffle=True, seed=seed)]
+        order = [s["x"] for s in IterableDataset(reader, layout=Shards(shuffle=True),
+                                                 samples=Samples(seed=seed))]
         assert sorted(order) == list(range(n))
         fractions.append(near(order))
     # a true shuffle: 33 / 2000 = 1.65 %; a buffer of 1 % of the data gave 23 %

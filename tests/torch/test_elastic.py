@@ -1,4 +1,4 @@
-"""Elastic resume on real DataLoaders: IterableDataset(elastic=True) and ElasticBatchSampler
+"""Elastic resume on real DataLoaders: IterableDataset(layout=Elastic()) and ElasticBatchSampler
 save where the epoch stands and carry on on another grid of ranks × workers (ranks played by
 datasets with explicit rank and world_size, in one process), every sample once."""
 
@@ -11,7 +11,7 @@ import fpipe
 from fpipe.dataset import ListReader
 from fpipe.orderings import Shuffler
 from fpipe.sharding import elastic_state_dict
-from fpipe.torch import Compose, Dataset, ElasticBatchSampler, IterableDataset
+from fpipe.torch import Compose, Dataset, Elastic, ElasticBatchSampler, IterableDataset, Samples
 
 N = 29  # awkward: no grid below divides it
 
@@ -21,8 +21,9 @@ def draw(_sample) -> dict:
 
 
 def make_stream(reader, rank, world_size, batch_size, even=None):
-    return IterableDataset(reader, {"x": Compose(abs)}, draw, batch_size=batch_size, seed=3,
-                           chunk_size=2, even=even, rank=rank, world_size=world_size, elastic=True)
+    return IterableDataset(reader, {"x": Compose(abs)}, draw, batch_size=batch_size, chunk_size=2,
+                           layout=Elastic(rank=rank, world_size=world_size, even=even),
+                           samples=Samples(seed=3))
 
 
 def as_pairs(batch) -> list[tuple[int, float]]:
@@ -127,7 +128,8 @@ def test_resume_in_elastic_mode_is_the_position_of_the_batches_done():
 
 
 def test_the_map_style_sampler_switches_grids_with_dataloader_workers():
-    data = Dataset(ListReader([{"x": i} for i in range(N)]), {"x": Compose(abs)}, draw, seed=3)
+    data = Dataset(ListReader([{"x": i} for i in range(N)]), {"x": Compose(abs)}, draw,
+                   samples=Samples(seed=3))
     samplers = [ElasticBatchSampler(data, 3, rank=r, world_size=2) for r in range(2)]
     loaders = [iter(DataLoader(data, batch_sampler=s, num_workers=2)) for s in samplers]
     before = [as_pairs(next(loader)) for _ in range(2) for loader in loaders]
@@ -147,15 +149,19 @@ def test_the_map_style_sampler_switches_grids_with_dataloader_workers():
 
 def test_elastic_arguments_and_states_are_checked():
     reader = ListReader([{"x": i} for i in range(5)])
-    with pytest.raises(ValueError, match="elastic=True needs batch_size"):
-        IterableDataset(reader, elastic=True)
-    with pytest.raises(ValueError, match="shuffle=True"):
-        IterableDataset(reader, batch_size=2, shuffle=True, elastic=True)
-    with pytest.raises(TypeError, match="elastic"):
+    with pytest.raises(ValueError, match=r"layout=Elastic\(\) needs batch_size"):
+        IterableDataset(reader, layout=Elastic())
+    with pytest.raises(TypeError, match="Elastic got an unexpected keyword argument 'shuffle': an "
+                                        "elastic epoch has one order; shuffle it with an ordering"):
+        IterableDataset(reader, batch_size=2, layout=Elastic(shuffle=True))
+    with pytest.raises(TypeError, match="'elastic': it became layout=Elastic"):
         IterableDataset(reader, batch_size=2, elastic="yes")
-    with pytest.raises(ValueError, match="needs IterableDataset.*elastic=True"):
+    with pytest.raises(TypeError, match=r"layout must be Shards\(...\) or Elastic\(...\); "
+                                        "got layout='elastic'"):
+        IterableDataset(reader, batch_size=2, layout="elastic")
+    with pytest.raises(ValueError, match=r"needs IterableDataset.*layout=Elastic\(\)"):
         IterableDataset(reader).state_dict(0)
-    data = IterableDataset(reader, batch_size=2, elastic=True)
+    data = IterableDataset(reader, batch_size=2, layout=Elastic())
     with pytest.raises(TypeError, match="state must be a dict"):
         data.load_state_dict({"epoch": 0, "position": 1})
     with pytest.raises(ValueError, match="ElasticEpoch with length=6; this one has length=5"):

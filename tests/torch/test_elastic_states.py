@@ -1,4 +1,4 @@
-"""Elastic states and epochs (issue 31): IterableDataset(elastic=True) and ElasticBatchSampler
+"""Elastic states and epochs (issue 31): IterableDataset(layout=Elastic()) and ElasticBatchSampler
 keep one rule for set_epoch after load_state_dict, refuse the ambiguous call, count the pass
 under way in len(), name what made a state, and a dataset that skips samples resumes exactly
 or refuses."""
@@ -11,7 +11,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from fpipe.dataset import ListReader
-from fpipe.torch import Dataset, ElasticBatchSampler, IterableDataset
+from fpipe.torch import Dataset, Elastic, ElasticBatchSampler, IterableDataset, Samples
 
 N = 40
 READER = ListReader([{"x": i} for i in range(N)])
@@ -23,7 +23,7 @@ def saved(epoch, position):
 
 
 def stream(batch_size=8):
-    return IterableDataset(READER, batch_size=batch_size, elastic=True)
+    return IterableDataset(READER, batch_size=batch_size, layout=Elastic())
 
 
 def sampler(batch_size=8):
@@ -115,7 +115,7 @@ def test_states_name_what_made_them_and_another_length_is_refused():
     data = stream()
     state = data.state_dict(batches=2)
     assert state == {"type": "ElasticEpoch", "version": 1, "length": N, "epoch": 0, "position": 16}
-    moved = IterableDataset(READER, batch_size=4, rank=1, world_size=3, elastic=True)
+    moved = IterableDataset(READER, batch_size=4, layout=Elastic(rank=1, world_size=3))
     moved.load_state_dict(state)  # another grid and batch size: it may move
     with pytest.raises(ValueError, match="ElasticEpoch with length=40; this one has length=39"):
         ElasticBatchSampler(39, 8, rank=0, world_size=1).load_state_dict(state)
@@ -135,9 +135,12 @@ def fails_on_fives(sample):
 
 
 def test_an_elastic_dataset_that_may_skip_samples_is_refused():
-    with pytest.raises(ValueError, match="elastic=True needs on_error='raise'.*ElasticBatchSampler"):
-        IterableDataset(READER, fails_on_fives, batch_size=8, elastic=True, on_error="skip")
-    IterableDataset(READER, batch_size=8, elastic=True, on_error="skip")  # nothing to skip
+    with pytest.raises(ValueError, match=r"layout=Elastic\(\) needs Samples\(on_error='raise'\)"
+                                         ".*ElasticBatchSampler"):
+        IterableDataset(READER, fails_on_fives, batch_size=8, layout=Elastic(),
+                        samples=Samples(on_error="skip"))
+    # nothing to skip: no transforms
+    IterableDataset(READER, batch_size=8, layout=Elastic(), samples=Samples(on_error="skip"))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -150,14 +153,14 @@ def test_a_resumed_pass_of_a_dataset_that_skips_samples_is_the_rest_of_the_pass(
         return [[int(x) for x in batch["x"]] for batch in loader]
 
     def make():
-        return IterableDataset(READER, fails_on_fives, on_error="skip")
+        return IterableDataset(READER, fails_on_fives, samples=Samples(on_error="skip"))
 
     whole = labels(make())
     assert labels(make(), batches=done, batch_size=4) == whole[done:]
 
 
 def test_the_sampler_with_a_skipping_dataset_resumes_exactly():
-    dataset = Dataset(READER, fails_on_fives, on_error="skip")
+    dataset = Dataset(READER, fails_on_fives, samples=Samples(on_error="skip"))
     whole = [[int(x) for x in b["x"]] for b in DataLoader(dataset, batch_sampler=sampler())]
     first = sampler()
     loader = iter(DataLoader(dataset, batch_sampler=first))
@@ -178,7 +181,7 @@ def test_a_resume_past_a_worker_that_ran_out_for_its_failed_samples_is_refused()
     reader = ListReader([{"x": i} for i in range(20)])  # two workers: 0..9 and 10..19
 
     def batches(**resume):
-        data = IterableDataset(reader, fails_early, on_error="skip")
+        data = IterableDataset(reader, fails_early, samples=Samples(on_error="skip"))
         if resume:
             data.resume(**resume)
         return [[int(x) for x in b["x"]] for b in DataLoader(data, batch_size=4, num_workers=2)]

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from fpipe.dataset import MsgpackReader
 from fpipe.orderings import IndexShuffler
-from fpipe.torch import Dataset, IterableDataset
+from fpipe.torch import Dataset, Elastic, IterableDataset, Shards
 
 from .conftest import write_numbers
 
@@ -26,8 +26,8 @@ def test_ranks_and_workers_read_their_shards_of_the_epochs_order(tmp_path):
     for epoch in (0, 1):
         got = []
         for rank in range(2):
-            data = IterableDataset(IndexShuffler(MsgpackReader(path), seed=8), rank=rank,
-                                   world_size=2, even="pad")
+            data = IterableDataset(IndexShuffler(MsgpackReader(path), seed=8),
+                                   layout=Shards(rank=rank, world_size=2, even="pad"))
             data.set_epoch(epoch)
             got += [x for batch in DataLoader(data, batch_size=5, num_workers=2)
                     for x in batch["x"].tolist()]
@@ -50,7 +50,7 @@ def test_an_elastic_state_carries_the_order_onto_another_grid(tmp_path):
 
     def stream(rank, world_size, batch_size):
         data = IterableDataset(IndexShuffler(MsgpackReader(path), seed=8), batch_size=batch_size,
-                               rank=rank, world_size=world_size, elastic=True)
+                               layout=Elastic(rank=rank, world_size=world_size))
         data.set_epoch(2)
         return data
 

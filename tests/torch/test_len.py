@@ -8,15 +8,16 @@ import pytest
 from torch.utils.data import DataLoader
 
 from fpipe.dataset import ListReader
-from fpipe.torch import Dataset, ElasticBatchSampler, IterableDataset
+from fpipe.torch import Dataset, Elastic, ElasticBatchSampler, IterableDataset, Samples, Shards
 
 MODES = {
-    "plain": {"rank": 1, "world_size": 2},
-    "shuffle": {"rank": 1, "world_size": 2, "shuffle": True, "seed": 0, "buf_size": 4, "chunk_size": 2},
-    "even-drop": {"rank": 2, "world_size": 3, "even": "drop"},
-    "even-pad": {"rank": 2, "world_size": 3, "even": "pad"},
-    "elastic": {"rank": 1, "world_size": 2, "elastic": True},
-    "elastic-pad": {"rank": 2, "world_size": 3, "elastic": True, "even": "pad"},
+    "plain": {"layout": Shards(rank=1, world_size=2)},
+    "shuffle": {"layout": Shards(rank=1, world_size=2, shuffle=True, buffer_samples=4),
+                "samples": Samples(seed=0), "chunk_size": 2},
+    "even-drop": {"layout": Shards(rank=2, world_size=3, even="drop")},
+    "even-pad": {"layout": Shards(rank=2, world_size=3, even="pad")},
+    "elastic": {"layout": Elastic(rank=1, world_size=2)},
+    "elastic-pad": {"layout": Elastic(rank=2, world_size=3, even="pad")},
 }
 
 
@@ -52,8 +53,8 @@ def test_len_of_a_loader_over_an_iterable_dataset_is_the_batches_it_yields(mode,
 @pytest.mark.parametrize("workers", [0, 2, 3])
 @pytest.mark.parametrize("known", [True, False])
 def test_len_counts_the_batches_a_resumed_pass_has_left(workers, known):
-    dataset = IterableDataset(_reader(46), batch_size=4 if known else None, rank=1, world_size=2,
-                              shuffle=True, seed=0)
+    dataset = IterableDataset(_reader(46), batch_size=4 if known else None,
+                              layout=Shards(rank=1, world_size=2, shuffle=True), samples=Samples(seed=0))
     whole = _counted(_loader(dataset, workers, 4))
     dataset.set_epoch(0)
     dataset.resume(2, batch_size=4)
@@ -62,9 +63,10 @@ def test_len_counts_the_batches_a_resumed_pass_has_left(workers, known):
 
 def test_the_issues_loader_has_the_len_it_yields():
     # 2,000 samples, batch size 32, two workers: torch computed 63 batches, the workers made 64
-    dataset = IterableDataset(_reader(2000), shuffle=True, seed=0)
+    dataset = IterableDataset(_reader(2000), layout=Shards(shuffle=True), samples=Samples(seed=0))
     assert _counted(_loader(dataset, 2, 32)) == (64, 64)
-    cut = IterableDataset(_reader(2000), batch_size=32, shuffle=True, seed=0)
+    cut = IterableDataset(_reader(2000), batch_size=32, layout=Shards(shuffle=True),
+                          samples=Samples(seed=0))
     assert _counted(_loader(cut, 2, 32)) == (63, 63)
     assert len(dataset) == len(cut) == 2000  # asked directly: the rank's samples
 

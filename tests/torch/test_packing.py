@@ -56,12 +56,13 @@ class PackedReads(torch.utils.data.IterableDataset):
 
 def test_a_packing_stage_packs_the_shard_that_fpipe_torch_reads_in_each_worker():
     from fpipe.dataset import ListReader
-    from fpipe.torch import IterableDataset
+    from fpipe.torch import IterableDataset, Samples, Shards
 
     lengths = np.random.default_rng(1).integers(1, 30, 64)
     reader = ListReader([{"key": f"{i:03d}", "tokens": np.arange(n) + 1000 * i}
                          for i, n in enumerate(lengths)])
-    reads = IterableDataset(reader, shuffle=True, seed=0, buf_size=8, chunk_size=4)
+    reads = IterableDataset(reader, chunk_size=4, layout=Shards(shuffle=True, buffer_samples=8),
+                            samples=Samples(seed=0))
     loader = DataLoader(PackedReads(reads, 32), batch_size=2, num_workers=2,
                         persistent_workers=True)
     for epoch in range(2):

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 import fpipe
 from fpipe.dataset import ListReader
-from fpipe.torch import Compose, IterableDataset
+from fpipe.torch import Compose, IterableDataset, Samples, Shards
 
 
 class Counted:
@@ -48,8 +48,9 @@ def batches_of(data_loader) -> list[tuple]:
 
 def make(reader, shuffle: bool, even) -> IterableDataset:
     # rank 1 of 2 holds 25 samples: 12 and 13 for 2 workers, uneven batch counts for 4
-    return IterableDataset(reader, {"x": Compose(abs)}, draw, seed=5, shuffle=shuffle,
-                           buf_size=5, chunk_size=3, even=even, rank=1, world_size=2)
+    return IterableDataset(reader, {"x": Compose(abs)}, draw, chunk_size=3,
+                           layout=Shards(rank=1, world_size=2, even=even, shuffle=shuffle, buffer_samples=5),
+                           samples=Samples(seed=5))
 
 
 LOADERS = [

@@ -14,7 +14,7 @@ from toolz import pipe
 
 import fpipe
 from fpipe.dataset import ListReader, MsgpackReader
-from fpipe.torch import IterableDataset, regrid_state
+from fpipe.torch import Elastic, IterableDataset, Samples, Shards, regrid_state
 
 from .conftest import write_numbers
 
@@ -67,10 +67,11 @@ def test_a_stateful_loader_resumes_a_dataset_exactly(tmp_path, mode, workers):
     path = write_numbers(tmp_path / "numbers.msgpack", 90)
 
     def make():
-        data = IterableDataset(MsgpackReader(path), shuffle=mode == "shuffle", seed=5,
-                               even="drop" if mode == "even" else None,
-                               batch_size=4 if mode == "elastic" else None,
-                               elastic=mode == "elastic", rank=0, world_size=2 if mode == "even" else 1)
+        ranks = {"rank": 0, "world_size": 2 if mode == "even" else 1}
+        layout = Elastic(**ranks) if mode == "elastic" else Shards(
+            **ranks, even="drop" if mode == "even" else None, shuffle=mode == "shuffle")
+        data = IterableDataset(MsgpackReader(path), batch_size=4 if mode == "elastic" else None,
+                               layout=layout, samples=Samples(seed=5))
         return loader_of(data, workers, collate=lambda samples: [s["x"] for s in samples])
 
     for stop in (0, 1, 5):
@@ -83,7 +84,7 @@ def test_a_stateful_loader_resumes_a_dataset_exactly(tmp_path, mode, workers):
 def test_packing_around_an_fpipe_dataset_resumes_every_token_once_in_order(workers, elastic):
     def make():
         inner = IterableDataset(ListReader(DOCS), batch_size=4 if elastic else None,
-                                elastic=elastic)
+                                layout=Elastic() if elastic else Shards())
         return loader_of(Packed(inner), workers, collate=row_tokens)
 
     for stop in (1, 4):
@@ -93,7 +94,7 @@ def test_packing_around_an_fpipe_dataset_resumes_every_token_once_in_order(worke
 
 def test_state_dict_of_a_counted_batch_is_refused_when_a_wrapper_packs_in_the_workers():
     # the corruption of the issue: the caller counts packed batches, the dataset its own
-    ranks = [IterableDataset(ListReader(DOCS), batch_size=4, rank=r, world_size=2, elastic=True)
+    ranks = [IterableDataset(ListReader(DOCS), batch_size=4, layout=Elastic(rank=r, world_size=2))
              for r in range(2)]
     loader = torch.utils.data.DataLoader(Packed(ranks[0]), batch_size=4, num_workers=1,
                                          collate_fn=row_tokens)
@@ -105,13 +106,13 @@ def test_state_dict_of_a_counted_batch_is_refused_when_a_wrapper_packs_in_the_wo
 
 
 def test_state_dict_of_a_count_other_than_the_samples_handed_out_is_refused():
-    data = IterableDataset(ListReader(DOCS), batch_size=4, elastic=True)
+    data = IterableDataset(ListReader(DOCS), batch_size=4, layout=Elastic())
     packed = iter(Packed(data))  # in this process: nothing can tell, but the count
     for _ in range(3):
         next(packed)
     with pytest.raises(ValueError, match=r"state_dict\(batches=3\) cannot be right: 3 batches"):
         data.state_dict(batches=3)
-    plain = IterableDataset(ListReader(DOCS), batch_size=4, elastic=True)
+    plain = IterableDataset(ListReader(DOCS), batch_size=4, layout=Elastic())
     loader = torch.utils.data.DataLoader(plain, batch_size=4)
     batches = iter(loader)
     [next(batches) for _ in range(3)]
@@ -119,33 +120,33 @@ def test_state_dict_of_a_count_other_than_the_samples_handed_out_is_refused():
 
 
 def test_a_pass_state_loads_only_on_its_grid_before_the_first_item():
-    data = IterableDataset(ListReader(DOCS), rank=0, world_size=2)
+    data = IterableDataset(ListReader(DOCS), layout=Shards(rank=0, world_size=2))
     first = iter(data)
     next(first)
     state = first.state_dict()
     assert state["type"] == "IterableDatasetPass" and state["done"] == 1
     with pytest.raises(ValueError, match="before the first item"):
         first.load_state_dict(state)
-    other = IterableDataset(ListReader(DOCS), rank=0, world_size=3)
+    other = IterableDataset(ListReader(DOCS), layout=Shards(rank=0, world_size=3))
     with pytest.raises(ValueError, match="world_size=2; this one has world_size=3.*same dataset and grid"):
         iter(other).load_state_dict(state)
     with pytest.raises(ValueError, match=r"state\['done'\] must be at most"):
-        iter(IterableDataset(ListReader(DOCS), rank=0, world_size=2)).load_state_dict(
+        iter(IterableDataset(ListReader(DOCS), layout=Shards(rank=0, world_size=2))).load_state_dict(
             {**state, "done": 10 ** 6})
     with pytest.raises(ValueError, match="is no shard of epoch 0"):
-        iter(IterableDataset(ListReader(DOCS), rank=0, world_size=2)).load_state_dict(
+        iter(IterableDataset(ListReader(DOCS), layout=Shards(rank=0, world_size=2))).load_state_dict(
             {**state, "window": [1, 7]})
-    fresh = IterableDataset(ListReader(DOCS), rank=0, world_size=2)
+    fresh = IterableDataset(ListReader(DOCS), layout=Shards(rank=0, world_size=2))
     fresh.load_state_dict(state)  # the next pass of this process carries on
     assert [s["key"] for s in fresh][0] == "0001"
 
 
 def test_the_resumed_epoch_is_the_states_and_the_next_pass_reads_the_epoch_after_it():
-    data = IterableDataset(ListReader(DOCS[:12]), shuffle=True, seed=1)
+    data = IterableDataset(ListReader(DOCS[:12]), layout=Shards(shuffle=True), samples=Samples(seed=1))
     data.set_epoch(3)
     passes = iter(data)
     head = [next(passes)["key"] for _ in range(5)]
-    again = IterableDataset(ListReader(DOCS[:12]), shuffle=True, seed=1)
+    again = IterableDataset(ListReader(DOCS[:12]), layout=Shards(shuffle=True), samples=Samples(seed=1))
     again.load_state_dict(passes.state_dict())
     rest = [s["key"] for s in again]
     data.set_epoch(3)
@@ -182,8 +183,8 @@ def run_ranks(world_size: int, workers: int, make_data, stop: int | None, collat
 
 def test_an_elastic_run_moves_to_another_grid_with_every_sample_once():
     def make(rank, world_size):
-        return IterableDataset(ListReader(DOCS), batch_size=12 // world_size, rank=rank,
-                               world_size=world_size, elastic=True)
+        return IterableDataset(ListReader(DOCS), batch_size=12 // world_size,
+                               layout=Elastic(rank=rank, world_size=world_size))
 
     keys = lambda samples: [s["key"] for s in samples]  # noqa: E731
     head, states = run_ranks(2, 2, make, 3, keys)
@@ -196,8 +197,8 @@ def test_an_elastic_run_moves_to_another_grid_with_every_sample_once():
 
 def test_a_packed_run_that_holds_rows_is_refused_on_another_grid():
     def make(rank, world_size):
-        return Packed(IterableDataset(ListReader(DOCS), batch_size=12 // world_size, rank=rank,
-                                      world_size=world_size, elastic=True))
+        return Packed(IterableDataset(ListReader(DOCS), batch_size=12 // world_size,
+                                      layout=Elastic(rank=rank, world_size=world_size)))
 
     _, states = run_ranks(2, 1, make, 2, row_tokens)
     with pytest.raises(ValueError, match="hold items that another grid cannot take over"):
@@ -208,14 +209,14 @@ def test_a_packed_run_that_holds_rows_is_refused_on_another_grid():
 
 
 def make_plain(rank, world_size):
-    return IterableDataset(ListReader(DOCS), batch_size=12 // world_size, rank=rank,
-                           world_size=world_size, elastic=True)
+    return IterableDataset(ListReader(DOCS), batch_size=12 // world_size,
+                           layout=Elastic(rank=rank, world_size=world_size))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_state_of_a_shuffled_pass_is_a_few_numbers_whatever_the_samples(workers):
     big = [{"key": f"{i:05d}", "pixels": np.zeros(50_000, np.uint8)} for i in range(400)]
-    data = IterableDataset(ListReader(big), shuffle=True, seed=0)
+    data = IterableDataset(ListReader(big), layout=Shards(shuffle=True), samples=Samples(seed=0))
     loader = loader_of(data, workers)
     batches = iter(loader)
     next(batches)
@@ -232,8 +233,8 @@ def noisy(sample: dict) -> dict:
 @pytest.mark.parametrize("threads", [2, "auto"])
 def test_transforms_in_threads_give_the_same_samples_and_resume_exactly(workers, threads):
     def make(threads=threads):
-        data = IterableDataset(ListReader(DOCS), noisy, seed=3, shuffle=True, threads=threads,
-                               on_error="skip")
+        data = IterableDataset(ListReader(DOCS), noisy, layout=Shards(shuffle=True),
+                               samples=Samples(seed=3, n_threads=threads, on_error="skip"))
         return loader_of(data, workers, collate=lambda samples: [(s["key"], s["noise"])
                                                                  for s in samples])
 
@@ -244,14 +245,14 @@ def test_transforms_in_threads_give_the_same_samples_and_resume_exactly(workers,
 
 
 def test_threads_are_checked_when_the_dataset_is_built():
-    with pytest.raises(ValueError, match="threads must be an integer or 'auto'; got threads='many'"):
-        IterableDataset(ListReader(DOCS), threads="many")
-    with pytest.raises(ValueError, match="threads"):
-        IterableDataset(ListReader(DOCS), threads=0)
+    with pytest.raises(ValueError, match="n_threads must be an integer or 'auto'; got n_threads='many'"):
+        IterableDataset(ListReader(DOCS), samples=Samples(n_threads="many"))
+    with pytest.raises(ValueError, match="n_threads must be >= 1; got n_threads=0"):
+        IterableDataset(ListReader(DOCS), samples=Samples(n_threads=0))
 
 
 def test_skips_counted_from_threads_are_all_counted():
-    data = IterableDataset(ListReader(DOCS), noisy, seed=0, threads=4, on_error="skip")
+    data = IterableDataset(ListReader(DOCS), noisy, samples=Samples(seed=0, n_threads=4, on_error="skip"))
     kept = sum(1 for _ in data)
     assert kept + data.skipped == len(DOCS) and data.skipped == sum(
         1 for d in DOCS if int(d["key"]) % 17 == 5)
@@ -263,7 +264,8 @@ def test_an_abandoned_pass_stops_its_threads():
     import time
 
     before = threading.active_count()
-    passes = iter(IterableDataset(ListReader(DOCS), noisy, seed=0, threads=3, on_error="skip"))
+    passes = iter(IterableDataset(ListReader(DOCS), noisy,
+                                  samples=Samples(seed=0, n_threads=3, on_error="skip")))
     next(passes)
     assert threading.active_count() > before
     del passes
@@ -278,10 +280,11 @@ def test_an_abandoned_pass_stops_its_threads():
 @pytest.mark.parametrize("sampler", ["elastic", "shuffle"])
 def test_a_map_style_dataset_resumes_exactly_under_a_stateful_loader(workers, sampler):
     from fpipe.orderings import Shuffler
-    from fpipe.torch import Dataset, ElasticBatchSampler
+    from fpipe.torch import Dataset, ElasticBatchSampler, Samples
 
     def make():
-        data = Dataset(Shuffler(ListReader(DOCS), seed=1), noisy, seed=2, on_error="skip")
+        data = Dataset(Shuffler(ListReader(DOCS), seed=1), noisy,
+                       samples=Samples(seed=2, on_error="skip"))
         keys = lambda samples: [(s["key"], s["noise"]) for s in samples]  # noqa: E731
         if sampler == "elastic":  # its state_dict() without batches is the loader's to take
             return StatefulDataLoader(data, batch_sampler=ElasticBatchSampler(data, batch_size=8),
