@@ -103,7 +103,7 @@ class Workload:
     what: str
     setup: str  # code run in the revision: defines work(), and items, teardown() if it has them
     data: tuple[str, ...] = ()  # datasets to write first (keys of DATASETS)
-    samples: int = 3  # timed samples in each run
+    samples: int = 5  # timed samples in each run
     loops: int = 1  # calls of work() per sample
     kind: str = "throughput"  # or "time": a latency, with no items per second
 
@@ -155,29 +155,29 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("P1p", "stream", "P1 with prefetch(64): a background thread",
              _harness("bench_streaming", "P1p"), samples=5, loops=10),
     Workload("P2", "stream", "processes(2 workers), 1,024 items of 1 ms pure Python, batch 32",
-             _harness("bench_streaming", "P2")),
+             _harness("bench_streaming", "P2"), samples=3),
     Workload("P3", "stream", "threads(2 workers), 1,024 items of 1 ms numpy, batch 32",
-             _harness("bench_streaming", "P3")),
+             _harness("bench_streaming", "P3"), samples=3),
     Workload("P4", "stream", "expiration pool 1,000 x 4 over 200,000 items",
-             _harness("bench_streaming", "P4")),
+             _harness("bench_streaming", "P4"), samples=3),
     Workload("P5", "stream", "warm process workers: first batch of the next epoch (time)",
              _harness("bench_streaming", "P5"), samples=9, kind="time"),
     Workload("P1i", "Infinite", "P1 through Infinite: one epoch of 2,000 batches",
-             _harness("bench_infinite", "P1i"), samples=5),
+             _harness("bench_infinite", "P1i"), loops=3),
     Workload("P5i", "Infinite", "Infinite with Loky(2): close, first batch of the next epoch (time)",
              _harness("bench_infinite", "P5i"), samples=7, kind="time"),
     Workload("V1", "packing", "pack 5,000 lognormal sequences into rows of 2,048, best fit",
-             _harness("bench_packing", "V1"), samples=5),
+             _harness("bench_packing", "V1"), loops=5),
     Workload("S1", "dataset", "write `small` (100,000 x 1 KiB) with FileWriter",
              _harness("bench_storage", "S1")),
     Workload("S2", "dataset", "iterate `small` in file order", _harness("bench_storage", "S2"),
-             data=("small",)),
+             data=("small",), loops=3),
     Workload("S3", "dataset", "random get over `small` (100,000)", _harness("bench_storage", "S3"),
              data=("small",)),
     Workload("S4", "dataset", "random get over `large` (10,000 x 100 KiB)",
              _harness("bench_storage", "S4"), data=("large",)),
     Workload("S5", "dataset", "open + len + first get + first key lookup on `small` (time)",
-             _harness("bench_storage", "S5"), data=("small",), samples=7, loops=3, kind="time"),
+             _harness("bench_storage", "S5"), data=("small",), samples=7, loops=20, kind="time"),
     Workload("K1", "dataset", "20,000 key lookups (find_index) on `small`, warm index",
              _KEY_LOOKUPS, data=("small",)),
     Workload("S6q", "orderings", "an epoch of QuasiShuffler over `large`",
@@ -187,17 +187,17 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("X1", "formats", "iterate 10 WebDataset shards (10,000 JPEG samples)",
              _harness("bench_formats", "X1"), data=("shards",)),
     Workload("X2", "formats", "5,000 random gets over the WebDataset shards",
-             _harness("bench_formats", "X2"), data=("shards",)),
+             _harness("bench_formats", "X2"), data=("shards",), loops=3),
     Workload("X3a", "formats", "iterate a 1M-row Parquet file as dicts",
              _harness("bench_formats", "X3a"), data=("parquet",)),
     Workload("X4", "formats", "5,000 random gets over the Parquet file",
-             _harness("bench_formats", "X4", _NO_DATASETS_LIBRARY), data=("parquet",)),
+             _harness("bench_formats", "X4", _NO_DATASETS_LIBRARY), data=("parquet",), loops=3),
     Workload("X5", "formats", "iterate 100,000 TFRecord Examples", _harness("bench_formats", "X5"),
              data=("tfrecord",)),
     Workload("T1", "torch", "IterableDataset over `small`, DataLoader 2 workers, batch 256",
-             _harness("bench_torch", "T1"), data=("small",), samples=2),
+             _harness("bench_torch", "T1"), data=("small",), samples=3),
     Workload("T2", "torch", "map-style Dataset over `small`, DataLoader shuffle, 2 workers",
-             _harness("bench_torch", "T2"), data=("small",), samples=2),
+             _harness("bench_torch", "T2"), data=("small",), samples=3),
     Workload("I1u", "images", "serial: 256 photos, random resized crop 224 + flip, uint8",
              _harness("bench_images", "I1u", _IMAGES_SMALLER), data=("photos",)),
     Workload("I4u", "images", "processes(2): 512 photos, the I1u recipe, batches of 32",
@@ -568,6 +568,11 @@ def report(checkouts: dict[str, Checkout], outcomes: Sequence[Outcome], byte_lin
               "(max - min) / median of the two revisions' runs, at least "
               f"{NOISE_FLOOR:.0%}; *slower* means after/before > 1 + noise.", "", table, ""]
     lines.append(f"**Slower than the noise: {', '.join(slower) if slower else 'none'}.**")
+    lines += ["", "Each run's figure (ms), by revision:", ""]
+    for o in outcomes:
+        runs = "; ".join(f"{side} {', '.join(_ms(s) for s in o.seconds[side])}"
+                         for side in ("before", "after") if o.seconds[side])
+        lines.append(f"- {o.workload.name}: {runs}")
     if errors or notes:
         lines += ["", "Errors:", *notes, *errors]
     lines += ["", *byte_lines, ""]
