@@ -22,7 +22,8 @@ Then the byte-for-byte check: each revision writes the same samples with ``FileW
 datadings's own ``FileWriter`` writes where datadings is importable. Each revision writes
 twice, so that a file that differs between two runs of one revision is reported as such.
 
-The table is printed and written to ``benchmarks/results/revisions-<date>.md``. Datasets are
+The table is printed and written to ``benchmarks/results/revisions-<date>.md``, the figures
+beside it as ``.json`` (``--render`` that file to print the report again). Datasets are
 written into the temporary folder too, unless ``$FPIPE_BENCH_DATA`` names a folder to keep
 them in.
 """
@@ -48,7 +49,7 @@ from pathlib import Path
 from .revision_driver import MARKER
 
 __all__ = ["WORKLOADS", "Comparison", "Workload", "compare", "compare_trees", "main", "schedule",
-           "spread"]
+           "slower_pairs", "spread"]
 
 NOISE_FLOOR = 0.03  # a spread below 3 % in three runs is luck, not a steady machine
 RUN_TIMEOUT = 300.0  # seconds for one subprocess
@@ -82,6 +83,13 @@ def compare(before: Sequence[float], after: Sequence[float], floor: float = NOIS
     ratio = a / b
     verdict = "slower" if ratio > 1 + noise else "faster" if ratio < 1 / (1 + noise) else "same"
     return Comparison(b, a, ratio, noise, verdict)
+
+
+def slower_pairs(before: Sequence[float], after: Sequence[float]) -> tuple[int, int]:
+    """In how many of the pairs of runs (before[i], after[i]: the repeat i) after took longer,
+    and how many pairs there are: a steady difference smaller than the noise shows here."""
+    pairs = list(zip(before, after))
+    return sum(a > b for b, a in pairs), len(pairs)
 
 
 def schedule(names: Sequence[str], repeats: int) -> Iterator[tuple[str, int, str]]:
@@ -376,14 +384,14 @@ def _rate(items: int, seconds: float) -> str:
 def timing_table(outcomes: Sequence[Outcome]) -> tuple[str, list[str]]:
     """The markdown table of the outcomes, and the notes on errors."""
     rows = ["| workload | area | what | before ms | after ms | before items/s | after items/s "
-            "| after/before (time) | noise | verdict |",
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+            "| after/before (time) | noise | pairs after slower | verdict |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     notes = []
     for outcome in outcomes:
         load = outcome.workload
         head = f"| {load.name} | {load.area} | {load.what} |"
         if outcome.errors or not (outcome.seconds["before"] and outcome.seconds["after"]):
-            rows.append(head + " | | | | | | **error** |")
+            rows.append(head + " | | | | | | | **error** |")
             for side, error in outcome.errors.items():
                 notes.append(f"- {load.name}, {side}: `{error.strip().splitlines()[-1][:300]}`")
             continue
@@ -391,8 +399,9 @@ def timing_table(outcomes: Sequence[Outcome]) -> tuple[str, list[str]]:
         rates = ("-", "-") if load.kind == "time" else (_rate(outcome.items, c.before),
                                                        _rate(outcome.items, c.after))
         verdict = {"slower": "**slower**", "faster": "faster", "same": "same (within noise)"}[c.verdict]
+        slower, pairs = slower_pairs(outcome.seconds["before"], outcome.seconds["after"])
         rows.append(f"{head} {_ms(c.before)} | {_ms(c.after)} | {rates[0]} | {rates[1]} | "
-                    f"{c.ratio:.3f} | ±{c.noise:.1%} | {verdict} |")
+                    f"{c.ratio:.3f} | ±{c.noise:.1%} | {slower}/{pairs} | {verdict} |")
     return "\n".join(rows), notes
 
 
@@ -548,34 +557,57 @@ def byte_check(runner: Runner, checkouts: dict[str, Checkout], scratch: Path) ->
 
 # --- the report --------------------------------------------------------------------------------
 
-def report(checkouts: dict[str, Checkout], outcomes: Sequence[Outcome], byte_lines: list[str],
-           command: str, repeats: int, load_before: tuple, minutes: float, notes: list[str]) -> str:
+def record(checkouts: dict[str, Checkout], outcomes: Sequence[Outcome], byte_lines: list[str],
+           command: str, repeats: int, load_before: tuple, minutes: float, notes: list[str]) -> dict:
+    """Everything the report shows, as JSON can hold it (``--render`` makes the report again)."""
+    return {
+        "command": command, "date": time.strftime("%Y-%m-%d %H:%M %Z"), "repeats": repeats,
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
+        "load": [list(load_before), list(os.getloadavg())], "minutes": minutes, "notes": notes,
+        "checkouts": {side: {"revision": c.revision, "commit": c.commit, "subject": c.subject}
+                      for side, c in checkouts.items()},
+        "outcomes": [{"name": o.workload.name, "area": o.workload.area, "what": o.workload.what,
+                      "kind": o.workload.kind, "seconds": o.seconds, "items": o.items,
+                      "errors": o.errors} for o in outcomes],
+        "bytes": byte_lines}
+
+
+def _outcome(saved: dict) -> Outcome:
+    load = Workload(saved["name"], saved["area"], saved["what"], "", kind=saved["kind"])
+    return Outcome(load, saved["seconds"], saved["items"], saved["errors"])
+
+
+def report(run: dict) -> str:
+    """The markdown report of a run's :func:`record`."""
+    outcomes = [_outcome(saved) for saved in run["outcomes"]]
     table, errors = timing_table(outcomes)
     slower = [o.workload.name for o in outcomes if not o.errors and o.seconds["before"] and
               o.seconds["after"] and compare(o.seconds["before"], o.seconds["after"]).verdict == "slower"]
-    lines = [f"# fpipe: {checkouts['before'].commit[:7]} against {checkouts['after'].commit[:7]}", "",
-             f"`{command}` on {time.strftime('%Y-%m-%d %H:%M %Z')}: {os.cpu_count()} cores, "
-             f"{platform.machine()}, Python {platform.python_version()}; load average "
-             f"{', '.join(f'{x:.2f}' for x in load_before)} at the start, "
-             f"{', '.join(f'{x:.2f}' for x in os.getloadavg())} at the end; {minutes:.1f} minutes.", ""]
+    checkouts, (load_start, load_end) = run["checkouts"], run["load"]
+    lines = [f"# fpipe: {checkouts['before']['commit'][:7]} against {checkouts['after']['commit'][:7]}",
+             "", f"`{run['command']}` on {run['date']}: {run['machine']}; load average "
+             f"{', '.join(f'{x:.2f}' for x in load_start)} at the start, "
+             f"{', '.join(f'{x:.2f}' for x in load_end)} at the end; {run['minutes']:.1f} minutes.", ""]
     for side in ("before", "after"):
         c = checkouts[side]
-        lines.append(f"- {side}: `{c.revision}` = {c.commit[:10]} {c.subject[:100]}")
+        lines.append(f"- {side}: `{c['revision']}` = {c['commit'][:10]} {c['subject'][:100]}")
     lines += ["", f"fpipe's side of each workload (never its reference), in a new process per run, "
-              f"{repeats} runs of each revision alternating (the order swapped at each pair); a run's "
-              "figure is the median of its timed calls after one untimed call, a revision's the median "
-              "of its runs. after/before is of time (above 1: slower); noise is the larger spread "
-              "(max - min) / median of the two revisions' runs, at least "
-              f"{NOISE_FLOOR:.0%}; *slower* means after/before > 1 + noise.", "", table, ""]
+              f"{run['repeats']} runs of each revision alternating (the order swapped at each pair); a "
+              "run's figure is the median of its timed calls after one untimed call, a revision's the "
+              "median of its runs. after/before is of time (above 1: slower); noise is the larger "
+              "spread (max - min) / median of the two revisions' runs, at least "
+              f"{NOISE_FLOOR:.0%}; *slower* means after/before > 1 + noise. \"pairs after slower\" "
+              "counts the repeats in which the after run took longer than the before run next to it "
+              "(a steady difference within the noise shows there).", "", table, ""]
     lines.append(f"**Slower than the noise: {', '.join(slower) if slower else 'none'}.**")
     lines += ["", "Each run's figure (ms), by revision:", ""]
     for o in outcomes:
         runs = "; ".join(f"{side} {', '.join(_ms(s) for s in o.seconds[side])}"
                          for side in ("before", "after") if o.seconds[side])
         lines.append(f"- {o.workload.name}: {runs}")
-    if errors or notes:
-        lines += ["", "Errors:", *notes, *errors]
-    lines += ["", *byte_lines, ""]
+    if errors or run["notes"]:
+        lines += ["", "Errors:", *run["notes"], *errors]
+    lines += ["", *run["bytes"], ""]
     return "\n".join(lines)
 
 
@@ -588,19 +620,26 @@ def _on_terminate(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.revisions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", required=True, help="the earlier revision (any git revision)")
-    parser.add_argument("--after", required=True, help="the later revision (any git revision)")
+    parser.add_argument("--before", help="the earlier revision (any git revision)")
+    parser.add_argument("--after", help="the later revision (any git revision)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each revision (default 3)")
     parser.add_argument("--workloads", nargs="+", metavar="NAME", help="these workloads only "
                         f"(default all: {' '.join(WORKLOADS)})")
     parser.add_argument("--no-bytes", action="store_true", help="skip the byte-for-byte check")
     parser.add_argument("--output", help="the report (default benchmarks/results/revisions-<date>.md)")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument("--render", metavar="JSON", help="print the report of a run's saved figures "
+                        "(the .json beside its report) and exit")
     args = parser.parse_args(argv)
+    if args.render:
+        print(report(json.loads(Path(args.render).read_text())))
+        return 0
     if args.list:
         for load in WORKLOADS.values():
             print(f"{load.name:<5} {load.area:<10} {load.what}")
         return 0
+    if not (args.before and args.after):
+        parser.error("--before and --after are both needed")
     if args.repeats < 2:
         parser.error(f"--repeats must be at least 2 (the noise is their spread); got {args.repeats}")
     names = args.workloads or list(WORKLOADS)
@@ -627,12 +666,13 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"- writing the datasets: `{error.strip().splitlines()[-1]}`")
         outcomes = measure(runner, checkouts, workloads, args.repeats)
         byte_lines = [] if args.no_bytes else byte_check(runner, checkouts, scratch)
-        text = report(checkouts, outcomes, byte_lines, command, args.repeats, load_before,
-                      (time.monotonic() - began) / 60, notes)
+        run = record(checkouts, outcomes, byte_lines, command, args.repeats, load_before,
+                     (time.monotonic() - began) / 60, notes)
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
-        print(text)
-        _log(f"written to {output}")
+        output.with_suffix(".json").write_text(json.dumps(run, indent=1))
+        output.write_text(report(run))
+        print(report(run))
+        _log(f"written to {output} (and its figures to {output.with_suffix('.json')})")
         return 0
     except KeyboardInterrupt:
         _log("interrupted: removing the temporary checkouts")

@@ -217,6 +217,13 @@ def test_a_revision_is_slower_only_past_the_noise_of_its_runs():
     assert compare([1.0, 1.0, 1.0], [1.3, 1.0, 1.6]).verdict == "same"
 
 
+def test_pairs_count_the_repeats_in_which_after_took_longer():
+    from benchmarks.revisions import slower_pairs
+
+    assert slower_pairs([1.0, 2.0, 3.0], [1.5, 1.9, 3.1]) == (2, 3)
+    assert slower_pairs([], []) == (0, 0)
+
+
 def test_the_runs_alternate_and_swap_the_order_of_each_pair():
     from benchmarks.revisions import schedule
 
@@ -298,3 +305,28 @@ def test_the_driver_times_a_workload_in_a_checkout(tmp_path):
                           json.dumps(spec)], capture_output=True, text=True, check=True,
                          cwd=HERE.parent, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
     assert "no such workload" in json.loads(out.stdout.splitlines()[-1][len(MARKER):])["error"]
+
+
+def test_the_report_renders_again_from_its_saved_figures(tmp_path, capsys):
+    from pathlib import Path
+
+    from benchmarks import revisions
+
+    checkouts = {side: revisions.Checkout(side, rev, commit * 40, f"subject {side}", Path("/x"))
+                 for side, rev, commit in (("before", "v1", "a"), ("after", "HEAD", "b"))}
+    steady, noisy, broken = (revisions.Workload(name, "core", f"work {name}", "") for name in "ABC")
+    outcomes = [revisions.Outcome(steady, {"before": [1.0, 1.01, 0.99], "after": [1.5, 1.49, 1.51]}, 10),
+                revisions.Outcome(noisy, {"before": [1.0, 2.0, 1.5], "after": [1.6, 1.7, 1.8]}, 10),
+                revisions.Outcome(broken, {"before": [1.0], "after": []}, 1,
+                                  {"after": "x\nLookupError: gone"})]
+    run = revisions.record(checkouts, outcomes, ["## Byte for byte", "- all identical"], "cmd", 3,
+                           (1.0, 1.0, 1.0), 2.0, [])
+    text = revisions.report(run)
+    assert "| A | core | work A | 1000.0 | 1500.0 | 10/s | 7/s | 1.500 | ±3.0% | 3/3 | **slower** |" in text
+    assert "| B | core | work B |" in text and "| 2/3 | same (within noise) |" in text
+    assert "**error**" in text and "- C, after: `LookupError: gone`" in text
+    assert "**Slower than the noise: A.**" in text and text.rstrip().endswith("- all identical")
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps(run))
+    assert revisions.main(["--render", str(saved)]) == 0
+    assert capsys.readouterr().out.strip() == text.strip()
