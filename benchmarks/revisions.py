@@ -250,20 +250,19 @@ class Runner:
 
     def run(self, checkout: Checkout, spec: dict, timeout: float = RUN_TIMEOUT) -> dict:
         spec = {**spec, "root": str(checkout.path)}
-        self.child = subprocess.Popen([sys.executable, "-c", self.driver, json.dumps(spec)],
-                                      cwd=checkout.path, env=self.env(checkout), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
+        child = self.child = subprocess.Popen(
+            [sys.executable, "-c", self.driver, json.dumps(spec)], cwd=checkout.path,
+            env=self.env(checkout), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)  # its own session: a terminal's Ctrl-C reaches this process only
         try:
-            out, err = self.child.communicate(timeout=timeout)
+            out, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.stop()
             return {"error": f"no result within {timeout:.0f} s"}
         finally:
             self.stop()
         lines = [line for line in out.splitlines() if line.startswith(MARKER)]
         if not lines:
-            return {"error": f"exit status {self.child.returncode if self.child else '?'}: "
-                             f"{err.strip()[-2000:]}"}
+            return {"error": f"exit status {child.returncode}: {err.strip()[-2000:]}"}
         return json.loads(lines[-1][len(MARKER):])
 
     def stop(self) -> None:
