@@ -189,3 +189,144 @@ def test_o1s_hand_fused_reference_draws_as_the_fused_form():
     per_batch = functools.partial(_batch_of, lambda pair: _drawn(pair[1]))
     with pytest.raises(AssertionError, match="natural form's batches"):
         _same_batches(natural, hand(per_batch, 0), order)
+
+
+# --- benchmarks.revisions: two revisions side by side (the decision, not the timings) --------
+
+def test_spread_is_the_range_over_the_median():
+    from benchmarks.revisions import spread
+
+    assert spread([1.0, 1.1, 0.9]) == pytest.approx(0.2)
+    assert spread([2.0]) == 0.0
+    with pytest.raises(ValueError):
+        spread([])
+
+
+def test_a_revision_is_slower_only_past_the_noise_of_its_runs():
+    from benchmarks.revisions import NOISE_FLOOR, compare
+
+    steady = compare([1.00, 1.01, 0.99], [1.20, 1.21, 1.19])  # 2 % spread, 20 % slower
+    assert steady.verdict == "slower" and steady.ratio == pytest.approx(1.2)
+    assert steady.noise == pytest.approx(NOISE_FLOOR)  # the floor, above the 2 % spread
+    noisy = compare([1.0, 1.3, 0.8], [1.2, 1.25, 1.1])  # 50 % spread: 20 % is within it
+    assert noisy.verdict == "same" and noisy.noise == pytest.approx(0.5)
+    assert compare([1.0, 1.0, 1.0], [1.02, 1.02, 1.02]).verdict == "same"  # under the floor
+    faster = compare([1.0, 1.01, 0.99], [0.5, 0.51, 0.49])
+    assert faster.verdict == "faster" and faster.ratio == pytest.approx(0.5)
+    # the after side's spread counts as much as the before side's
+    assert compare([1.0, 1.0, 1.0], [1.3, 1.0, 1.6]).verdict == "same"
+
+
+def test_pairs_count_the_repeats_in_which_after_took_longer():
+    from benchmarks.revisions import slower_pairs
+
+    assert slower_pairs([1.0, 2.0, 3.0], [1.5, 1.9, 3.1]) == (2, 3)
+    assert slower_pairs([], []) == (0, 0)
+
+
+def test_the_runs_alternate_and_swap_the_order_of_each_pair():
+    from benchmarks.revisions import schedule
+
+    assert list(schedule(["A", "B"], 3)) == [
+        ("A", 0, "before"), ("A", 0, "after"), ("A", 1, "after"), ("A", 1, "before"),
+        ("A", 2, "before"), ("A", 2, "after"),
+        ("B", 0, "before"), ("B", 0, "after"), ("B", 1, "after"), ("B", 1, "before"),
+        ("B", 2, "before"), ("B", 2, "after")]
+
+
+def test_trees_compare_file_by_file(tmp_path):
+    from benchmarks.revisions import compare_trees, tree
+
+    for side, content in (("a", b"1"), ("b", b"2")):
+        (tmp_path / side / "sub").mkdir(parents=True)
+        (tmp_path / side / "same.bin").write_bytes(b"x")
+        (tmp_path / side / "sub" / "changed.bin").write_bytes(content)
+        (tmp_path / side / f"only-{side}").write_bytes(b"")
+    result = compare_trees(tree(tmp_path / "a"), tree(tmp_path / "b"))
+    assert result == {"same": ["same.bin"], "differ": ["sub/changed.bin"], "only_first": ["only-a"],
+                      "only_second": ["only-b"]}
+
+
+def test_datadings_files_compare_with_fpipe_md5_less_its_own_lines(tmp_path):
+    from benchmarks.revisions import compare_with_datadings
+
+    theirs, ours = tmp_path / "theirs", tmp_path / "ours"
+    theirs.mkdir()
+    ours.mkdir()
+    for folder in (theirs, ours):
+        (folder / "d.msgpack").write_bytes(b"data")
+    (theirs / "d.msgpack.md5").write_text("aa  d.msgpack\n")
+    (ours / "d.msgpack.md5").write_text("aa  d.msgpack\nbb  d.msgpack.key_index\n")
+    (ours / "d.msgpack.key_index").write_bytes(b"fpipe's own")
+    assert compare_with_datadings(theirs, ours) == (["d.msgpack", "d.msgpack.md5"], [])
+    (ours / "d.msgpack").write_bytes(b"other")
+    assert compare_with_datadings(theirs, ours) == (["d.msgpack.md5"], ["d.msgpack"])
+
+
+def test_the_byte_samples_are_the_same_in_every_process_and_keep_their_byte_order():
+    from benchmarks.revisions import SAMPLES_CODE, byte_samples
+
+    namespace: dict = {}
+    exec(SAMPLES_CODE, namespace)
+    first, second = byte_samples(20), namespace["byte_samples"](20)
+    assert [s["key"] for s in first] == [s["key"] for s in second]
+    assert first[1]["image"].dtype.str == ">i2" and first[1]["key"] == "k00001-\u00fc"
+    assert all(a["image"].tobytes() == b["image"].tobytes() for a, b in zip(first, second))
+
+
+def test_every_revision_workload_names_its_area_and_a_dataset_known_to_prepare():
+    from benchmarks.revisions import DATASETS, WORKLOADS
+
+    areas = {w.area for w in WORKLOADS.values()}
+    assert {"core", "stream", "Infinite", "packing", "dataset", "orderings", "formats", "torch",
+            "images"} <= areas
+    for load in WORKLOADS.values():
+        assert set(load.data) <= set(DATASETS), load.name
+        assert load.kind in ("throughput", "time") and load.samples >= 1 and load.loops >= 1
+        compile(load.setup, load.name, "exec")  # the code a revision runs at least parses
+
+
+def test_the_driver_times_a_workload_in_a_checkout(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.revisions import HERE, MARKER
+
+    spec = {"mode": "time", "root": str(HERE.parent), "samples": 2, "loops": 3,
+            "setup": "import fpipe\nwork = lambda: fpipe.compose(abs)(-1)\nitems = 7\n"}
+    out = subprocess.run([sys.executable, "-c", (HERE / "revision_driver.py").read_text(),
+                          json.dumps(spec)], capture_output=True, text=True, check=True,
+                         cwd=HERE.parent, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    result = json.loads(out.stdout.splitlines()[-1][len(MARKER):])
+    assert result["items"] == 7 and len(result["seconds"]) == 2
+    spec["setup"] = "raise RuntimeError('no such workload')"
+    out = subprocess.run([sys.executable, "-c", (HERE / "revision_driver.py").read_text(),
+                          json.dumps(spec)], capture_output=True, text=True, check=True,
+                         cwd=HERE.parent, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    assert "no such workload" in json.loads(out.stdout.splitlines()[-1][len(MARKER):])["error"]
+
+
+def test_the_report_renders_again_from_its_saved_figures(tmp_path, capsys):
+    from pathlib import Path
+
+    from benchmarks import revisions
+
+    checkouts = {side: revisions.Checkout(side, rev, commit * 40, f"subject {side}", Path("/x"))
+                 for side, rev, commit in (("before", "v1", "a"), ("after", "HEAD", "b"))}
+    steady, noisy, broken = (revisions.Workload(name, "core", f"work {name}", "") for name in "ABC")
+    outcomes = [revisions.Outcome(steady, {"before": [1.0, 1.01, 0.99], "after": [1.5, 1.49, 1.51]}, 10),
+                revisions.Outcome(noisy, {"before": [1.0, 2.0, 1.5], "after": [1.6, 1.7, 1.8]}, 10),
+                revisions.Outcome(broken, {"before": [1.0], "after": []}, 1,
+                                  {"after": "x\nLookupError: gone"})]
+    run = revisions.record(checkouts, outcomes, ["## Byte for byte", "- all identical"], "cmd", 3,
+                           (1.0, 1.0, 1.0), 2.0, [])
+    text = revisions.report(run)
+    assert "| A | core | work A | 1000.0 | 1500.0 | 10/s | 7/s | 1.500 | ±3.0% | 3/3 | **slower** |" in text
+    assert "| B | core | work B |" in text and "| 2/3 | same (within noise) |" in text
+    assert "**error**" in text and "- C, after: `LookupError: gone`" in text
+    assert "**Slower than the noise: A.**" in text and text.rstrip().endswith("- all identical")
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps(run))
+    assert revisions.main(["--render", str(saved)]) == 0
+    assert capsys.readouterr().out.strip() == text.strip()
