@@ -62,7 +62,14 @@ from fpipe.dataset.format import (
 from fpipe.dataset.format import decode_numpy as _decode_numpy
 from fpipe.dataset.format import decode_numpy_copy as _decode_numpy_copy
 from fpipe.dataset.keyindex import KeyIndex, StaleKeyIndex
-from fpipe.errors import FormatError, redacted_options
+from fpipe.errors import FormatError
+from fpipe.remote.urls import (
+    RemoteOptions,
+    check_remote,
+    is_url,
+    refuse_remote_options,
+    takes_remote,
+)
 
 __all__ = ["MsgpackReader"]
 
@@ -214,25 +221,16 @@ class _Handle:
         return FormatError(reason, path=error.path, index=error.index, offset=error.offset)
 
 
-def _remote_dataset(path: Any, **options: Any) -> Any:
+def _remote_dataset(path: Any, remote: RemoteOptions | None) -> Any:
     """A :class:`~fpipe.remote.urls.RemoteDataset` for a URL; None for a local path (which
     takes none of the remote options)."""
-    if isinstance(path, str) and "://" in path:
-        from fpipe.remote.urls import RemoteDataset, is_url
+    remote = check_remote(remote)
+    if isinstance(path, str) and "://" in path and is_url(path):
+        from fpipe.remote.urls import RemoteDataset
 
-        if is_url(path):
-            return RemoteDataset(path, **options)
-    refuse_remote_options(path, options)
+        return RemoteDataset(path, remote)
+    refuse_remote_options(path, remote)
     return None
-
-
-def refuse_remote_options(path: Any, options: dict) -> None:
-    """Raise ValueError naming the options of ``options`` that are set, which only apply to
-    URLs, for the local ``path`` (secrets redacted)."""
-    given = [f"{name}={redacted_options(value) if name == 'storage_options' else f'{value!r:.60}'}"
-             for name, value in options.items() if value is not None]
-    if given:
-        raise ValueError(f"{', '.join(given)} only apply to URLs; got the local path {path!r}")
 
 
 class MsgpackReader(Reader):
@@ -264,11 +262,11 @@ class MsgpackReader(Reader):
     FormatError, since ``len`` and the keys describe the old dataset.
 
     ``path`` may be a URL (``s3://``, ``gs://``, ``https://``, any fsspec scheme): the index
-    files are fetched once, and samples are read by range in blocks of about ``block_size``
-    bytes through a local cache of ``cache_limit`` bytes in ``cache_dir`` that the processes
-    of a machine share; ``storage_options`` go to fsspec, and ``read_ahead`` blocks are fetched
-    ahead of the order being read. See :mod:`fpipe.remote.urls` and the guide "Datasets in
-    object storage". These keywords are only for URLs.
+    files are fetched once, and samples are read by range in blocks through a local cache
+    that the processes of a machine share. ``remote=RemoteOptions(...)`` sets how (the cache's
+    folder and size in bytes, the block size, read-ahead, retries, timeout, fsspec's
+    ``storage_options``); see :class:`~fpipe.remote.urls.RemoteOptions` and the guide
+    "Datasets in object storage". They are only for URLs.
 
     >>> import os, tempfile
     >>> from fpipe.dataset import FileWriter
@@ -281,14 +279,11 @@ class MsgpackReader(Reader):
     (('b', {'key': 'b', 'n': 2}), b'\\x82\\xa3key\\xa1a\\xa1n\\x01')
     """
 
-    def __init__(self, path: PathLike, buffering: int = 0, *, storage_options: dict | None = None,
-                 cache_dir: PathLike | None = None, cache_limit: int | None = None,
-                 block_size: int | None = None, read_ahead: int | None = None,
-                 retries: int | None = None, timeout: float | None = None) -> None:
+    @takes_remote
+    def __init__(self, path: PathLike, buffering: int = 0, *,
+                 remote: RemoteOptions | None = None) -> None:
         # where the bytes come from: a local file (None) or a URL through the block cache
-        self._remote = _remote_dataset(path, storage_options=storage_options, cache_dir=cache_dir,
-                                       cache_limit=cache_limit, block_size=block_size,
-                                       read_ahead=read_ahead, retries=retries, timeout=timeout)
+        self._remote = _remote_dataset(path, remote)
         # absolute: the reader (and a copy of it in a worker) reads the same files wherever
         # the current folder is when it opens them
         self.path = Path(path).absolute() if self._remote is None else self._remote.path

@@ -38,7 +38,8 @@ from fpipe.dataset._staging import (
 )
 from fpipe.dataset.base import Reader
 from fpipe.dataset.format import PathLike, key_salt, pack_sample
-from fpipe.errors import FormatError, check_keywords, redacted_url
+from fpipe.errors import FormatError, redacted_url
+from fpipe.remote.urls import RemoteOptions, check_remote, refuse_remote_options
 
 __all__ = ["ByteSource", "KeyIndex", "ShardFiles", "SpanReader", "cached_index", "checked_spans",
            "expand_shards", "finish_export", "pending_export", "pin_index", "renamed", "same_bytes",
@@ -65,17 +66,17 @@ class _RemoteFile:
     block ``k`` standing for the handle's sample ``k``, so that the block cache, its budget,
     its locks and its read-ahead serve it as they serve a packed dataset."""
 
-    def __init__(self, url: str, options: dict) -> None:
+    def __init__(self, url: str, remote: RemoteOptions) -> None:
         from fpipe.remote.cache import Budget, dataset_folder
         from fpipe.remote.urls import Retrying, check_options
 
         self.url = url
-        self.block_size, limit, self.read_ahead, retries, timeout = _remote_settings(options)
-        self.source = Retrying(url, check_options(options.get("storage_options")), timeout, retries)
+        self.block_size, limit, self.read_ahead, retries, timeout = remote.settings
+        self.source = Retrying(url, check_options(remote.storage_options), timeout, retries)
         self.size, tag = self.source.stat()
         # the same cache for any credentials: they open the door, they do not change the data
         self.identity = f"{redacted_url(url)}\0{self.size}\0{tag}"
-        self.budget = Budget(cache_root(options.get("cache_dir")), limit)
+        self.budget = Budget(cache_root(remote.cache_dir), limit)
         self.folder = dataset_folder(self.budget.root,
                                      hashlib.sha256(self.identity.encode()).hexdigest()[:32])
 
@@ -87,25 +88,6 @@ class _RemoteFile:
         return RemoteHandle(self, offsets)
 
 
-def _remote_settings(options: dict) -> tuple[int, int, int, int, float]:
-    """``block_size``, ``cache_limit``, ``read_ahead``, ``retries`` and ``timeout`` of
-    ``options``, checked, with the defaults of :mod:`fpipe.remote.urls`."""
-    from fpipe.errors import check_integer
-    from fpipe.remote import urls as remote
-
-    def given(name: str, default: Any) -> Any:
-        return default if options.get(name) is None else options[name]
-    block_size = check_integer("block_size", given("block_size", remote.DEFAULT_BLOCK_SIZE), 1)
-    limit = check_integer("cache_limit", given("cache_limit", remote.DEFAULT_CACHE_LIMIT), 1)
-    if limit < block_size:
-        raise ValueError(f"cache_limit must hold at least one block of block_size={block_size} "
-                         f"bytes; got cache_limit={limit}")
-    return (block_size, limit,
-            check_integer("read_ahead", given("read_ahead", remote.DEFAULT_READ_AHEAD), 0),
-            check_integer("retries", given("retries", remote.DEFAULT_RETRIES), 0),
-            remote.check_timeout(given("timeout", remote.DEFAULT_TIMEOUT)))
-
-
 def cache_root(cache_dir: PathLike | None) -> Path:
     """The cache folder: ``cache_dir``, else the one datasets at URLs use."""
     if cache_dir is not None:
@@ -113,23 +95,6 @@ def cache_root(cache_dir: PathLike | None) -> Path:
     from fpipe.remote.urls import default_cache_dir
 
     return default_cache_dir()
-
-
-_REMOTE_KEYS = ("storage_options", "cache_dir", "cache_limit", "block_size", "read_ahead",
-                "retries", "timeout")
-
-
-def check_remote_options(owner: str, options: dict) -> None:
-    """A ``TypeError`` naming the first of ``options`` (the keywords a foreign reader passes
-    on to its :class:`ByteSource`) that is not an option of a URL, before any file is opened
-    or listed.
-
-    >>> check_remote_options("TarReader", {"cache_dir": None, "field": ["jpg"]})
-    Traceback (most recent call last):
-    ...
-    TypeError: TarReader got an unexpected keyword argument 'field'
-    """
-    check_keywords(owner, options, _REMOTE_KEYS)
 
 
 class ByteSource:
@@ -150,26 +115,22 @@ class ByteSource:
     _fd: int | None = None
     _pid = -1
 
-    def __init__(self, path: PathLike, **options: Any) -> None:
-        check_remote_options("ByteSource", options)
+    def __init__(self, path: PathLike, remote: RemoteOptions | None = None) -> None:
+        remote = check_remote(remote)
         location = os.fspath(path)
         # absolute, as for MsgpackReader: a worker's current folder may be another one
         self._location = location if _is_url(location) else os.path.abspath(location)
         self.path = redacted_url(self._location)
-        self.options = options
         self._remote: _RemoteFile | None = None
         self._fd: int | None = None
         self._handle: Any = None
         self._pid = -1
         if _is_url(self._location):
-            self._remote = _RemoteFile(self._location, options)
+            self._remote = _RemoteFile(self._location, remote)
             self.size, self.identity = self._remote.size, self._remote.identity
         else:
-            given = [name for name in _REMOTE_KEYS if options.get(name) is not None
-                     and name != "cache_dir"]
-            if given:
-                raise ValueError(f"{', '.join(given)} only apply to URLs; got the local path "
-                                 f"{self.path!r}")
+            # a local file's index is kept in cache_dir too
+            refuse_remote_options(self.path, remote, allowed=("cache_dir",))
             stat = _stat_file(self.path)
             self.size = stat.st_size
             # the change time too: a copy over the file (cp -p) keeps the rest

@@ -47,7 +47,6 @@ from fpipe.formats._foreign import (
     Scanner,
     SpanReader,
     cached_index,
-    check_remote_options,
     checked_spans,
     expand_shards,
     pin_index,
@@ -57,6 +56,7 @@ from fpipe.formats._foreign import (
     strings_to_arrays,
     write_shards,
 )
+from fpipe.remote.urls import RemoteOptions, check_remote, takes_remote
 
 __all__ = ["TarReader", "WebDatasetReader", "decode_field", "encode_field", "member_key",
            "write_webdataset"]
@@ -417,7 +417,7 @@ class TarReader(SpanReader):
     ``{"key": ..., <extension>: bytes, ...}``.
 
     The first open reads the tar headers (not the members' data) and keeps the index in the
-    cache folder (``cache_dir``, default that of :mod:`fpipe.remote.urls`), keyed by the
+    cache folder (``remote.cache_dir``, default that of :mod:`fpipe.remote.urls`), keyed by the
     file's path, size, modification and change times and inode; later opens check it against
     a digest of a few of the shard's headers (a few reads), and every DataLoader worker loads
     it. ``fields`` chooses the extensions to read, and a sample that lacks one raises
@@ -429,10 +429,10 @@ class TarReader(SpanReader):
     keeps the samples before it readable, and the sample it cuts raises FormatError (file,
     sample, byte offset) when it is read, as does a sample with a member name twice.
 
-    ``path`` may be a URL (``s3://``, ``https://``, any fsspec scheme): the keywords after
-    ``decode`` are those of :class:`~fpipe.dataset.reader.MsgpackReader`, and the bytes come
-    through the same block cache; building the index at a URL reads the shard once (its
-    blocks stay in the cache).
+    ``path`` may be a URL (``s3://``, ``https://``, any fsspec scheme): ``remote`` takes the
+    :class:`~fpipe.remote.urls.RemoteOptions` that :class:`~fpipe.dataset.reader.MsgpackReader`
+    takes, and the bytes come through the same block cache; building the index at a URL reads
+    the shard once (its blocks stay in the cache).
 
     >>> import os, tempfile
     >>> pattern = os.path.join(tempfile.mkdtemp(), "s-%d.tar")
@@ -446,14 +446,15 @@ class TarReader(SpanReader):
     fpipe.errors.FormatError: ...s-0.tar: sample 1 at byte 1536: sample 'b' has no field 'jpg' ...
     """
 
+    @takes_remote
     def __init__(self, path: PathLike, *, fields: Sequence[str] | None = None,
-                 decode: bool = False, **options: Any) -> None:
-        check_remote_options("TarReader", options)
+                 decode: bool = False, remote: RemoteOptions | None = None) -> None:
+        remote = check_remote(remote)
         self.decode = check_bool("decode", decode)
         self.fields = _check_fields(fields)
-        self.source = ByteSource(path, **options)
+        self.source = ByteSource(path, remote)
         index = cached_index(self.source, _INDEX_KIND, lambda: _build_tar_index(self.source),
-                             options.get("cache_dir"), self._fits)
+                             remote.cache_dir, self._fits)
         self._load(index)
 
     def _fits(self, index: dict[str, np.ndarray]) -> bool:
@@ -608,11 +609,13 @@ class WebDatasetReader(ShardedReader):
     (6, '1-1')
     """
 
+    @takes_remote
     def __init__(self, urls: Union[PathLike, Iterable[PathLike]], *,
-                 fields: Sequence[str] | None = None, decode: bool = False, **options: Any) -> None:
-        check_remote_options("WebDatasetReader", options)
-        shards = expand_shards(urls, storage_options=options.get("storage_options"))
-        super().__init__([TarReader(shard, fields=fields, decode=decode, **options)
+                 fields: Sequence[str] | None = None, decode: bool = False,
+                 remote: RemoteOptions | None = None) -> None:
+        remote = check_remote(remote)
+        shards = expand_shards(urls, storage_options=remote.storage_options)
+        super().__init__([TarReader(shard, fields=fields, decode=decode, remote=remote)
                           for shard in shards])
 
     def __repr__(self) -> str:
