@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import sys
 import threading
 import warnings
 from bisect import bisect_right
@@ -43,7 +44,6 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fpipe.dataset._keytables import HashIndex, KeyTable, read_key_table
 from fpipe.dataset._staging import missing_data_reason
 from fpipe.dataset.base import Reader
 from fpipe.dataset.format import (
@@ -61,7 +61,7 @@ from fpipe.dataset.format import (
 )
 from fpipe.dataset.format import decode_numpy as _decode_numpy
 from fpipe.dataset.format import decode_numpy_copy as _decode_numpy_copy
-from fpipe.dataset.keyindex import KeyIndex, StaleKeyIndex
+from fpipe.dataset.keyindex import KeyIndex, KeyLookup, KeyTable, StaleKeyIndex, read_key_table
 from fpipe.errors import FormatError
 from fpipe.remote.urls import (
     RemoteOptions,
@@ -300,11 +300,10 @@ class MsgpackReader(Reader):
     def _reset(self) -> None:
         self._handle: _Handle | None = None
         self._legacy_index: tuple[KeyTable, bytes] | None = None
-        self._key_table: KeyTable | KeyIndex | None = None
-        self._hash_index: HashIndex | KeyIndex | None = None
-        self._key_index: KeyIndex | bool | None = None
-        self._keys_only = False  # a key index failed a check: .key_hashes is not trusted either
-        self._bloom: BloomFilter | bool | None = None
+        # the keys: the key index, or the tables in memory (see DatasetKeys)
+        local = self._remote is None and not self._legacy  # a URL does not fetch a key index
+        self._keys = DatasetKeys(self._files, self._len, key_index=local,
+                                 legacy=self._legacy_keys if self._legacy else None)
 
     def _offsets_length(self) -> int:
         size = self._files.offsets.stat().st_size
@@ -390,106 +389,11 @@ class MsgpackReader(Reader):
             self._legacy_index = KeyTable.from_keys(keys), offsets.astype(">u8").tobytes()
         return self._legacy_index
 
-    def _on_disk(self) -> KeyIndex | None:
-        """The dataset's key index, opened once; None without one (and at a URL, which does
-        not fetch it), or when it fails its checks (then with a warning)."""
-        if self._key_index is None:
-            local = self._remote is None and not self._legacy
-            try:
-                self._key_index = (local and KeyIndex.open(self._files, self._len)) or False
-            except FormatError as error:
-                self._leave_key_index_aside(error)
-        return self._key_index or None
-
-    def _leave_key_index_aside(self, error: FormatError) -> None:
-        """Look keys up in the tables made from ``.keys`` from now on: the key index failed a
-        check (``error``), and answers from it could be wrong. The hashes are computed anew
-        from ``.keys`` (``.key_hashes`` may be as old as a damaged key index), or read from
-        ``.key_hashes`` for a stale one (the program that rewrote the keys wrote them)."""
-        self._keys_only = not isinstance(error, StaleKeyIndex)
-        where = (f"in {self._files.keys.name}, in memory" if self._keys_only else
-                 "in memory, as for a dataset without one")
-        warnings.warn(f"{error}; the key index is left aside and keys are looked up {where} "
-                      f"('fpipe index --keys {self.path}' writes it anew)", stacklevel=4)
-        if self._key_table is self._key_index:
-            self._key_table = None
-        if self._hash_index is self._key_index:
-            self._hash_index = None
-        self._key_index = False
-
-    def _asked(self, table: Callable[[], Any], question: Callable[[Any], Any]) -> Any:
-        """``question`` asked of ``table()`` (:meth:`_keys` or :meth:`_hashes`); when the key
-        index answers it with an error, asked again of the tables in memory."""
-        answering = table()
-        if answering is not self._key_index:
-            return question(answering)
-        try:
-            return question(answering)
-        except FormatError as error:
-            self._leave_key_index_aside(error)
-        return question(table())
-
-    def _keys(self) -> KeyTable | KeyIndex:
-        table = self._key_table
-        if table is None:
-            if self._on_disk() is not None:
-                table = self._on_disk()
-            elif self._legacy:
-                table = self._legacy_tables()[0]
-            elif not self._files.keys.exists():
-                raise FileNotFoundError(errno.ENOENT, "dataset keys file not found", str(self._files.keys))
-            else:
-                table = read_key_table(self._files.keys, self._len)
-            self._key_table = table
-        return table
-
-    def _hashes(self) -> HashIndex | KeyIndex:
-        index = self._hash_index
-        if index is None:
-            index = self._hash_index = self._on_disk() or self._hash_table()
-        return index
-
-    def _hash_table(self) -> HashIndex:
-        if not self._legacy and not self._keys_only and self._files.key_hashes.exists():
-            salt, hashes = read_key_hashes(self.path)
-            if len(hashes) != self._len:
-                raise FormatError(f"{len(hashes)} key hashes for {self._len} samples",
-                                  path=self._files.key_hashes)
-        else:
-            salt, hashes = self._recomputed_hashes()
-        return HashIndex(salt, hashes)
-
-    def _recomputed_hashes(self) -> tuple[bytes, np.ndarray]:
-        table = self._keys()
-        try:
-            return hash_keys(table.keys(0, len(table)))
-        except RuntimeError as error:  # the same key twice
-            keys = self._files.legacy_index if self._legacy else self._files.keys
-            raise FormatError(f"corrupt keys ({error})", path=keys) from error
-
-    def _filter(self) -> BloomFilter | None:
-        if self._bloom is None:
-            path = self._files.filter
-            try:
-                with open_regular(path) as file:
-                    data = file.read()
-            except FileNotFoundError:
-                self._bloom = False
-                return None
-            try:
-                self._bloom = BloomFilter.loads(data)
-            except ValueError as error:
-                raise FormatError(f"corrupt Bloom filter ({error})", path=path) from error
-        return self._bloom or None
+    def _legacy_keys(self) -> KeyTable:
+        return self._legacy_tables()[0]
 
     def __contains__(self, key: object) -> bool:
-        if not isinstance(key, str):
-            return False
-        if self._hash_index is None and self._on_disk() is None:
-            bloom = self._filter()
-            if bloom is not None and key not in bloom:
-                return False
-        return self._asked(self._hashes, methodcaller("find", key)) >= 0
+        return key in self._keys
 
     def find_index(self, key: Any) -> int:
         """The index of ``key`` by its salted 64-bit hash: with a few reads of the key index
@@ -510,7 +414,7 @@ class MsgpackReader(Reader):
         ...
         KeyError: 'z'
         """
-        found = self._asked(self._hashes, methodcaller("find", key)) if isinstance(key, str) else -1
+        found = self._keys.find(key)
         if found < 0:
             raise KeyError(key)
         return found
@@ -529,7 +433,7 @@ class MsgpackReader(Reader):
         >>> reader.find_key(0), reader.find_key(-1)
         ('a', 'c')
         """
-        return self._asked(self._keys, itemgetter(self._index(index)))
+        return self._keys[self._index(index)]
 
     def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
         handle = self._handle or self._open()
@@ -553,7 +457,7 @@ class MsgpackReader(Reader):
                 raise handle.changed(corrupt) or corrupt from error
         sample = memoryview(data) if raw and not copy else data
         if yield_key:
-            return self._asked(self._keys, itemgetter(index)), sample
+            return self._keys[index], sample
         return sample
 
     def _whole(self, handle: _Handle, data: bytes, index: int, start: int, stop: int) -> bytes:
@@ -594,7 +498,7 @@ class MsgpackReader(Reader):
             raise changed from error
         if not yield_key:
             return samples
-        return list(zip(self._asked(self._keys, methodcaller("keys", start, stop)), samples))
+        return list(zip(self._keys.keys(start, stop), samples))
 
     def _chunks(self, start: int, stop: int, yield_key: bool, raw: bool, copy: bool,
                 chunk_size: int) -> Iterator:
@@ -613,8 +517,7 @@ class MsgpackReader(Reader):
                     if not yield_key:
                         yield from samples
                     else:
-                        yield from zip(self._asked(self._keys, methodcaller(
-                            "keys", first + a, first + b)), samples)
+                        yield from zip(self._keys.keys(first + a, first + b), samples)
                 except FormatError as error:
                     changed = handle.changed(error)
                     if changed is None:
@@ -690,6 +593,144 @@ class MsgpackReader(Reader):
                    if self._remote is None or path != self._files.key_index]
         listed = [path for path in fetched if path.name in entries]
         return all(path.exists() and md5_file(path, read_size) == entries[path.name] for path in listed)
+
+
+class DatasetKeys:
+    """The key lookup of a packed dataset (a :class:`~fpipe.dataset.keyindex.KeyLookup`): its key
+    index where it has one (``key_index``: a local dataset that is not legacy), else a
+    :class:`~fpipe.dataset.keyindex.KeyTable` that loads ``.keys`` (or the legacy ``.index``,
+    from ``legacy``) when a key is asked for, and ``.key_hashes`` (recomputed from the keys
+    where it is missing) when an index is. A key index that fails a check is left aside with a
+    warning, and the question asked again of the table. While no lookup table is open, ``in``
+    asks the Bloom filter ``.filter`` first (a key that is not there costs no table).
+
+    >>> import os, tempfile
+    >>> from fpipe.dataset import FileWriter
+    >>> from fpipe.dataset.format import DatasetFiles
+    >>> path = os.path.join(tempfile.mkdtemp(), "pets.msgpack")
+    >>> with FileWriter(path) as writer:
+    ...     for key in ("cat", "dog"):
+    ...         writer.write({"key": key})
+    >>> keys = DatasetKeys(DatasetFiles(path), 2, key_index=False)
+    >>> "dog" in keys, keys.find("cow"), keys[0], keys.keys(0, 2)
+    (True, -1, 'cat', ['cat', 'dog'])
+    """
+
+    def __init__(self, files: DatasetFiles, n: int, *, key_index: bool = True,
+                 legacy: Callable[[], KeyTable] | None = None) -> None:
+        self._files, self._n, self._legacy = files, n, legacy
+        self._index: KeyIndex | bool | None = None if key_index else False
+        self._table: KeyTable | None = None
+        self._keys_only = False  # a key index failed a check: .key_hashes is not trusted either
+        self._bloom: BloomFilter | bool | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: int) -> str:
+        return self._asked(itemgetter(index))
+
+    def keys(self, start: int, stop: int) -> list[str]:
+        return self._asked(methodcaller("keys", start, stop))
+
+    def find(self, key: Any) -> int:
+        return self._asked(methodcaller("find", key)) if isinstance(key, str) else -1
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        if self._on_disk() is None and not (self._table is not None and self._table.hashed):
+            bloom = self._filter()
+            if bloom is not None and key not in bloom:
+                return False
+        return self.find(key) >= 0
+
+    def _asked(self, question: Callable[[KeyLookup], Any]) -> Any:
+        """``question`` asked of the key index, or of the table in memory; when the key index
+        answers it with an error, asked again of the table."""
+        index = self._on_disk()
+        if index is not None:
+            try:
+                return question(index)
+            except FormatError as error:
+                self._leave_key_index_aside(error)
+        return question(self._memory())
+
+    def _on_disk(self) -> KeyIndex | None:
+        """The dataset's key index, opened once; None without one, or when it fails its
+        checks (then with a warning)."""
+        if self._index is None:
+            try:
+                self._index = KeyIndex.open(self._files, self._n) or False
+            except FormatError as error:
+                self._leave_key_index_aside(error)
+        return self._index or None
+
+    def _leave_key_index_aside(self, error: FormatError) -> None:
+        """Look keys up in the table made from ``.keys`` from now on: the key index failed a
+        check (``error``), and answers from it could be wrong. The hashes are computed anew
+        from ``.keys`` (``.key_hashes`` may be as old as a damaged key index), or read from
+        ``.key_hashes`` for a stale one (the program that rewrote the keys wrote them)."""
+        self._keys_only = not isinstance(error, StaleKeyIndex)
+        where = (f"in {self._files.keys.name}, in memory" if self._keys_only else
+                 "in memory, as for a dataset without one")
+        warnings.warn(f"{error}; the key index is left aside and keys are looked up {where} "
+                      f"('fpipe index --keys {self._files.data}' writes it anew)",
+                      stacklevel=_caller_level())
+        self._index = False
+
+    def _memory(self) -> KeyTable:
+        if self._table is None:
+            self._table = KeyTable(load=self._load_keys, hashes=self._load_hashes)
+        return self._table
+
+    def _load_keys(self) -> KeyTable:
+        if self._legacy is not None:
+            return self._legacy()
+        if not self._files.keys.exists():
+            raise FileNotFoundError(errno.ENOENT, "dataset keys file not found", str(self._files.keys))
+        return read_key_table(self._files.keys, self._n)
+
+    def _load_hashes(self) -> tuple[bytes, np.ndarray]:
+        if self._legacy is None and not self._keys_only and self._files.key_hashes.exists():
+            salt, hashes = read_key_hashes(self._files.data)
+            if len(hashes) != self._n:
+                raise FormatError(f"{len(hashes)} key hashes for {self._n} samples",
+                                  path=self._files.key_hashes)
+            return salt, hashes
+        table = self._memory()
+        try:
+            return hash_keys(table.keys(0, len(table)))
+        except RuntimeError as error:  # the same key twice
+            keys = self._files.legacy_index if self._legacy is not None else self._files.keys
+            raise FormatError(f"corrupt keys ({error})", path=keys) from error
+
+    def _filter(self) -> BloomFilter | None:
+        if self._bloom is None:
+            path = self._files.filter
+            try:
+                with open_regular(path) as file:
+                    data = file.read()
+            except FileNotFoundError:
+                self._bloom = False
+                return None
+            try:
+                self._bloom = BloomFilter.loads(data)
+            except ValueError as error:
+                raise FormatError(f"corrupt Bloom filter ({error})", path=path) from error
+        return self._bloom or None
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of a warning that names the first caller outside this package (the
+    user's line), from the function that calls this one."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _block(handle: _Handle, start: int, stop: int, kept: bool, scratch: _Buffer | None) -> Any:

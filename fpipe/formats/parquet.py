@@ -41,11 +41,11 @@ import numpy as np
 
 from fpipe.dataset.base import Reader
 from fpipe.dataset.format import PathLike, pack_sample
+from fpipe.dataset.keyindex import KeyTable
 from fpipe.dataset.sharded import ShardedReader
 from fpipe.errors import FormatError, check_integer
 from fpipe.formats._foreign import (
     ByteSource,
-    KeyIndex,
     expand_shards,
     numbered_index,
     numbered_keys,
@@ -106,7 +106,7 @@ class _ArrowReader(Reader):
         self._held = 0
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._keys: KeyIndex | None = None
+        self._keys: KeyTable | None = None
         self._keys_damaged: FormatError | None = None  # why the key index cannot be built
 
     def __getstate__(self) -> dict:
@@ -271,7 +271,7 @@ class _ArrowReader(Reader):
 
     # --- keys ------------------------------------------------------------------------------
 
-    def _key_index(self) -> KeyIndex:
+    def _key_index(self) -> KeyTable:
         """The keys of every row, read once; the FormatError of a part whose keys do not
         read (raised again at each call, without reading the file again)."""
         if self._keys_damaged is not None:
@@ -287,7 +287,7 @@ class _ArrowReader(Reader):
             except FormatError as error:
                 self._keys_damaged = error
                 raise
-            self._keys = KeyIndex(np.concatenate([np.zeros(0, np.uint8), *blobs]),
+            self._keys = KeyTable(np.concatenate([np.zeros(0, np.uint8), *blobs]),
                                   np.concatenate([np.zeros(0, np.int64), *ends]))
         return self._keys
 
@@ -311,7 +311,7 @@ class _ArrowReader(Reader):
         if self._key_column is None:
             return numbered_keys(self.source.name, start, stop)
         try:
-            return self._key_index().slice(start, stop)
+            return self._key_index().keys(start, stop)
         except FormatError:  # a part's keys are damaged: those of the others still read
             return self._keys_between(start, stop)
 

@@ -39,11 +39,11 @@ import msgpack
 import numpy as np
 
 from fpipe.dataset.format import PathLike, pack_sample
+from fpipe.dataset.keyindex import KeyTable
 from fpipe.dataset.sharded import ShardedReader
 from fpipe.errors import FormatError, check_bool
 from fpipe.formats._foreign import (
     ByteSource,
-    KeyIndex,
     Scanner,
     SpanReader,
     cached_index,
@@ -474,7 +474,7 @@ class TarReader(SpanReader):
     def _load(self, index: dict[str, np.ndarray]) -> None:
         offsets, sizes, first = index["offsets"], index["sizes"], index["first"]
         starts, stops = index["starts"], index["stops"]
-        self._keys = KeyIndex(index["key_blob"], index["key_ends"])
+        self._keys = KeyTable(index["key_blob"], index["key_ends"])
         self._first, self._offsets, self._sizes = first, offsets, sizes
         self._inline_at, self._inline = index["inline_at"], index["inline_blob"].tobytes()
         self._names, self._codes = _coded(strings_from_arrays(index["ext_blob"], index["ext_ends"]))
