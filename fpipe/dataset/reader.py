@@ -233,8 +233,155 @@ def _remote_dataset(path: Any, remote: RemoteOptions | None) -> Any:
     return None
 
 
+class _LegacyIndex:
+    """A dataset's legacy ``.index`` (its keys and offsets in one msgpack map), read once, when
+    the first of them is needed: the byte source wants the offsets, the key lookup the keys."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._read: tuple[KeyTable, bytes] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "_read": None}
+
+    def _tables(self) -> tuple[KeyTable, bytes]:
+        if self._read is None:
+            keys, offsets = read_legacy_index(self.path)
+            self._read = KeyTable.from_keys(keys), offsets.astype(">u8").tobytes()
+        return self._read
+
+    def keys(self) -> KeyTable:
+        return self._tables()[0]
+
+    def offsets(self) -> bytes:
+        return self._tables()[1]
+
+
+class DatasetBytes:
+    """The byte source of a packed dataset: where the samples' bytes come from, a local data
+    file (read with ``os.pread``) or a URL (through the block cache of :mod:`fpipe.remote`),
+    and what ``len`` and the offsets say of them. :meth:`open` gives the open view that reads
+    them (a :class:`_Handle`, or a :class:`~fpipe.remote.cache.RemoteHandle`), after checking
+    that the files are still those it found when it was made. It pickles by its settings.
+    :class:`MsgpackReader` is this and a :class:`DatasetKeys`.
+
+    >>> import os, tempfile
+    >>> from fpipe.dataset import FileWriter
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+    >>> with FileWriter(path) as writer:
+    ...     writer.write({"key": "a"})
+    >>> source = DatasetBytes(path)
+    >>> source.n, source.url, source.open().read(0, 1)
+    (1, None, b'\x81')
+    """
+
+    def __init__(self, path: PathLike, remote: RemoteOptions | None = None) -> None:
+        # a local file (None) or a URL through the block cache
+        self.remote = _remote_dataset(path, remote)
+        # absolute: the reader (and a copy of it in a worker) reads the same files wherever
+        # the current folder is when it opens them
+        self.path = Path(path).absolute() if self.remote is None else self.remote.path
+        self.files = DatasetFiles(self.path)
+        if self.remote is None and self.path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, _folder_message(self.path), str(self.path))
+        if self.remote is None and not self.path.is_file():
+            raise FileNotFoundError(errno.ENOENT, missing_data_reason(self.path), str(self.path))
+        self.identity = None if self.remote else _identity(os.stat(self.path))
+        self.legacy = _LegacyIndex(self.path) if not self.files.offsets.exists() else None
+        self.n = self._legacy_length() if self.legacy is not None else self._offsets_length()
+
+    @property
+    def url(self) -> str | None:
+        """The URL of the data file, or None for a local file."""
+        return self.remote.url if self.remote is not None else None
+
+    @property
+    def shown(self) -> str:
+        """The URL, or the path, as messages show it."""
+        return self.remote.url if self.remote is not None else str(self.path)
+
+    @property
+    def has_key_index(self) -> bool:
+        """Whether the dataset's key index may be there: a local dataset that is not legacy (a
+        URL does not fetch it)."""
+        return self.remote is None and self.legacy is None
+
+    @property
+    def read_ahead(self) -> int:
+        """The blocks fetched ahead of the order being read (0 for a local file)."""
+        return self.remote.read_ahead if self.remote is not None else 0
+
+    def _offsets_length(self) -> int:
+        size = self.files.offsets.stat().st_size
+        if size < 8 or size % 8:
+            raise FormatError(f"an offsets file holds n + 1 uint64; got {size} bytes",
+                              path=self.files.offsets)
+        return size // 8 - 1
+
+    def _legacy_length(self) -> int:
+        index = self.files.legacy_index
+        if not index.exists():
+            raise FileNotFoundError(errno.ENOENT, "dataset index not found: need "
+                                    f"{self.files.offsets.name} or {index.name}", str(self.files.offsets))
+        with open_regular(index) as file:
+            try:
+                return msgpack.Unpacker(file, read_size=16).read_map_header()
+            except (msgpack.OutOfData, *DECODE_ERRORS) as error:
+                raise FormatError(f"corrupt legacy index ({error})", path=index) from error
+
+    def open(self) -> _Handle:
+        """An open view of the samples' bytes: the data file and its offsets."""
+        if self.remote is not None:
+            # the offsets file is a cached copy, fetched and checked once, in memory like a local one's
+            return self.remote.handle(self.files.offsets.read_bytes())
+        handle = _Handle(self.files, self.legacy.offsets() if self.legacy is not None else None)
+        # what len() and the keys describe must be what the handle reads: a dataset replaced
+        # or rewritten since this reader was made (or pickled) is another dataset
+        if _identity(handle.opened) != self.identity:
+            raise FormatError("the data file changed since the reader was made (it was replaced "
+                              "or rewritten); make a new reader", path=self.path)
+        if handle.offsets_size != 8 * (self.n + 1) and self.legacy is None:
+            raise FormatError(f"the offsets file changed since the reader was made ({self.n} "
+                              f"samples then, {handle.offsets_size} bytes now); make a new reader",
+                              path=self.files.offsets)
+        return handle
+
+    def blocks(self, handle: Any) -> np.ndarray:
+        """The bounds of the blocks of the cache of a URL's ``handle``: a block holds the
+        samples that begin in it."""
+        starts = np.frombuffer(handle.offsets, dtype=">u8")[:-1]
+        edges = np.arange(0, max(1, handle.size), handle.block_size, dtype=np.uint64)
+        firsts = np.searchsorted(starts, edges).astype(np.int64)
+        return np.unique(np.concatenate((firsts, [0, handle.n])))
+
+    def verify_data(self, handle: Any, read_size: int, progress: bool) -> bool:
+        """Whether the data file matches its ``.md5`` entry and ends where the last sample of
+        ``handle`` (one that :meth:`open` gave) ends."""
+        expected = read_md5(self.path).get(self.path.name)
+        if expected is None:
+            raise FormatError(f"the md5 file has no entry for {self.path.name}", path=self.files.md5)
+        last = handle.offsets_between(self.n, self.n, self.path)[0]
+        if self.remote is not None:
+            return last == handle.size and self.remote.verify_data(expected, read_size, progress)
+        return last == os.stat(self.path).st_size and md5_file(self.path, read_size, progress) == expected
+
+    def verify_index(self, read_size: int) -> bool:
+        """Whether every index file that ``.md5`` lists exists and matches its checksum."""
+        entries = read_md5(self.path)
+        # a reader at a URL fetches no key index: it looks keys up in memory
+        fetched = [path for path in self.files.index_files + (self.files.legacy_index,)
+                   if self.remote is None or path != self.files.key_index]
+        listed = [path for path in fetched if path.name in entries]
+        return all(path.exists() and md5_file(path, read_size) == entries[path.name] for path in listed)
+
+
 class MsgpackReader(Reader):
     """Read a packed dataset (datadings's format) by index, by key, or in order.
+
+    A reader is two halves and the decoding between them: a :class:`DatasetBytes` (the bytes of
+    sample ``i``, from a local file or a URL) and a :class:`DatasetKeys` (the key lookup: the
+    key index, or the keys in memory). Its API is datadings's ``MsgpackReader(path,
+    buffering=0)``, which ported code calls unchanged.
 
     Opening costs a few ``stat`` calls. The first ``get`` reads the offsets into memory (8 bytes
     a sample; an offsets file over 64 MiB stays on disk and each ``get`` reads its two), and
@@ -282,57 +429,26 @@ class MsgpackReader(Reader):
     @takes_remote
     def __init__(self, path: PathLike, buffering: int = 0, *,
                  remote: RemoteOptions | None = None) -> None:
-        # where the bytes come from: a local file (None) or a URL through the block cache
-        self._remote = _remote_dataset(path, remote)
-        # absolute: the reader (and a copy of it in a worker) reads the same files wherever
-        # the current folder is when it opens them
-        self.path = Path(path).absolute() if self._remote is None else self._remote.path
-        self._files = DatasetFiles(self.path)
-        if self._remote is None and self.path.is_dir():
-            raise IsADirectoryError(errno.EISDIR, _folder_message(self.path), str(self.path))
-        if self._remote is None and not self.path.is_file():
-            raise FileNotFoundError(errno.ENOENT, missing_data_reason(self.path), str(self.path))
-        self._identity = None if self._remote else _identity(os.stat(self.path))
-        self._legacy = not self._files.offsets.exists()
-        self._len = self._legacy_length() if self._legacy else self._offsets_length()
+        # where the bytes come from, and how keys are looked up: the two halves of a reader
+        self._bytes = DatasetBytes(path, remote)
+        self.path, self._files, self._len = self._bytes.path, self._bytes.files, self._bytes.n
         self._reset()
 
     def _reset(self) -> None:
-        self._handle: _Handle | None = None
-        self._legacy_index: tuple[KeyTable, bytes] | None = None
-        # the keys: the key index, or the tables in memory (see DatasetKeys)
-        local = self._remote is None and not self._legacy  # a URL does not fetch a key index
-        self._keys = DatasetKeys(self._files, self._len, key_index=local,
-                                 legacy=self._legacy_keys if self._legacy else None)
-
-    def _offsets_length(self) -> int:
-        size = self._files.offsets.stat().st_size
-        if size < 8 or size % 8:
-            raise FormatError(f"an offsets file holds n + 1 uint64; got {size} bytes",
-                              path=self._files.offsets)
-        return size // 8 - 1
-
-    def _legacy_length(self) -> int:
-        index = self._files.legacy_index
-        if not index.exists():
-            raise FileNotFoundError(errno.ENOENT, "dataset index not found: need "
-                                    f"{self._files.offsets.name} or {index.name}", str(self._files.offsets))
-        with open_regular(index) as file:
-            try:
-                return msgpack.Unpacker(file, read_size=16).read_map_header()
-            except (msgpack.OutOfData, *DECODE_ERRORS) as error:
-                raise FormatError(f"corrupt legacy index ({error})", path=index) from error
+        self._handle: _Handle | None = None  # the open files, while the reader has them
+        legacy = self._bytes.legacy
+        self._keys = DatasetKeys(self._files, self._len, key_index=self._bytes.has_key_index,
+                                 legacy=legacy.keys if legacy is not None else None)
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "_files": self._files, "_legacy": self._legacy, "_len": self._len,
-                "_identity": self._identity, "_remote": self._remote}
+        return {"path": self.path, "_files": self._files, "_len": self._len, "_bytes": self._bytes}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
 
     def __repr__(self) -> str:
-        return f"MsgpackReader({self._remote.url if self._remote else str(self.path)!r})"
+        return f"MsgpackReader({self._bytes.shown!r})"
 
     def __len__(self) -> int:
         return self._len
@@ -340,7 +456,7 @@ class MsgpackReader(Reader):
     @property
     def url(self) -> str | None:
         """The URL the reader reads, or None for a local file (then ``path`` is the file)."""
-        return self._remote.url if self._remote is not None else None
+        return self._bytes.url
 
     @property
     def blocks(self) -> np.ndarray | None:
@@ -348,13 +464,9 @@ class MsgpackReader(Reader):
         bounds of the blocks of the cache (a random sample costs a block's fetch), so that
         ``shuffle=True`` fetches each block once an epoch (see
         :class:`~fpipe.dataset.base.Reader`)."""
-        if self._remote is None:
+        if self._bytes.remote is None:
             return None
-        handle = self._handle or self._open()  # a block holds the samples that begin in it
-        starts = np.frombuffer(handle.offsets, dtype=">u8")[:-1]
-        edges = np.arange(0, max(1, handle.size), handle.block_size, dtype=np.uint64)
-        firsts = np.searchsorted(starts, edges).astype(np.int64)
-        return np.unique(np.concatenate((firsts, [0, handle.n])))
+        return self._bytes.blocks(self._handle or self._open())
 
     def close(self) -> None:
         """Let go of the open files (running iterators keep theirs); reopened when needed."""
@@ -365,32 +477,8 @@ class MsgpackReader(Reader):
         self.close()
 
     def _open(self) -> _Handle:
-        if self._remote is not None:
-            # the offsets file is a cached copy, fetched and checked once, in memory like a local one's
-            handle = self._handle = self._remote.handle(self._files.offsets.read_bytes())
-            return handle
-        legacy = self._legacy_tables()[1] if self._legacy else None
-        handle = _Handle(self._files, legacy)
-        # what len() and the keys describe must be what the handle reads: a dataset replaced
-        # or rewritten since this reader was made (or pickled) is another dataset
-        if _identity(handle.opened) != self._identity:
-            raise FormatError("the data file changed since the reader was made (it was replaced "
-                              "or rewritten); make a new reader", path=self.path)
-        if handle.offsets_size != 8 * (self._len + 1) and not self._legacy:
-            raise FormatError(f"the offsets file changed since the reader was made ({self._len} "
-                              f"samples then, {handle.offsets_size} bytes now); make a new reader",
-                              path=self._files.offsets)
-        self._handle = handle
+        handle = self._handle = self._bytes.open()
         return handle
-
-    def _legacy_tables(self) -> tuple[KeyTable, bytes]:
-        if self._legacy_index is None:
-            keys, offsets = read_legacy_index(self.path)
-            self._legacy_index = KeyTable.from_keys(keys), offsets.astype(">u8").tobytes()
-        return self._legacy_index
-
-    def _legacy_keys(self) -> KeyTable:
-        return self._legacy_tables()[0]
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys
@@ -555,19 +643,12 @@ class MsgpackReader(Reader):
         >>> reader.verify_data()
         False
         """
-        expected = read_md5(self.path).get(self.path.name)
-        if expected is None:
-            raise FormatError(f"the md5 file has no entry for {self.path.name}", path=self._files.md5)
-        handle = self._handle or self._open()
-        last = handle.offsets_between(self._len, self._len, self.path)[0]
-        if self._remote is not None:
-            return last == handle.size and self._remote.verify_data(expected, read_size, progress)
-        return last == os.stat(self.path).st_size and md5_file(self.path, read_size, progress) == expected
+        return self._bytes.verify_data(self._handle or self._open(), read_size, progress)
 
     def prefetch(self, indices: Sequence[int]) -> None:
         """Fetch in the background the blocks that samples ``indices`` need, in that order
         (a reader at a URL; nothing to do for a local file). Orderings call it."""
-        if self._remote is not None and self._remote.read_ahead:
+        if self._bytes.read_ahead:
             (self._handle or self._open()).prefetch(indices)
 
     def verify_index(self, read_size: int = 512 * 1024) -> bool:
@@ -587,12 +668,7 @@ class MsgpackReader(Reader):
         >>> reader.verify_index()
         False
         """
-        entries = read_md5(self.path)
-        # a reader at a URL fetches no key index: it looks keys up in memory
-        fetched = [path for path in self._files.index_files + (self._files.legacy_index,)
-                   if self._remote is None or path != self._files.key_index]
-        listed = [path for path in fetched if path.name in entries]
-        return all(path.exists() and md5_file(path, read_size) == entries[path.name] for path in listed)
+        return self._bytes.verify_index(read_size)
 
 
 class DatasetKeys:

@@ -75,7 +75,7 @@ def test_user_and_password_in_an_http_url_log_in(guarded, cache):
     reader = MsgpackReader(guarded_url(guarded), remote=RemoteOptions(cache_dir=cache, block_size=BLOCK))
     assert reader.get(3) == sample(3) and reader.verify_data()
     assert reader.url == guarded_url(guarded, "***") and repr(reader) == f"MsgpackReader({reader.url!r})"
-    assert shows_no_secret(repr(reader), repr(reader._remote), repr(reader._remote.source))
+    assert shows_no_secret(repr(reader), repr(reader._bytes.remote), repr(reader._bytes.remote.source))
 
 
 def test_wrong_credentials_are_one_refusal_that_shows_them_not(guarded, cache):

@@ -107,7 +107,7 @@ def test_a_presigned_dataset_reads_its_side_files_from_their_own_objects(presign
     assert {"/train.msgpack.offsets", "/train.msgpack.md5", "/train.msgpack.key_hashes"} <= set(
         presigned.paths)
     assert not any("?" in path or "X-Amz" in path for path in presigned.paths)
-    assert shows_no_secret(repr(reader), reader.url, repr(reader._remote.source))
+    assert shows_no_secret(repr(reader), reader.url, repr(reader._bytes.remote.source))
 
 
 def test_refused_and_missing_presigned_objects_show_no_secret(presigned, cache):

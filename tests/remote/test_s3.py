@@ -41,7 +41,7 @@ def test_a_sharded_reader_globs_an_s3_pattern(s3, cache):
     shards = ShardedReader("s3://data/*.msgpack",
                            remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=cache,
                                                 block_size=BLOCK))
-    assert [r._remote.url for r in shards.readers] == ["s3://data/shard-1.msgpack",
+    assert [r.url for r in shards.readers] == ["s3://data/shard-1.msgpack",
                                                        "s3://data/train.msgpack"]
     assert len(shards) == N + 500 and shards.get(500) == sample(0)
 
