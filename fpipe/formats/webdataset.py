@@ -205,7 +205,7 @@ def _header_name(header: bytes) -> str:
     return name.decode("utf-8", "surrogateescape")
 
 
-class _Scan:
+class _TarScan:
     """A pass over a tar file's headers: the regular-file ``members``, and where and why the
     pass stopped early (``stopped_at`` None when it reached the end of the archive cleanly);
     ``cut`` is the name of the member that the damage cuts, when it is known."""
@@ -219,11 +219,11 @@ class _Scan:
         self.long_name: str | None = None
         self.pax: dict[str, str] = {}
 
-    def stop(self, position: int, reason: str, cut: str | None = None) -> _Scan:
+    def stop(self, position: int, reason: str, cut: str | None = None) -> _TarScan:
         self.stopped_at, self.reason, self.cut = position, reason, cut
         return self
 
-    def run(self) -> _Scan:
+    def run(self) -> _TarScan:
         position, size = 0, self.source.size
         while position + _BLOCK <= size:
             header = self.scanner.take(position, position + _BLOCK)
@@ -304,7 +304,7 @@ class _Scan:
         self.inline_left -= length
         return self.scanner.take(start, start + length)
 
-    def _end(self, position: int) -> _Scan:
+    def _end(self, position: int) -> _TarScan:
         """The zero block at ``position`` ends the archive if a second one (or the end of the
         file) follows it; one with a header after it is a header that was zeroed, and the
         members after it would be lost (tarfile ends there without a word)."""
@@ -314,7 +314,7 @@ class _Scan:
                                        "it: a damaged header, not the end of the archive")
         return self
 
-    def _tail(self, position: int) -> _Scan:
+    def _tail(self, position: int) -> _TarScan:
         """The end of a file that ran out before the end-of-archive blocks."""
         size = self.source.size
         rest = self.source.read(position, size)
@@ -346,7 +346,7 @@ def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
     """The index of a shard: its samples' keys, and for each member (sample after sample)
     its extension, offset and size, and where its data is in ``inline_blob`` (-1: not
     there, read it from the file)."""
-    scan = _Scan(source).run()
+    scan = _TarScan(source).run()
     if scan.stopped_at == 0 and not scan.members:  # nothing to read: say so at once
         reason = scan.reason if scan.reason.startswith("truncated") else \
             f"not a tar file ({scan.reason})"
@@ -393,7 +393,7 @@ def _checked_spans(offsets: np.ndarray, sizes: np.ndarray, size: int) -> np.ndar
     return checked_spans(size, _BLOCK, offsets - _BLOCK, offsets + np.minimum(sizes, _BLOCK))
 
 
-def _with_damage(scan: _Scan, source: ByteSource, keys: list, starts: np.ndarray,
+def _with_damage(scan: _TarScan, source: ByteSource, keys: list, starts: np.ndarray,
                  stops: np.ndarray, first: list) -> tuple:
     """The sample that the damage cuts: the last one if the cut member belongs to it (or the
     cut member is unknown: then the last sample may lack members, and is not handed out as
