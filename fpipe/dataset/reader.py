@@ -704,13 +704,19 @@ class DatasetKeys:
         return self._n
 
     def __getitem__(self, index: int) -> str:
+        if self._index is False:  # no key index: the table answers alone
+            return (self._table if self._table is not None else self._memory())[index]
         return self._asked(itemgetter(index))
 
     def keys(self, start: int, stop: int) -> list[str]:
         return self._asked(methodcaller("keys", start, stop))
 
     def find(self, key: Any) -> int:
-        return self._asked(methodcaller("find", key)) if isinstance(key, str) else -1
+        if not isinstance(key, str):
+            return -1
+        if self._index is False:
+            return (self._table if self._table is not None else self._memory()).find(key)
+        return self._asked(methodcaller("find", key))
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
