@@ -32,6 +32,7 @@ import numpy as np
 from fpipe.dataset import FileWriter, MsgpackReader
 from fpipe.formats import ParquetFileReader, ParquetReader, TFRecordFileReader, WebDatasetReader
 from fpipe.orderings import QuasiShuffler, Range
+from fpipe.remote import RemoteOptions
 
 from . import data
 from .harness import Pair, Value, workload
@@ -129,7 +130,7 @@ def iterate_shards() -> Pair:
     import webdataset
 
     paths, cache = shard_paths(), _cache()
-    ours = WebDatasetReader(paths, cache_dir=cache)
+    ours = WebDatasetReader(paths, remote=RemoteOptions(cache_dir=cache))
 
     def theirs() -> int:
         return _drain(webdataset.WebDataset(paths, shardshuffle=False))
@@ -143,7 +144,7 @@ def random_get_shards() -> Pair:
     import wids
 
     paths, cache = shard_paths(), _cache()
-    ours = WebDatasetReader(paths, cache_dir=cache)
+    ours = WebDatasetReader(paths, remote=RemoteOptions(cache_dir=cache))
     spec = [{"url": path, "nsamples": _PER_SHARD} for path in paths]
     theirs = wids.ShardListDataset(spec, cache_dir=os.path.join(cache, "wids"), transformations=[])
     order = np.random.default_rng(0).permutation(len(ours))[:_RANDOM_GETS].tolist()
@@ -204,7 +205,7 @@ def iterate_tfrecord() -> Pair:
     from tfrecord.reader import tfrecord_loader
 
     path, cache = tfrecord_path(), _cache()
-    ours = TFRecordFileReader(path, cache_dir=cache)
+    ours = TFRecordFileReader(path, remote=RemoteOptions(cache_dir=cache))
     return Pair(fpipe=lambda: _drain(ours), reference=lambda: _drain(tfrecord_loader(path, None)),
                 items=len(ours), teardown=lambda: shutil.rmtree(cache, ignore_errors=True))
 

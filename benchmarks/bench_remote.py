@@ -21,6 +21,7 @@ from pathlib import Path
 
 from fpipe.dataset import MsgpackReader
 from fpipe.orderings import Shuffler
+from fpipe.remote import RemoteOptions
 
 from . import data
 from .harness import Pair, workload
@@ -88,8 +89,9 @@ def _epoch(reader: MsgpackReader) -> int:
 
 def _first_epoch(endpoint: str, cache: _ColdCache) -> Callable[[], int]:
     def run() -> int:
-        return _epoch(MsgpackReader(URL, storage_options=_options(endpoint),
-                                    cache_dir=cache.current))
+        return _epoch(MsgpackReader(URL,
+                                    remote=RemoteOptions(storage_options=_options(endpoint),
+                                                         cache_dir=cache.current)))
     return run
 
 
@@ -98,7 +100,9 @@ def _first_epoch(endpoint: str, cache: _ColdCache) -> Callable[[], int]:
 def cached_epoch() -> Pair:
     server = _server()
     cache = _ColdCache()
-    remote = MsgpackReader(URL, storage_options=_options(server.endpoint), cache_dir=cache.current)
+    remote = MsgpackReader(URL,
+                           remote=RemoteOptions(storage_options=_options(server.endpoint),
+                                                cache_dir=cache.current))
     _epoch(remote)  # the first epoch fills the cache
     local = MsgpackReader(data.small_path())
     return Pair(fpipe=lambda: _epoch(remote), reference=lambda: _epoch(local), items=len(local),

@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from fpipe.remote import RemoteOptions
+
 __all__ = ["fit", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +169,7 @@ def measure_shards(folder: str, url: str | None, options: str | None) -> dict:
 
     started = time.perf_counter()
     reader = ShardedReader(url or os.path.join(folder, "many.shards"),
-                           storage_options=json.loads(options) if options else None)
+                           remote=RemoteOptions(storage_options=json.loads(options) if options else None))
     length = len(reader)
     opened = time.perf_counter() - started
     started = time.perf_counter()

@@ -24,6 +24,7 @@ import fpipe  # noqa: E402
 from fpipe.dataset import FileWriter, ListReader, MsgpackReader  # noqa: E402
 from fpipe.orderings import QuasiShuffler, Shuffler  # noqa: E402
 from fpipe.orderings.permutation import IndexShuffler  # noqa: E402
+from fpipe.remote import RemoteOptions  # noqa: E402
 from fpipe.torch import Elastic, IterableDataset, Samples, Shards, regrid_state  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
@@ -60,10 +61,12 @@ def reader_of(kind: str, folder: str):
         return ParquetReader(paths)
     from fpipe.formats import WebDatasetReader, write_webdataset
     try:
-        return WebDatasetReader(f"{folder}/docs-*.tar", decode=True, cache_dir=f"{folder}/cache")
+        return WebDatasetReader(f"{folder}/docs-*.tar", decode=True,
+                                remote=RemoteOptions(cache_dir=f"{folder}/cache"))
     except (OSError, ValueError):
         write_webdataset(DOCS, f"{folder}/docs-%03d.tar", shard_size=20)
-        return WebDatasetReader(f"{folder}/docs-*.tar", decode=True, cache_dir=f"{folder}/cache")
+        return WebDatasetReader(f"{folder}/docs-*.tar", decode=True,
+                                remote=RemoteOptions(cache_dir=f"{folder}/cache"))
 
 
 def ordered(reader, ordering: str):

@@ -26,6 +26,7 @@ from fpipe.formats import (
     write_webdataset,
 )
 from fpipe.formats._crc32c import numpy_crc32c, python_crc32c
+from fpipe.remote import RemoteOptions
 from property_tests.strategies import same
 
 # Laws that write files per example are costlier: fewer examples, whatever the profile.
@@ -58,7 +59,7 @@ def test_tfrecord_files_read_back_what_was_written(records, chunk_size):
         with TFRecordWriter(path) as writer:
             for record in records:
                 writer.write(record)
-        reader = TFRecordFileReader(path, cache_dir=folder)
+        reader = TFRecordFileReader(path, remote=RemoteOptions(cache_dir=folder))
         assert len(reader) == len(records)
         assert all(same(a, b) for a, b in zip(reader.iter(chunk_size=chunk_size), records))
         assert all(same(reader[i], records[i]) for i in range(len(records)))
@@ -80,7 +81,7 @@ def test_a_damaged_tfrecord_file_never_yields_a_wrong_record(records, data):
             at = data.draw(st.integers(0, len(damaged) - 1), "at")
             damaged[at] ^= data.draw(st.integers(1, 255), "flip")
         open(path, "wb").write(bytes(damaged))
-        reader = TFRecordFileReader(path, cache_dir=folder)
+        reader = TFRecordFileReader(path, remote=RemoteOptions(cache_dir=folder))
         for i in range(len(reader)):
             try:
                 sample = reader[i]
@@ -108,7 +109,7 @@ def test_webdataset_export_reads_back_exactly(keys, fields, shard_size):
     with tempfile.TemporaryDirectory() as folder:
         names = write_webdataset(samples, os.path.join(folder, "s-%04d.tar"), shard_size=shard_size)
         assert len(names) == -(-len(samples) // shard_size)
-        back = list(WebDatasetReader(names, decode=True, cache_dir=folder))
+        back = list(WebDatasetReader(names, decode=True, remote=RemoteOptions(cache_dir=folder)))
         assert back == [{**sample, "key": member_key(sample["key"])} for sample in samples]
 
 
@@ -147,7 +148,7 @@ def test_a_cut_shard_never_yields_a_wrong_sample(payloads, data):
         cut = data.draw(st.integers(0, len(whole)), "cut")
         open(path, "wb").write(whole[:cut])
         try:
-            reader = TarReader(path, cache_dir=folder)
+            reader = TarReader(path, remote=RemoteOptions(cache_dir=folder))
         except FormatError as error:  # when no member is whole: the first one's header and data
             assert error.path == path and cut < 512 + len(payloads[0])
             return

@@ -26,9 +26,8 @@ import numpy as np
 
 from fpipe.cli._common import key_batches
 from fpipe.dataset import BloomFilter, legacy_index_batches
-from fpipe.dataset._hashing import key_salt, salted_hashes
 from fpipe.dataset._indexing import array_length
-from fpipe.dataset.keyindex import SortedPairs
+from fpipe.dataset.keyindex import SortedPairs, key_salt, salted_hashes
 from fpipe.errors import FormatError
 from fpipe.files import DatasetFiles, open_regular
 

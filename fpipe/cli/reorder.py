@@ -43,9 +43,8 @@ from fpipe.cli._common import (
 )
 from fpipe.cli._labels import class_lists, merged_classes, renumbered
 from fpipe.dataset import MsgpackReader, RawWriter
-from fpipe.dataset._hashing import key_salt, salted_hashes
 from fpipe.dataset._staging import dataset_files, staged_datasets
-from fpipe.dataset.keyindex import SortedPairs
+from fpipe.dataset.keyindex import SortedPairs, key_salt, salted_hashes
 from fpipe.errors import FpipeError
 from fpipe.orderings import IndexShuffler, QuasiShuffler, Shuffler
 from fpipe.orderings.permutation import Permutation

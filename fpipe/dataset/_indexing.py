@@ -40,9 +40,14 @@ from typing import IO, Any
 import msgpack
 import numpy as np
 
-from fpipe.dataset._hashing import BloomFilter, key_salt, salted_hashes
 from fpipe.dataset._staging import signals_deferred
-from fpipe.dataset.keyindex import KeyIndexWriter, SortedPairs
+from fpipe.dataset.keyindex import (
+    BloomFilter,
+    KeyIndexWriter,
+    SortedPairs,
+    key_salt,
+    salted_hashes,
+)
 from fpipe.errors import FormatError
 from fpipe.files import DECODE_ERRORS, DatasetFiles, md5_line, open_regular
 

@@ -36,8 +36,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fpipe.dataset._hashing import BLOOM_MAX_BYTES, BloomFilter, hash_key, hash_keys, key_salt
 from fpipe.dataset._indexing import IndexBuilder
+from fpipe.dataset.keyindex import BLOOM_MAX_BYTES, BloomFilter, hash_key, hash_keys, key_salt
 from fpipe.errors import FormatError
 from fpipe.files import (
     DECODE_ERRORS,

@@ -1,5 +1,26 @@
-"""The key index ``X.msgpack.key_index``: keys to indices and back with a few ``pread`` calls,
-no table in memory.
+"""The keys of a packed dataset: how they are hashed (the salted 64-bit hashes of
+``.key_hashes``, with datadings's search for a salt under which they are distinct), the Bloom
+filter of ``.filter`` (simplebloom's format), and how they are looked up.
+
+One protocol looks keys up, :class:`KeyLookup` (``len``, ``lookup[i]``, :meth:`~KeyLookup.keys`
+of a range, :meth:`~KeyLookup.find` a key's index), with two kinds of table behind it:
+:class:`KeyIndex`, the key index file ``X.msgpack.key_index`` read with a few ``pread`` calls
+and no table in memory, and :class:`KeyTable`, the keys in memory (read from ``.keys``, a
+legacy ``.index``, or a foreign format's index) with their hashes sorted for lookups. The
+readers of :mod:`fpipe.dataset` and :mod:`fpipe.formats` use these two and nothing else; a
+:class:`~fpipe.dataset.reader.MsgpackReader` asks the key index where the dataset has one, and
+a table made from ``.keys`` where it has none (or where the key index fails a check). The
+public names of hashing and the filter are re-exported by :mod:`fpipe.dataset.format`.
+
+>>> salt, hashes = hash_keys(["a", "b"])
+>>> salt == key_salt(0), int(hashes[1]) == hash_key("b", salt)
+(True, True)
+>>> table = KeyTable.from_keys(["cat", "dog"])
+>>> isinstance(table, KeyLookup), table.find("dog"), table[0], table.keys(0, 2)
+(True, 1, 'cat', ['cat', 'dog'])
+
+The key index
+-------------
 
 A reader without it looks keys up in a table of all the key hashes, sorted in memory (8 bytes a
 sample, and a sort, in every process), and finds the key of an index in a table of all keys
@@ -47,21 +68,452 @@ looks keys up in ``.keys`` (see :class:`~fpipe.dataset.reader.MsgpackReader`).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import msgpack
 import numpy as np
 
-from fpipe.dataset._hashing import hash_key
 from fpipe.errors import FormatError
-from fpipe.files import DECODE_ERRORS, DatasetFiles, read_md5
+from fpipe.files import DECODE_ERRORS, DatasetFiles, open_regular, read_md5
 
-__all__ = ["KeyIndex", "StaleKeyIndex", "key_index_size"]
+__all__ = ["BLOOM_MAX_BYTES", "BloomFilter", "KeyIndex", "KeyLookup", "KeyTable", "StaleKeyIndex",
+           "digests", "hash_key", "hash_keys", "key_index_size", "key_salt", "read_key_table",
+           "salted_hashes"]
+
+_OFFSET = np.dtype(">u8")
+_MASK64 = (1 << 64) - 1
+
+
+# --- key hashing -----------------------------------------------------------------------------
+
+def key_salt(attempt: int) -> bytes:
+    """The salt datadings tries at ``attempt``: the first 8 bytes of blake2s of its decimal.
+
+    >>> key_salt(0).hex()
+    '652e530edee5893b'
+    """
+    return hashlib.blake2s(str(attempt).encode()).digest()[:8]
+
+
+def hash_key(key: str, salt: bytes) -> int:
+    """The 64-bit hash of ``key``: blake2s salted with ``salt``, first 8 bytes, big-endian.
+
+    >>> hash_key("a", key_salt(0)) == hash_key("a", key_salt(0)) != hash_key("a", key_salt(1))
+    True
+    """
+    return int.from_bytes(hashlib.blake2s(key.encode(), salt=salt).digest()[:8], "big")
+
+
+def digests(keys: Iterable[str], salt: bytes = b"") -> bytes:
+    """The 32-byte blake2s digests of the keys, concatenated.
+
+    >>> len(digests(["a", "b"]))
+    64
+    """
+    # Copying a prepared hash object is cheaper than passing the salt for every key.
+    new = hashlib.blake2s(salt=salt).copy
+
+    def digest(key: str) -> bytes:
+        state = new()
+        state.update(key.encode())
+        return state.digest()
+    return b"".join(map(digest, keys))
+
+
+def salted_hashes(keys: Iterable[str], salt: bytes) -> np.ndarray:
+    """:func:`hash_key` of each key, as a uint64 array (not in ``__all__``: the index
+    writers use it).
+
+    >>> int(salted_hashes(["a"], key_salt(0))[0]) == hash_key("a", key_salt(0))
+    True
+    """
+    return np.frombuffer(digests(keys, salt), dtype=_OFFSET)[::4].astype(np.uint64)
+
+
+def hash_keys(keys: Sequence[str], max_tries: int = 1000) -> tuple[bytes, np.ndarray]:
+    """Hash every key with the first salt (in datadings's order) that gives distinct hashes.
+
+    Returns ``(salt, hashes)``, the hashes as a uint64 array in key order.
+
+    >>> salt, hashes = hash_keys(["a", "b"])
+    >>> salt == key_salt(0), hashes.dtype, int(hashes[1]) == hash_key("b", salt)
+    (True, dtype('uint64'), True)
+    """
+    message = f"key hashes collide for {max_tries} salts; are the keys unique?"
+    for attempt in range(max_tries):
+        salt = key_salt(attempt)
+        hashes = salted_hashes(keys, salt)
+        ranked = np.sort(hashes)
+        if not (ranked[1:] == ranked[:-1]).any():
+            return salt, hashes
+        if not attempt:
+            _refuse_duplicates(keys, hashes, message)
+    raise RuntimeError(message)
+
+
+def _refuse_duplicates(keys: Sequence[str], hashes: np.ndarray, message: str) -> None:
+    """Duplicate keys collide under every salt: say so at once, rather than after hashing
+    every key with each of them."""
+    order = np.argsort(hashes, kind="stable")
+    ranked = hashes[order]
+    for at in np.flatnonzero(ranked[1:] == ranked[:-1]).tolist():
+        if keys[order[at]] == keys[order[at + 1]]:
+            raise RuntimeError(f"{message} ({keys[order[at]]!r} is there twice)")
+
+
+# --- the Bloom filter (simplebloom's file format) --------------------------------------------
+
+_BLOOM_MAGIC = b"SIMPBLOO"
+_BLOOM_HEADER = struct.Struct(">8sQQd")
+_LN2 = 0.6931471805599453
+_LN2_SQUARED = 0.4804530139182015
+_BLOOM_BATCH = 1 << 15
+_BLOOM_UNPACKED_MAX = 8 << 20
+#: The most bytes of bits a Bloom filter that fpipe writes takes (see
+#: :meth:`BloomFilter.for_count`): a writer holds it while it writes the index.
+BLOOM_MAX_BYTES = 64 << 20
+
+
+class BloomFilter:
+    """A Bloom filter of strings, stored byte for byte as simplebloom stores it.
+
+    Sized for ``num_elements`` with false-positive probability ``false_positive_prob``
+    (default ``1 / num_elements``). Key ``k`` sets bits ``(h1 + i * h2) mod 2**64 mod
+    num_bits`` for ``i < num_hashes``, where ``h1, h2`` are the first two big-endian
+    uint64 of blake2s of its UTF-8 bytes.
+
+    >>> bloom = BloomFilter.build(["cat", "dog"])
+    >>> "cat" in bloom, "cow" in bloom
+    (True, False)
+    >>> BloomFilter.loads(bloom.dumps()).dumps() == bloom.dumps()
+    True
+    """
+
+    def __init__(self, num_elements: int, false_positive_prob: float | None = None,
+                 bits: bytes | None = None) -> None:
+        if num_elements < 2:
+            raise ValueError(f"num_elements must be >= 2; got num_elements={num_elements}")
+        fpp = 1.0 / num_elements if false_positive_prob is None else float(false_positive_prob)
+        if not 0 < fpp < 1:
+            raise ValueError(f"false_positive_prob must be in (0, 1); got {fpp}")
+        self.num_elements, self.false_positive_prob = num_elements, fpp
+        self.num_bits = _bloom_bits(num_elements, fpp)
+        self.num_hashes = int(round(self.num_bits / num_elements * _LN2))
+        size = self.num_bits >> 3
+        if bits is not None and len(bits) != size:
+            raise ValueError(f"a filter of {num_elements} elements has {size} bytes; got {len(bits)}")
+        self._bits = bytearray(size) if bits is None else bytearray(bits)
+        self._unpacked: np.ndarray | None = None
+
+    @classmethod
+    def build(cls, keys: Sequence[str]) -> BloomFilter:
+        """The filter fpipe writes for ``keys`` (:meth:`for_count` of their number).
+
+        >>> "b" in BloomFilter.build(["a", "b"])
+        True
+        """
+        bloom = cls.for_count(len(keys))
+        bloom.update(keys)
+        return bloom
+
+    @classmethod
+    def for_count(cls, n: int) -> BloomFilter:
+        """An empty filter for ``n`` keys: datadings's, of ``max(2, n)`` elements at false
+        positives ``1 / max(2, n)``, while it takes at most :data:`BLOOM_MAX_BYTES`; past
+        about 14 million keys, one of that many bytes, with more false positives (its header
+        says which; ``key in reader`` then looks the key up, so answers stay right).
+
+        >>> BloomFilter.for_count(1000).num_bits == BloomFilter(1000).num_bits
+        True
+        >>> BloomFilter.for_count(10**9).num_bits // 8 <= BLOOM_MAX_BYTES
+        True
+        """
+        elements = max(2, n)
+        # sized before any is made: the filter of 1 / n false positives at 100M keys is 480 MB
+        if _bloom_bits(elements, 1.0 / elements) // 8 <= BLOOM_MAX_BYTES:
+            return cls(elements)
+        # a byte short of the bound, so that rounding up stays within it
+        return cls(elements, math.exp(-8 * (BLOOM_MAX_BYTES - 1) * _LN2_SQUARED / elements))
+
+    def update(self, keys: Sequence[str]) -> None:
+        """Add every key (vectorised over batches of keys). A filter of up to 8 MiB keeps its
+        bits unpacked meanwhile, eight times its size, until it is read or dumped; a larger one
+        sets them in place."""
+        data = np.frombuffer(self._bits, np.uint8)
+        if self._unpacked is None and len(data) <= _BLOOM_UNPACKED_MAX:
+            self._unpacked = np.unpackbits(data, bitorder="little").view(bool)
+        rounds = np.arange(self.num_hashes, dtype=np.uint64)
+        for start in range(0, len(keys), _BLOOM_BATCH):
+            h1, h2 = _bloom_hashes(keys[start:start + _BLOOM_BATCH])
+            with np.errstate(over="ignore"):
+                positions = ((h1[:, None] + rounds[None, :] * h2[:, None])
+                             % np.uint64(self.num_bits)).ravel()
+            if self._unpacked is not None:
+                self._unpacked[positions] = True
+            else:
+                np.bitwise_or.at(data, (positions >> np.uint64(3)).astype(np.intp),
+                                 np.left_shift(1, positions & np.uint64(7)).astype(np.uint8))
+
+    def _packed(self) -> bytearray:
+        if self._unpacked is not None:
+            self._bits = bytearray(np.packbits(self._unpacked, bitorder="little").tobytes())
+            self._unpacked = None
+        return self._bits
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        try:
+            data = key.encode()
+        except UnicodeEncodeError:  # a lone surrogate: no key that UTF-8 can hold was added
+            return False
+        h1, h2 = struct.unpack_from(">QQ", hashlib.blake2s(data).digest())
+        bits, num_bits = self._packed(), self.num_bits
+        for i in range(self.num_hashes):
+            position = ((h1 + i * h2) & _MASK64) % num_bits
+            if not bits[position >> 3] & (1 << (position & 7)):
+                return False
+        return True
+
+    def dumps(self) -> bytes:
+        """The filter file: ``>8sQQd`` header (magic, total size, elements, fpp) and the bits."""
+        bits = self._packed()
+        header = _BLOOM_HEADER.pack(_BLOOM_MAGIC, _BLOOM_HEADER.size + len(bits),
+                                    self.num_elements, self.false_positive_prob)
+        return header + bytes(bits)
+
+    def dump(self, path: Path) -> str:
+        """Write the filter file (:meth:`dumps`) to ``path`` without a copy of its bits in
+        memory; its MD5.
+
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "x.filter"
+        >>> bloom = BloomFilter.build(["a"])
+        >>> bloom.dump(path) == hashlib.md5(bloom.dumps()).hexdigest(), path.read_bytes() == bloom.dumps()
+        (True, True)
+        """
+        bits = self._packed()
+        header = _BLOOM_HEADER.pack(_BLOOM_MAGIC, _BLOOM_HEADER.size + len(bits),
+                                    self.num_elements, self.false_positive_prob)
+        with open(path, "wb") as file:
+            file.write(header)
+            file.write(bits)
+        md5 = hashlib.md5(header)
+        md5.update(bits)
+        return md5.hexdigest()
+
+    @classmethod
+    def loads(cls, data: bytes) -> BloomFilter:
+        """Read a filter from the bytes of a ``.filter`` file."""
+        if len(data) < _BLOOM_HEADER.size:
+            raise ValueError(f"a Bloom filter has a {_BLOOM_HEADER.size}-byte header; got {len(data)} bytes")
+        magic, size, num_elements, fpp = _BLOOM_HEADER.unpack_from(data)
+        if magic != _BLOOM_MAGIC or size != len(data):
+            raise ValueError("not a simplebloom filter (bad magic or size)")
+        return cls(num_elements, fpp, data[_BLOOM_HEADER.size:])
+
+
+def _bloom_bits(num_elements: int, fpp: float) -> int:
+    """The bits of a filter of ``num_elements`` at false positives ``fpp``: the same float
+    arithmetic as simplebloom, so that sizes agree to the bit."""
+    return int(math.ceil(num_elements * math.log(fpp) / -_LN2_SQUARED / 8) * 8)
+
+
+def _bloom_hashes(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    words = np.frombuffer(digests(keys), dtype=_OFFSET).reshape(-1, 4).astype(np.uint64)
+    return words[:, 0], words[:, 1]
+
+
+# --- looking keys up -------------------------------------------------------------------------
+
+@runtime_checkable
+class KeyLookup(Protocol):
+    """What looks the keys of ``n`` samples up: ``len``, ``lookup[i]`` the key of sample ``i``
+    (``0 <= i < n``), :meth:`keys` of samples ``start`` to ``stop``, and :meth:`find` the
+    index of a key (-1 for one that is not there, or that is not a str). :class:`KeyIndex`
+    (on disk) and :class:`KeyTable` (in memory) are the two kinds; a reader holds one, or
+    chooses between them (:class:`~fpipe.dataset.reader.DatasetKeys`)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> str: ...
+
+    def keys(self, start: int, stop: int) -> list[str]: ...
+
+    def find(self, key: Any) -> int: ...
+
+
+_KEY_BATCH = 1 << 16
+
+
+class KeyTable:
+    """Keys in memory: one bytes object of their UTF-8 (a str with lone surrogates from a
+    non-UTF-8 name keeps its bytes) and an array of where each ends, with their 64-bit hashes
+    sorted for :meth:`find`, made at the first lookup. No Python object per key, so forked
+    workers do not copy them. A :class:`KeyLookup`.
+
+    By default the hashes are made from the keys, salted with ``key_salt(0)``, and a lookup
+    compares the key it finds: keys may repeat, and a key is found at its first place.
+    ``hashes`` is instead a function that gives ``(salt, hashes)`` under which the keys'
+    hashes are distinct (a dataset's ``.key_hashes``): then a lookup needs the hashes alone,
+    and never loads the keys. ``load``, a function that gives a :class:`KeyTable`, defers
+    reading the keys to their first use.
+
+    >>> table = KeyTable.from_keys(["b", "a", "b"])
+    >>> len(table), table[2], table.find("b"), table.find("z"), table.find(3), table.keys(0, 2)
+    (3, 'b', 0, -1, -1, ['b', 'a'])
+    >>> KeyTable(*KeyTable.from_keys(["x"]).arrays()).find("x")
+    0
+    """
+
+    __slots__ = ("_blob", "_ends", "_hashes", "_load", "_order", "_salt", "_sorted")
+
+    def __init__(self, blob: Any = None, ends: Any = None, *,
+                 load: Callable[[], KeyTable] | None = None,
+                 hashes: Callable[[], tuple[bytes, np.ndarray]] | None = None) -> None:
+        self._blob: bytes | None = None
+        self._ends: memoryview | None = None
+        if blob is not None:
+            self._blob = blob if isinstance(blob, bytes) else np.asarray(blob, np.uint8).tobytes()
+            ends = np.concatenate([np.zeros(1, np.int64), np.asarray(ends, np.int64)])
+            # a memoryview: indexing it gives Python ints, several times faster than NumPy's
+            self._ends = memoryview(ends.astype(np.uint32 if len(self._blob) < 2**32 else np.int64))
+        self._load, self._hashes = load, hashes
+        self._salt: bytes = key_salt(0)
+        self._order: np.ndarray | None = None
+        self._sorted: np.ndarray | None = None
+
+    @classmethod
+    def from_keys(cls, keys: Iterable[str]) -> KeyTable:
+        """The table of ``keys``."""
+        encoded = [key.encode("utf-8", "surrogateescape") for key in keys]
+        return cls(b"".join(encoded), np.cumsum(np.fromiter(map(len, encoded), np.int64,
+                                                            len(encoded))))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The keys as a uint8 array of their UTF-8 and the end of each, as :class:`KeyTable`
+        takes them."""
+        blob, ends = self._keys()
+        return np.frombuffer(blob, np.uint8), np.asarray(ends, np.int64)[1:]
+
+    def __reduce__(self) -> tuple:
+        return KeyTable, self.arrays()
+
+    def _keys(self) -> tuple[bytes, memoryview]:
+        if self._blob is None:
+            loaded = self._load()
+            self._blob, self._ends = loaded._keys()
+        return self._blob, self._ends
+
+    def __len__(self) -> int:
+        return len(self._keys()[1]) - 1
+
+    def __getitem__(self, index: int) -> str:
+        blob, ends = self._keys()
+        return blob[ends[index]:ends[index + 1]].decode("utf-8", "surrogateescape")
+
+    def keys(self, start: int, stop: int) -> list[str]:
+        blob, ends = self._keys()
+        return [blob[ends[i]:ends[i + 1]].decode("utf-8", "surrogateescape")
+                for i in range(start, stop)]
+
+    @property
+    def hashed(self) -> bool:
+        """Whether the sorted hashes are made (a lookup then costs a binary search)."""
+        return self._sorted is not None
+
+    def find(self, key: Any) -> int:
+        """The index of ``key`` (its first, if the keys repeat), or -1."""
+        if not isinstance(key, str):
+            return -1
+        if self._sorted is None:
+            self._sort()
+        try:
+            value = np.uint64(_hash64(key.encode("utf-8", "surrogateescape"), self._salt))
+        except UnicodeEncodeError:  # no key that UTF-8 or a file name can hold
+            return -1
+        slot = int(np.searchsorted(self._sorted, value))
+        if self._hashes is not None:  # distinct hashes: the hash is the key
+            return int(self._order[slot]) if slot < len(self._sorted) and \
+                self._sorted[slot] == value else -1
+        while slot < len(self._sorted) and self._sorted[slot] == value:
+            index = int(self._order[slot])
+            if self[index] == key:
+                return index
+            slot += 1
+        return -1
+
+    def _sort(self) -> None:
+        if self._hashes is not None:
+            self._salt, hashes = self._hashes()
+        else:
+            blob, ends = self._keys()
+            new = hashlib.blake2s(salt=self._salt).copy
+
+            def digest(a: int, b: int) -> bytes:
+                state = new()
+                state.update(blob[a:b])
+                return state.digest()[:8]
+            hashes = np.frombuffer(b"".join(digest(ends[i], ends[i + 1])
+                                            for i in range(len(ends) - 1)),
+                                   dtype=">u8").astype(np.uint64)
+        order = np.argsort(hashes, kind="stable")
+        self._order, self._sorted = order, hashes[order]
+
+
+def _hash64(data: bytes, salt: bytes) -> int:
+    return int.from_bytes(hashlib.blake2s(data, salt=salt).digest()[:8], "big")
+
+
+def read_key_table(path: Path, expected: int) -> KeyTable:
+    """The keys of a ``.keys`` file, which must hold ``expected`` of them, as a table;
+    :class:`~fpipe.errors.FormatError` naming the file otherwise."""
+    with open_regular(path) as file:
+        try:
+            unpacker = msgpack.Unpacker(file, read_size=1 << 20)
+            count = unpacker.read_array_header()
+            if count == expected:
+                pieces, lengths = _key_batches(unpacker, count)
+        except (msgpack.OutOfData, *DECODE_ERRORS) as error:
+            raise FormatError(f"corrupt keys file ({error})", path=path) from error
+    if count != expected:
+        raise FormatError(f"the keys file holds {count} keys for {expected} samples", path=path)
+    return KeyTable(b"".join(pieces), np.cumsum(np.concatenate([np.zeros(0, np.int64), *lengths])))
+
+
+def _key_batches(unpacker: msgpack.Unpacker, count: int) -> tuple[list, list]:
+    pieces, lengths = [], []
+    for first in range(0, count, _KEY_BATCH):
+        wanted = min(_KEY_BATCH, count - first)
+        batch = list(islice(unpacker, wanted))  # the iteration ends quietly at the file's end
+        if len(batch) != wanted:
+            raise ValueError(f"it ends after {first + len(batch)} of {count} keys")
+        text = _joined_keys(batch, first)
+        blob = text.encode()
+        # UTF-8 lengths are the str lengths when every key is ASCII (one encode for all)
+        sizes = map(len, batch) if len(blob) == len(text) else map(len, map(str.encode, batch))
+        lengths.append(np.fromiter(sizes, np.int64, len(batch)))
+        pieces.append(blob)
+    return pieces, lengths
+
+
+def _joined_keys(batch: list, first: int) -> str:
+    try:
+        return "".join(batch)
+    except TypeError:  # msgpack bin comes back as bytes: keys are str
+        at = next(i for i, key in enumerate(batch) if type(key) is not str)
+        raise ValueError(f"key {first + at} is {batch[at]!r:.40}, not a str") from None
+
+
+# --- the key index file ----------------------------------------------------------------------
 
 MAGIC = b"FPKEYIDX"
 VERSION = 2  # version 1 has no checksums
@@ -122,9 +574,9 @@ class StaleKeyIndex(FormatError):
 
 
 class KeyIndex:
-    """An open key index of a dataset of ``n`` samples: :meth:`find` a key's index, ``index[i]``
-    the key of sample ``i``, :meth:`keys` of a range. Reads with ``pread``, so it is thread- and
-    fork-safe; it holds two open files and the header.
+    """An open key index of a dataset of ``n`` samples, a :class:`KeyLookup`: :meth:`find` a
+    key's index, ``index[i]`` the key of sample ``i``, :meth:`keys` of a range. Reads with
+    ``pread``, so it is thread- and fork-safe; it holds two open files and the header.
 
     :meth:`open` checks the header (its checksum, and that it describes a file of this size
     for the dataset's ``n`` samples and ``.keys``); each lookup checks the checksums of the
@@ -171,8 +623,11 @@ class KeyIndex:
     def __len__(self) -> int:
         return self.n
 
-    def find(self, key: str) -> int:
-        """The index of ``key``, or -1 (also for a str that UTF-8 cannot encode)."""
+    def find(self, key: Any) -> int:
+        """The index of ``key``, or -1 (also for a str that UTF-8 cannot encode, and for
+        anything but a str)."""
+        if not isinstance(key, str):
+            return -1
         try:
             value = hash_key(key, self.salt)
         except UnicodeEncodeError:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import sys
 import threading
 import warnings
 from bisect import bisect_right
@@ -43,7 +44,6 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fpipe.dataset._keytables import HashIndex, KeyTable, read_key_table
 from fpipe.dataset._staging import missing_data_reason
 from fpipe.dataset.base import Reader
 from fpipe.dataset.format import (
@@ -61,8 +61,15 @@ from fpipe.dataset.format import (
 )
 from fpipe.dataset.format import decode_numpy as _decode_numpy
 from fpipe.dataset.format import decode_numpy_copy as _decode_numpy_copy
-from fpipe.dataset.keyindex import KeyIndex, StaleKeyIndex
-from fpipe.errors import FormatError, redacted_options
+from fpipe.dataset.keyindex import KeyIndex, KeyLookup, KeyTable, StaleKeyIndex, read_key_table
+from fpipe.errors import FormatError
+from fpipe.remote.urls import (
+    RemoteOptions,
+    check_remote,
+    is_url,
+    refuse_remote_options,
+    takes_remote,
+)
 
 __all__ = ["MsgpackReader"]
 
@@ -214,29 +221,167 @@ class _Handle:
         return FormatError(reason, path=error.path, index=error.index, offset=error.offset)
 
 
-def _remote_dataset(path: Any, **options: Any) -> Any:
+def _remote_dataset(path: Any, remote: RemoteOptions | None) -> Any:
     """A :class:`~fpipe.remote.urls.RemoteDataset` for a URL; None for a local path (which
     takes none of the remote options)."""
-    if isinstance(path, str) and "://" in path:
-        from fpipe.remote.urls import RemoteDataset, is_url
+    remote = check_remote(remote)
+    if isinstance(path, str) and "://" in path and is_url(path):
+        from fpipe.remote.urls import RemoteDataset
 
-        if is_url(path):
-            return RemoteDataset(path, **options)
-    refuse_remote_options(path, options)
+        return RemoteDataset(path, remote)
+    refuse_remote_options(path, remote)
     return None
 
 
-def refuse_remote_options(path: Any, options: dict) -> None:
-    """Raise ValueError naming the options of ``options`` that are set, which only apply to
-    URLs, for the local ``path`` (secrets redacted)."""
-    given = [f"{name}={redacted_options(value) if name == 'storage_options' else f'{value!r:.60}'}"
-             for name, value in options.items() if value is not None]
-    if given:
-        raise ValueError(f"{', '.join(given)} only apply to URLs; got the local path {path!r}")
+class _LegacyIndex:
+    """A dataset's legacy ``.index`` (its keys and offsets in one msgpack map), read once, when
+    the first of them is needed: the byte source wants the offsets, the key lookup the keys."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._read: tuple[KeyTable, bytes] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "_read": None}
+
+    def _tables(self) -> tuple[KeyTable, bytes]:
+        if self._read is None:
+            keys, offsets = read_legacy_index(self.path)
+            self._read = KeyTable.from_keys(keys), offsets.astype(">u8").tobytes()
+        return self._read
+
+    def keys(self) -> KeyTable:
+        return self._tables()[0]
+
+    def offsets(self) -> bytes:
+        return self._tables()[1]
+
+
+class DatasetBytes:
+    """The byte source of a packed dataset: where the samples' bytes come from, a local data
+    file (read with ``os.pread``) or a URL (through the block cache of :mod:`fpipe.remote`),
+    and what ``len`` and the offsets say of them. :meth:`open` gives the open view that reads
+    them (a :class:`_Handle`, or a :class:`~fpipe.remote.cache.RemoteHandle`), after checking
+    that the files are still those it found when it was made. It pickles by its settings.
+    :class:`MsgpackReader` is this and a :class:`DatasetKeys`.
+
+    >>> import os, tempfile
+    >>> from fpipe.dataset import FileWriter
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.msgpack")
+    >>> with FileWriter(path) as writer:
+    ...     writer.write({"key": "a"})
+    >>> source = DatasetBytes(path)
+    >>> source.n, source.url, source.open().read(0, 1)
+    (1, None, b'\x81')
+    """
+
+    def __init__(self, path: PathLike, remote: RemoteOptions | None = None) -> None:
+        # a local file (None) or a URL through the block cache
+        self.remote = _remote_dataset(path, remote)
+        # absolute: the reader (and a copy of it in a worker) reads the same files wherever
+        # the current folder is when it opens them
+        self.path = Path(path).absolute() if self.remote is None else self.remote.path
+        self.files = DatasetFiles(self.path)
+        if self.remote is None and self.path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, _folder_message(self.path), str(self.path))
+        if self.remote is None and not self.path.is_file():
+            raise FileNotFoundError(errno.ENOENT, missing_data_reason(self.path), str(self.path))
+        self.identity = None if self.remote else _identity(os.stat(self.path))
+        self.legacy = _LegacyIndex(self.path) if not self.files.offsets.exists() else None
+        self.n = self._legacy_length() if self.legacy is not None else self._offsets_length()
+
+    @property
+    def url(self) -> str | None:
+        """The URL of the data file, or None for a local file."""
+        return self.remote.url if self.remote is not None else None
+
+    @property
+    def shown(self) -> str:
+        """The URL, or the path, as messages show it."""
+        return self.remote.url if self.remote is not None else str(self.path)
+
+    @property
+    def has_key_index(self) -> bool:
+        """Whether the dataset's key index may be there: a local dataset that is not legacy (a
+        URL does not fetch it)."""
+        return self.remote is None and self.legacy is None
+
+    @property
+    def read_ahead(self) -> int:
+        """The blocks fetched ahead of the order being read (0 for a local file)."""
+        return self.remote.read_ahead if self.remote is not None else 0
+
+    def _offsets_length(self) -> int:
+        size = self.files.offsets.stat().st_size
+        if size < 8 or size % 8:
+            raise FormatError(f"an offsets file holds n + 1 uint64; got {size} bytes",
+                              path=self.files.offsets)
+        return size // 8 - 1
+
+    def _legacy_length(self) -> int:
+        index = self.files.legacy_index
+        if not index.exists():
+            raise FileNotFoundError(errno.ENOENT, "dataset index not found: need "
+                                    f"{self.files.offsets.name} or {index.name}", str(self.files.offsets))
+        with open_regular(index) as file:
+            try:
+                return msgpack.Unpacker(file, read_size=16).read_map_header()
+            except (msgpack.OutOfData, *DECODE_ERRORS) as error:
+                raise FormatError(f"corrupt legacy index ({error})", path=index) from error
+
+    def open(self) -> _Handle:
+        """An open view of the samples' bytes: the data file and its offsets."""
+        if self.remote is not None:
+            # the offsets file is a cached copy, fetched and checked once, in memory like a local one's
+            return self.remote.handle(self.files.offsets.read_bytes())
+        handle = _Handle(self.files, self.legacy.offsets() if self.legacy is not None else None)
+        # what len() and the keys describe must be what the handle reads: a dataset replaced
+        # or rewritten since this reader was made (or pickled) is another dataset
+        if _identity(handle.opened) != self.identity:
+            raise FormatError("the data file changed since the reader was made (it was replaced "
+                              "or rewritten); make a new reader", path=self.path)
+        if handle.offsets_size != 8 * (self.n + 1) and self.legacy is None:
+            raise FormatError(f"the offsets file changed since the reader was made ({self.n} "
+                              f"samples then, {handle.offsets_size} bytes now); make a new reader",
+                              path=self.files.offsets)
+        return handle
+
+    def blocks(self, handle: Any) -> np.ndarray:
+        """The bounds of the blocks of the cache of a URL's ``handle``: a block holds the
+        samples that begin in it."""
+        starts = np.frombuffer(handle.offsets, dtype=">u8")[:-1]
+        edges = np.arange(0, max(1, handle.size), handle.block_size, dtype=np.uint64)
+        firsts = np.searchsorted(starts, edges).astype(np.int64)
+        return np.unique(np.concatenate((firsts, [0, handle.n])))
+
+    def verify_data(self, handle: Any, read_size: int, progress: bool) -> bool:
+        """Whether the data file matches its ``.md5`` entry and ends where the last sample of
+        ``handle`` (one that :meth:`open` gave) ends."""
+        expected = read_md5(self.path).get(self.path.name)
+        if expected is None:
+            raise FormatError(f"the md5 file has no entry for {self.path.name}", path=self.files.md5)
+        last = handle.offsets_between(self.n, self.n, self.path)[0]
+        if self.remote is not None:
+            return last == handle.size and self.remote.verify_data(expected, read_size, progress)
+        return last == os.stat(self.path).st_size and md5_file(self.path, read_size, progress) == expected
+
+    def verify_index(self, read_size: int) -> bool:
+        """Whether every index file that ``.md5`` lists exists and matches its checksum."""
+        entries = read_md5(self.path)
+        # a reader at a URL fetches no key index: it looks keys up in memory
+        fetched = [path for path in self.files.index_files + (self.files.legacy_index,)
+                   if self.remote is None or path != self.files.key_index]
+        listed = [path for path in fetched if path.name in entries]
+        return all(path.exists() and md5_file(path, read_size) == entries[path.name] for path in listed)
 
 
 class MsgpackReader(Reader):
     """Read a packed dataset (datadings's format) by index, by key, or in order.
+
+    A reader is two halves and the decoding between them: a :class:`DatasetBytes` (the bytes of
+    sample ``i``, from a local file or a URL) and a :class:`DatasetKeys` (the key lookup: the
+    key index, or the keys in memory). Its API is datadings's ``MsgpackReader(path,
+    buffering=0)``, which ported code calls unchanged.
 
     Opening costs a few ``stat`` calls. The first ``get`` reads the offsets into memory (8 bytes
     a sample; an offsets file over 64 MiB stays on disk and each ``get`` reads its two), and
@@ -264,11 +409,11 @@ class MsgpackReader(Reader):
     FormatError, since ``len`` and the keys describe the old dataset.
 
     ``path`` may be a URL (``s3://``, ``gs://``, ``https://``, any fsspec scheme): the index
-    files are fetched once, and samples are read by range in blocks of about ``block_size``
-    bytes through a local cache of ``cache_limit`` bytes in ``cache_dir`` that the processes
-    of a machine share; ``storage_options`` go to fsspec, and ``read_ahead`` blocks are fetched
-    ahead of the order being read. See :mod:`fpipe.remote.urls` and the guide "Datasets in
-    object storage". These keywords are only for URLs.
+    files are fetched once, and samples are read by range in blocks through a local cache
+    that the processes of a machine share. ``remote=RemoteOptions(...)`` sets how (the cache's
+    folder and size in bytes, the block size, read-ahead, retries, timeout, fsspec's
+    ``storage_options``); see :class:`~fpipe.remote.urls.RemoteOptions` and the guide
+    "Datasets in object storage". They are only for URLs.
 
     >>> import os, tempfile
     >>> from fpipe.dataset import FileWriter
@@ -281,64 +426,29 @@ class MsgpackReader(Reader):
     (('b', {'key': 'b', 'n': 2}), b'\\x82\\xa3key\\xa1a\\xa1n\\x01')
     """
 
-    def __init__(self, path: PathLike, buffering: int = 0, *, storage_options: dict | None = None,
-                 cache_dir: PathLike | None = None, cache_limit: int | None = None,
-                 block_size: int | None = None, read_ahead: int | None = None,
-                 retries: int | None = None, timeout: float | None = None) -> None:
-        # where the bytes come from: a local file (None) or a URL through the block cache
-        self._remote = _remote_dataset(path, storage_options=storage_options, cache_dir=cache_dir,
-                                       cache_limit=cache_limit, block_size=block_size,
-                                       read_ahead=read_ahead, retries=retries, timeout=timeout)
-        # absolute: the reader (and a copy of it in a worker) reads the same files wherever
-        # the current folder is when it opens them
-        self.path = Path(path).absolute() if self._remote is None else self._remote.path
-        self._files = DatasetFiles(self.path)
-        if self._remote is None and self.path.is_dir():
-            raise IsADirectoryError(errno.EISDIR, _folder_message(self.path), str(self.path))
-        if self._remote is None and not self.path.is_file():
-            raise FileNotFoundError(errno.ENOENT, missing_data_reason(self.path), str(self.path))
-        self._identity = None if self._remote else _identity(os.stat(self.path))
-        self._legacy = not self._files.offsets.exists()
-        self._len = self._legacy_length() if self._legacy else self._offsets_length()
+    @takes_remote
+    def __init__(self, path: PathLike, buffering: int = 0, *,
+                 remote: RemoteOptions | None = None) -> None:
+        # where the bytes come from, and how keys are looked up: the two halves of a reader
+        self._bytes = DatasetBytes(path, remote)
+        self.path, self._files, self._len = self._bytes.path, self._bytes.files, self._bytes.n
         self._reset()
 
     def _reset(self) -> None:
-        self._handle: _Handle | None = None
-        self._legacy_index: tuple[KeyTable, bytes] | None = None
-        self._key_table: KeyTable | KeyIndex | None = None
-        self._hash_index: HashIndex | KeyIndex | None = None
-        self._key_index: KeyIndex | bool | None = None
-        self._keys_only = False  # a key index failed a check: .key_hashes is not trusted either
-        self._bloom: BloomFilter | bool | None = None
-
-    def _offsets_length(self) -> int:
-        size = self._files.offsets.stat().st_size
-        if size < 8 or size % 8:
-            raise FormatError(f"an offsets file holds n + 1 uint64; got {size} bytes",
-                              path=self._files.offsets)
-        return size // 8 - 1
-
-    def _legacy_length(self) -> int:
-        index = self._files.legacy_index
-        if not index.exists():
-            raise FileNotFoundError(errno.ENOENT, "dataset index not found: need "
-                                    f"{self._files.offsets.name} or {index.name}", str(self._files.offsets))
-        with open_regular(index) as file:
-            try:
-                return msgpack.Unpacker(file, read_size=16).read_map_header()
-            except (msgpack.OutOfData, *DECODE_ERRORS) as error:
-                raise FormatError(f"corrupt legacy index ({error})", path=index) from error
+        self._handle: _Handle | None = None  # the open files, while the reader has them
+        legacy = self._bytes.legacy
+        self._keys = DatasetKeys(self._files, self._len, key_index=self._bytes.has_key_index,
+                                 legacy=legacy.keys if legacy is not None else None)
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "_files": self._files, "_legacy": self._legacy, "_len": self._len,
-                "_identity": self._identity, "_remote": self._remote}
+        return {"path": self.path, "_files": self._files, "_len": self._len, "_bytes": self._bytes}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
 
     def __repr__(self) -> str:
-        return f"MsgpackReader({self._remote.url if self._remote else str(self.path)!r})"
+        return f"MsgpackReader({self._bytes.shown!r})"
 
     def __len__(self) -> int:
         return self._len
@@ -346,7 +456,7 @@ class MsgpackReader(Reader):
     @property
     def url(self) -> str | None:
         """The URL the reader reads, or None for a local file (then ``path`` is the file)."""
-        return self._remote.url if self._remote is not None else None
+        return self._bytes.url
 
     @property
     def blocks(self) -> np.ndarray | None:
@@ -354,13 +464,9 @@ class MsgpackReader(Reader):
         bounds of the blocks of the cache (a random sample costs a block's fetch), so that
         ``shuffle=True`` fetches each block once an epoch (see
         :class:`~fpipe.dataset.base.Reader`)."""
-        if self._remote is None:
+        if self._bytes.remote is None:
             return None
-        handle = self._handle or self._open()  # a block holds the samples that begin in it
-        starts = np.frombuffer(handle.offsets, dtype=">u8")[:-1]
-        edges = np.arange(0, max(1, handle.size), handle.block_size, dtype=np.uint64)
-        firsts = np.searchsorted(starts, edges).astype(np.int64)
-        return np.unique(np.concatenate((firsts, [0, handle.n])))
+        return self._bytes.blocks(self._handle or self._open())
 
     def close(self) -> None:
         """Let go of the open files (running iterators keep theirs); reopened when needed."""
@@ -371,130 +477,11 @@ class MsgpackReader(Reader):
         self.close()
 
     def _open(self) -> _Handle:
-        if self._remote is not None:
-            # the offsets file is a cached copy, fetched and checked once, in memory like a local one's
-            handle = self._handle = self._remote.handle(self._files.offsets.read_bytes())
-            return handle
-        legacy = self._legacy_tables()[1] if self._legacy else None
-        handle = _Handle(self._files, legacy)
-        # what len() and the keys describe must be what the handle reads: a dataset replaced
-        # or rewritten since this reader was made (or pickled) is another dataset
-        if _identity(handle.opened) != self._identity:
-            raise FormatError("the data file changed since the reader was made (it was replaced "
-                              "or rewritten); make a new reader", path=self.path)
-        if handle.offsets_size != 8 * (self._len + 1) and not self._legacy:
-            raise FormatError(f"the offsets file changed since the reader was made ({self._len} "
-                              f"samples then, {handle.offsets_size} bytes now); make a new reader",
-                              path=self._files.offsets)
-        self._handle = handle
+        handle = self._handle = self._bytes.open()
         return handle
 
-    def _legacy_tables(self) -> tuple[KeyTable, bytes]:
-        if self._legacy_index is None:
-            keys, offsets = read_legacy_index(self.path)
-            self._legacy_index = KeyTable.from_keys(keys), offsets.astype(">u8").tobytes()
-        return self._legacy_index
-
-    def _on_disk(self) -> KeyIndex | None:
-        """The dataset's key index, opened once; None without one (and at a URL, which does
-        not fetch it), or when it fails its checks (then with a warning)."""
-        if self._key_index is None:
-            local = self._remote is None and not self._legacy
-            try:
-                self._key_index = (local and KeyIndex.open(self._files, self._len)) or False
-            except FormatError as error:
-                self._leave_key_index_aside(error)
-        return self._key_index or None
-
-    def _leave_key_index_aside(self, error: FormatError) -> None:
-        """Look keys up in the tables made from ``.keys`` from now on: the key index failed a
-        check (``error``), and answers from it could be wrong. The hashes are computed anew
-        from ``.keys`` (``.key_hashes`` may be as old as a damaged key index), or read from
-        ``.key_hashes`` for a stale one (the program that rewrote the keys wrote them)."""
-        self._keys_only = not isinstance(error, StaleKeyIndex)
-        where = (f"in {self._files.keys.name}, in memory" if self._keys_only else
-                 "in memory, as for a dataset without one")
-        warnings.warn(f"{error}; the key index is left aside and keys are looked up {where} "
-                      f"('fpipe index --keys {self.path}' writes it anew)", stacklevel=4)
-        if self._key_table is self._key_index:
-            self._key_table = None
-        if self._hash_index is self._key_index:
-            self._hash_index = None
-        self._key_index = False
-
-    def _asked(self, table: Callable[[], Any], question: Callable[[Any], Any]) -> Any:
-        """``question`` asked of ``table()`` (:meth:`_keys` or :meth:`_hashes`); when the key
-        index answers it with an error, asked again of the tables in memory."""
-        answering = table()
-        if answering is not self._key_index:
-            return question(answering)
-        try:
-            return question(answering)
-        except FormatError as error:
-            self._leave_key_index_aside(error)
-        return question(table())
-
-    def _keys(self) -> KeyTable | KeyIndex:
-        table = self._key_table
-        if table is None:
-            if self._on_disk() is not None:
-                table = self._on_disk()
-            elif self._legacy:
-                table = self._legacy_tables()[0]
-            elif not self._files.keys.exists():
-                raise FileNotFoundError(errno.ENOENT, "dataset keys file not found", str(self._files.keys))
-            else:
-                table = read_key_table(self._files.keys, self._len)
-            self._key_table = table
-        return table
-
-    def _hashes(self) -> HashIndex | KeyIndex:
-        index = self._hash_index
-        if index is None:
-            index = self._hash_index = self._on_disk() or self._hash_table()
-        return index
-
-    def _hash_table(self) -> HashIndex:
-        if not self._legacy and not self._keys_only and self._files.key_hashes.exists():
-            salt, hashes = read_key_hashes(self.path)
-            if len(hashes) != self._len:
-                raise FormatError(f"{len(hashes)} key hashes for {self._len} samples",
-                                  path=self._files.key_hashes)
-        else:
-            salt, hashes = self._recomputed_hashes()
-        return HashIndex(salt, hashes)
-
-    def _recomputed_hashes(self) -> tuple[bytes, np.ndarray]:
-        table = self._keys()
-        try:
-            return hash_keys(table.keys(0, len(table)))
-        except RuntimeError as error:  # the same key twice
-            keys = self._files.legacy_index if self._legacy else self._files.keys
-            raise FormatError(f"corrupt keys ({error})", path=keys) from error
-
-    def _filter(self) -> BloomFilter | None:
-        if self._bloom is None:
-            path = self._files.filter
-            try:
-                with open_regular(path) as file:
-                    data = file.read()
-            except FileNotFoundError:
-                self._bloom = False
-                return None
-            try:
-                self._bloom = BloomFilter.loads(data)
-            except ValueError as error:
-                raise FormatError(f"corrupt Bloom filter ({error})", path=path) from error
-        return self._bloom or None
-
     def __contains__(self, key: object) -> bool:
-        if not isinstance(key, str):
-            return False
-        if self._hash_index is None and self._on_disk() is None:
-            bloom = self._filter()
-            if bloom is not None and key not in bloom:
-                return False
-        return self._asked(self._hashes, methodcaller("find", key)) >= 0
+        return key in self._keys
 
     def find_index(self, key: Any) -> int:
         """The index of ``key`` by its salted 64-bit hash: with a few reads of the key index
@@ -515,7 +502,7 @@ class MsgpackReader(Reader):
         ...
         KeyError: 'z'
         """
-        found = self._asked(self._hashes, methodcaller("find", key)) if isinstance(key, str) else -1
+        found = self._keys.find(key)
         if found < 0:
             raise KeyError(key)
         return found
@@ -534,7 +521,7 @@ class MsgpackReader(Reader):
         >>> reader.find_key(0), reader.find_key(-1)
         ('a', 'c')
         """
-        return self._asked(self._keys, itemgetter(self._index(index)))
+        return self._keys[self._index(index)]
 
     def get(self, index: int, yield_key: bool = False, raw: bool = False, copy: bool = True) -> Any:
         handle = self._handle or self._open()
@@ -558,7 +545,7 @@ class MsgpackReader(Reader):
                 raise handle.changed(corrupt) or corrupt from error
         sample = memoryview(data) if raw and not copy else data
         if yield_key:
-            return self._asked(self._keys, itemgetter(index)), sample
+            return self._keys[index], sample
         return sample
 
     def _whole(self, handle: _Handle, data: bytes, index: int, start: int, stop: int) -> bytes:
@@ -599,7 +586,7 @@ class MsgpackReader(Reader):
             raise changed from error
         if not yield_key:
             return samples
-        return list(zip(self._asked(self._keys, methodcaller("keys", start, stop)), samples))
+        return list(zip(self._keys.keys(start, stop), samples))
 
     def _chunks(self, start: int, stop: int, yield_key: bool, raw: bool, copy: bool,
                 chunk_size: int) -> Iterator:
@@ -618,8 +605,7 @@ class MsgpackReader(Reader):
                     if not yield_key:
                         yield from samples
                     else:
-                        yield from zip(self._asked(self._keys, methodcaller(
-                            "keys", first + a, first + b)), samples)
+                        yield from zip(self._keys.keys(first + a, first + b), samples)
                 except FormatError as error:
                     changed = handle.changed(error)
                     if changed is None:
@@ -657,19 +643,12 @@ class MsgpackReader(Reader):
         >>> reader.verify_data()
         False
         """
-        expected = read_md5(self.path).get(self.path.name)
-        if expected is None:
-            raise FormatError(f"the md5 file has no entry for {self.path.name}", path=self._files.md5)
-        handle = self._handle or self._open()
-        last = handle.offsets_between(self._len, self._len, self.path)[0]
-        if self._remote is not None:
-            return last == handle.size and self._remote.verify_data(expected, read_size, progress)
-        return last == os.stat(self.path).st_size and md5_file(self.path, read_size, progress) == expected
+        return self._bytes.verify_data(self._handle or self._open(), read_size, progress)
 
     def prefetch(self, indices: Sequence[int]) -> None:
         """Fetch in the background the blocks that samples ``indices`` need, in that order
         (a reader at a URL; nothing to do for a local file). Orderings call it."""
-        if self._remote is not None and self._remote.read_ahead:
+        if self._bytes.read_ahead:
             (self._handle or self._open()).prefetch(indices)
 
     def verify_index(self, read_size: int = 512 * 1024) -> bool:
@@ -689,12 +668,151 @@ class MsgpackReader(Reader):
         >>> reader.verify_index()
         False
         """
-        entries = read_md5(self.path)
-        # a reader at a URL fetches no key index: it looks keys up in memory
-        fetched = [path for path in self._files.index_files + (self._files.legacy_index,)
-                   if self._remote is None or path != self._files.key_index]
-        listed = [path for path in fetched if path.name in entries]
-        return all(path.exists() and md5_file(path, read_size) == entries[path.name] for path in listed)
+        return self._bytes.verify_index(read_size)
+
+
+class DatasetKeys:
+    """The key lookup of a packed dataset (a :class:`~fpipe.dataset.keyindex.KeyLookup`): its key
+    index where it has one (``key_index``: a local dataset that is not legacy), else a
+    :class:`~fpipe.dataset.keyindex.KeyTable` that loads ``.keys`` (or the legacy ``.index``,
+    from ``legacy``) when a key is asked for, and ``.key_hashes`` (recomputed from the keys
+    where it is missing) when an index is. A key index that fails a check is left aside with a
+    warning, and the question asked again of the table. While no lookup table is open, ``in``
+    asks the Bloom filter ``.filter`` first (a key that is not there costs no table).
+
+    >>> import os, tempfile
+    >>> from fpipe.dataset import FileWriter
+    >>> from fpipe.dataset.format import DatasetFiles
+    >>> path = os.path.join(tempfile.mkdtemp(), "pets.msgpack")
+    >>> with FileWriter(path) as writer:
+    ...     for key in ("cat", "dog"):
+    ...         writer.write({"key": key})
+    >>> keys = DatasetKeys(DatasetFiles(path), 2, key_index=False)
+    >>> "dog" in keys, keys.find("cow"), keys[0], keys.keys(0, 2)
+    (True, -1, 'cat', ['cat', 'dog'])
+    """
+
+    def __init__(self, files: DatasetFiles, n: int, *, key_index: bool = True,
+                 legacy: Callable[[], KeyTable] | None = None) -> None:
+        self._files, self._n, self._legacy = files, n, legacy
+        self._index: KeyIndex | bool | None = None if key_index else False
+        self._table: KeyTable | None = None
+        self._keys_only = False  # a key index failed a check: .key_hashes is not trusted either
+        self._bloom: BloomFilter | bool | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: int) -> str:
+        if self._index is False:  # no key index: the table answers alone
+            return (self._table if self._table is not None else self._memory())[index]
+        return self._asked(itemgetter(index))
+
+    def keys(self, start: int, stop: int) -> list[str]:
+        return self._asked(methodcaller("keys", start, stop))
+
+    def find(self, key: Any) -> int:
+        if not isinstance(key, str):
+            return -1
+        if self._index is False:
+            return (self._table if self._table is not None else self._memory()).find(key)
+        return self._asked(methodcaller("find", key))
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        if self._on_disk() is None and not (self._table is not None and self._table.hashed):
+            bloom = self._filter()
+            if bloom is not None and key not in bloom:
+                return False
+        return self.find(key) >= 0
+
+    def _asked(self, question: Callable[[KeyLookup], Any]) -> Any:
+        """``question`` asked of the key index, or of the table in memory; when the key index
+        answers it with an error, asked again of the table."""
+        index = self._on_disk()
+        if index is not None:
+            try:
+                return question(index)
+            except FormatError as error:
+                self._leave_key_index_aside(error)
+        return question(self._memory())
+
+    def _on_disk(self) -> KeyIndex | None:
+        """The dataset's key index, opened once; None without one, or when it fails its
+        checks (then with a warning)."""
+        if self._index is None:
+            try:
+                self._index = KeyIndex.open(self._files, self._n) or False
+            except FormatError as error:
+                self._leave_key_index_aside(error)
+        return self._index or None
+
+    def _leave_key_index_aside(self, error: FormatError) -> None:
+        """Look keys up in the table made from ``.keys`` from now on: the key index failed a
+        check (``error``), and answers from it could be wrong. The hashes are computed anew
+        from ``.keys`` (``.key_hashes`` may be as old as a damaged key index), or read from
+        ``.key_hashes`` for a stale one (the program that rewrote the keys wrote them)."""
+        self._keys_only = not isinstance(error, StaleKeyIndex)
+        where = (f"in {self._files.keys.name}, in memory" if self._keys_only else
+                 "in memory, as for a dataset without one")
+        warnings.warn(f"{error}; the key index is left aside and keys are looked up {where} "
+                      f"('fpipe index --keys {self._files.data}' writes it anew)",
+                      stacklevel=_caller_level())
+        self._index = False
+
+    def _memory(self) -> KeyTable:
+        if self._table is None:
+            self._table = KeyTable(load=self._load_keys, hashes=self._load_hashes)
+        return self._table
+
+    def _load_keys(self) -> KeyTable:
+        if self._legacy is not None:
+            return self._legacy()
+        if not self._files.keys.exists():
+            raise FileNotFoundError(errno.ENOENT, "dataset keys file not found", str(self._files.keys))
+        return read_key_table(self._files.keys, self._n)
+
+    def _load_hashes(self) -> tuple[bytes, np.ndarray]:
+        if self._legacy is None and not self._keys_only and self._files.key_hashes.exists():
+            salt, hashes = read_key_hashes(self._files.data)
+            if len(hashes) != self._n:
+                raise FormatError(f"{len(hashes)} key hashes for {self._n} samples",
+                                  path=self._files.key_hashes)
+            return salt, hashes
+        table = self._memory()
+        try:
+            return hash_keys(table.keys(0, len(table)))
+        except RuntimeError as error:  # the same key twice
+            keys = self._files.legacy_index if self._legacy is not None else self._files.keys
+            raise FormatError(f"corrupt keys ({error})", path=keys) from error
+
+    def _filter(self) -> BloomFilter | None:
+        if self._bloom is None:
+            path = self._files.filter
+            try:
+                with open_regular(path) as file:
+                    data = file.read()
+            except FileNotFoundError:
+                self._bloom = False
+                return None
+            try:
+                self._bloom = BloomFilter.loads(data)
+            except ValueError as error:
+                raise FormatError(f"corrupt Bloom filter ({error})", path=path) from error
+        return self._bloom or None
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of a warning that names the first caller outside this package (the
+    user's line), from the function that calls this one."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _block(handle: _Handle, start: int, stop: int, kept: bool, scratch: _Buffer | None) -> Any:

@@ -71,7 +71,7 @@ _SEARCH_BLOCK = 1 << 20  # bytes searched at a time for where samples begin agai
 # again may be of any size.
 _CANDIDATE_READ = 4096
 # A map begins a candidate sample when the str "key" follows it within 1 MiB, or twice the
-# largest sample seen (see _Scan.window).
+# largest sample seen (see _DataScan.window).
 _CANDIDATE_WINDOW = 1 << 20
 _KEY = b"\xa3key"  # the str "key", as msgpack packs it
 # How many bytes before a candidate an array header ends, by its size: fixarray, array 16, 32
@@ -280,7 +280,7 @@ def _ignore(_: int) -> None:
 # --- the scan ----------------------------------------------------------------------------
 
 
-class _Scan:
+class _DataScan:
     """What a scan found: the samples to index, handed to an index builder as they come (the
     last held back, for the damage found after it may cut it off); where they lie, as runs
     of samples back to back; the damaged regions and where an incomplete tail begins; and
@@ -499,11 +499,11 @@ class _Failure:
     first: int
 
 
-def _scan(data: Path, progress: Callable[[int], object], folder: Path) -> _Scan:
+def _scan(data: Path, progress: Callable[[int], object], folder: Path) -> _DataScan:
     with open_regular(data) as file:
         builder = IndexBuilder(folder, data.name)
         try:
-            scan = _Scan(data, os.fstat(file.fileno()).st_size, builder)
+            scan = _DataScan(data, os.fstat(file.fileno()).st_size, builder)
             try:
                 position = 0
                 while position < scan.size:
@@ -520,7 +520,7 @@ def _scan(data: Path, progress: Callable[[int], object], folder: Path) -> _Scan:
     return scan
 
 
-def _read_run(file: BinaryIO, position: int, scan: _Scan,
+def _read_run(file: BinaryIO, position: int, scan: _DataScan,
               progress: Callable[[int], object]) -> _Failure | None:
     """Index the samples from ``position`` on, up to the end (None) or a failure."""
     file.seek(position)
@@ -562,7 +562,7 @@ def _is_sample(message: Any) -> bool:
     return isinstance(message, dict) and isinstance(message.get("key"), str)
 
 
-def _resynchronise(file: BinaryIO, failure: _Failure, scan: _Scan) -> int:
+def _resynchronise(file: BinaryIO, failure: _Failure, scan: _DataScan) -> int:
     """Record the damage at ``failure``; return where the samples begin again (or the end).
 
     The search starts just after the start of the last sample before the failure: if the
@@ -599,12 +599,12 @@ def _with_doubt(reason: str, doubt: int | None) -> str:
             "end of the file: it may be intact, so it is not cut off")
 
 
-def _cut_short(scan: _Scan, start: int, stop: int) -> bool:
+def _cut_short(scan: _DataScan, start: int, stop: int) -> bool:
     """Whether the old index has a sample begin at ``start`` but not end at ``stop``."""
     return scan.old.was_boundary(start) and not scan.old.was_boundary(stop)
 
 
-def _next_on_old_index(file: BinaryIO, start: int, scan: _Scan) -> int | None:
+def _next_on_old_index(file: BinaryIO, start: int, scan: _DataScan) -> int | None:
     """The first place from ``start`` on where the old index has a sample begin and one
     parses that ends where the old index has the next begin (or at the end of the file).
     None when there is no old index, or it does not describe the bytes after the damage
@@ -641,7 +641,7 @@ class _Stop(enum.Enum):
     BROKEN = "broken"
 
 
-def _next_start(file: BinaryIO, floor: int, failure: int, scan: _Scan
+def _next_start(file: BinaryIO, floor: int, failure: int, scan: _DataScan
                 ) -> tuple[int | None, int | None]:
     """The first offset from ``floor`` on where intact samples begin again, found by decoding
     (see :class:`_Search`), or None; and the first offset before it where a sample decodes
@@ -1048,7 +1048,7 @@ def _skip_header(message: Any, at: int) -> tuple[int, int]:
 # --- writing the result ------------------------------------------------------------------
 
 
-def _reindex(data: Path, scan: _Scan, built: Built, cut_copy: Path | None) -> None:
+def _reindex(data: Path, scan: _DataScan, built: Built, cut_copy: Path | None) -> None:
     """Index the samples, which lie back to back from byte 0; cut an incomplete tail off,
     keeping its bytes at ``cut_copy`` (with None, leave it)."""
     kept = scan.size if cut_copy is None else scan.end
@@ -1074,7 +1074,7 @@ def _copy_tail(data: Path, start: int, stop: int, target: Path) -> None:
         os.fsync(copy.fileno())
 
 
-def _rewrite(data: Path, scan: _Scan, built: Built, backup: Path) -> None:
+def _rewrite(data: Path, scan: _DataScan, built: Built, backup: Path) -> None:
     """Write the samples to a new data file that replaces ``data``; keep the original."""
     if os.path.lexists(backup):
         raise FileExistsError(errno.EEXIST, "the original of a damaged data file would be kept "

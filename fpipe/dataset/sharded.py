@@ -29,9 +29,10 @@ import numpy as np
 
 from fpipe.dataset.base import Reader
 from fpipe.dataset.format import DatasetFiles, PathLike
-from fpipe.dataset.reader import MsgpackReader, refuse_remote_options
+from fpipe.dataset.reader import MsgpackReader
 from fpipe.dataset.writer import FileWriter, check_progress_options
 from fpipe.errors import FormatError, check_integer, redacted_url
+from fpipe.remote.urls import RemoteOptions, check_remote, refuse_remote_options, takes_remote
 
 __all__ = ["ShardedReader", "ShardedWriter", "write_shard_index"]
 
@@ -65,18 +66,15 @@ class ShardedReader(Reader):
     ``.offsets``). ``find_index`` and ``in`` ask the shards in turn, opening them.
 
     Shards may be URLs, and a pattern may be a URL with wildcards (``s3://b/train-*.msgpack``);
-    the keywords go to each :class:`MsgpackReader` made from a path or URL (and
-    ``storage_options`` to the fetch of a shard index at a URL).
+    ``remote=RemoteOptions(...)`` goes to each :class:`MsgpackReader` made from a path or URL
+    (and its ``storage_options`` to the fetch of a shard index at a URL).
     """
 
+    @takes_remote
     def __init__(self, shards: Union[PathLike, Iterable[Union[PathLike, Reader]]], *,
-                 storage_options: dict | None = None, cache_dir: PathLike | None = None,
-                 cache_limit: int | None = None, block_size: int | None = None,
-                 read_ahead: int | None = None, retries: int | None = None,
-                 timeout: float | None = None) -> None:
-        self._options = {"storage_options": storage_options, "cache_dir": cache_dir,
-                         "cache_limit": cache_limit, "block_size": block_size,
-                         "read_ahead": read_ahead, "retries": retries, "timeout": timeout}
+                 remote: RemoteOptions | None = None) -> None:
+        self._remote = check_remote(remote)
+        storage_options = self._remote.storage_options
         self._shard_index: str | None = None  # the shard index read, as shown in messages
         lengths: list[int | None]
         if isinstance(shards, (str, os.PathLike)) and _names_shard_index(os.fspath(shards)):
@@ -94,7 +92,7 @@ class ShardedReader(Reader):
             lengths = [_known_length(source) for source in self._sources]
         local = [source for source in self._sources if isinstance(source, str) and "://" not in source]
         if local:  # checked now: the shards open when they are read
-            refuse_remote_options(local[0], self._options)
+            refuse_remote_options(local[0], self._remote)
         self._opened: dict[int, Reader] = {}
         for shard, length in enumerate(lengths):
             if length is None:  # its length is in its .offsets, at a URL (or to be checked)
@@ -161,7 +159,7 @@ class ShardedReader(Reader):
 
     def _made(self, shard: int) -> Reader:
         source = self._sources[shard]
-        return source if isinstance(source, Reader) else MsgpackReader(source, **self._options)
+        return source if isinstance(source, Reader) else MsgpackReader(source, remote=self._remote)
 
     def close(self) -> None:
         for reader in self._opened.values():

@@ -27,13 +27,13 @@ import numpy as np
 
 from fpipe.dataset.base import HeldRows
 from fpipe.errors import check_integer
-from fpipe.orderings._plans import buffer_samples
 from fpipe.orderings.order import (
     Indexed,
     QuasiShuffler,
     Range,
     ReadOptions,
     SeededOrdering,
+    buffer_samples,
     prefetch_indices,
     random_access,
     read_source,

@@ -1,7 +1,8 @@
 """What the readers of other training formats share (:mod:`fpipe.formats.webdataset`,
 :mod:`fpipe.formats.tfrecord`, :mod:`fpipe.formats.parquet`): a file's bytes by range, local or
 at a URL (:class:`ByteSource`); index arrays built once per file and kept in the cache folder
-(:func:`cached_index`); keys as a compact table with sorted hashes (:class:`KeyIndex`); shard
+(:func:`cached_index`); keys as a :class:`~fpipe.dataset.keyindex.KeyTable` (the key lookup of
+the packed format's readers too); shard
 lists from brace and glob patterns (:func:`expand_shards`); and :class:`SpanReader`, the reader
 of files whose samples are runs of bytes (tar members, TFRecord records).
 
@@ -37,10 +38,12 @@ from fpipe.dataset._staging import (
     signals_deferred,
 )
 from fpipe.dataset.base import Reader
-from fpipe.dataset.format import PathLike, key_salt, pack_sample
-from fpipe.errors import FormatError, check_keywords, redacted_url
+from fpipe.dataset.format import PathLike, pack_sample
+from fpipe.dataset.keyindex import KeyTable
+from fpipe.errors import FormatError, redacted_url
+from fpipe.remote.urls import RemoteOptions, check_remote, refuse_remote_options
 
-__all__ = ["ByteSource", "KeyIndex", "ShardFiles", "SpanReader", "cached_index", "checked_spans",
+__all__ = ["ByteSource", "ShardFiles", "SpanReader", "cached_index", "checked_spans",
            "expand_shards", "finish_export", "pending_export", "pin_index", "renamed", "same_bytes",
            "strings_from_arrays", "strings_to_arrays", "write_shards"]
 
@@ -50,7 +53,6 @@ EXPORT_JOURNAL = "export.json"
 SCAN_WINDOW = 1 << 16
 # Iteration reads runs of samples up to about this many bytes at once.
 _READ_BYTES = 1 << 20
-_SALT = key_salt(0)
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 _INDEX_VERSION = "1"
@@ -65,17 +67,17 @@ class _RemoteFile:
     block ``k`` standing for the handle's sample ``k``, so that the block cache, its budget,
     its locks and its read-ahead serve it as they serve a packed dataset."""
 
-    def __init__(self, url: str, options: dict) -> None:
+    def __init__(self, url: str, remote: RemoteOptions) -> None:
         from fpipe.remote.cache import Budget, dataset_folder
         from fpipe.remote.urls import Retrying, check_options
 
         self.url = url
-        self.block_size, limit, self.read_ahead, retries, timeout = _remote_settings(options)
-        self.source = Retrying(url, check_options(options.get("storage_options")), timeout, retries)
+        self.block_size, limit, self.read_ahead, retries, timeout = remote.settings
+        self.source = Retrying(url, check_options(remote.storage_options), timeout, retries)
         self.size, tag = self.source.stat()
         # the same cache for any credentials: they open the door, they do not change the data
         self.identity = f"{redacted_url(url)}\0{self.size}\0{tag}"
-        self.budget = Budget(cache_root(options.get("cache_dir")), limit)
+        self.budget = Budget(cache_root(remote.cache_dir), limit)
         self.folder = dataset_folder(self.budget.root,
                                      hashlib.sha256(self.identity.encode()).hexdigest()[:32])
 
@@ -87,25 +89,6 @@ class _RemoteFile:
         return RemoteHandle(self, offsets)
 
 
-def _remote_settings(options: dict) -> tuple[int, int, int, int, float]:
-    """``block_size``, ``cache_limit``, ``read_ahead``, ``retries`` and ``timeout`` of
-    ``options``, checked, with the defaults of :mod:`fpipe.remote.urls`."""
-    from fpipe.errors import check_integer
-    from fpipe.remote import urls as remote
-
-    def given(name: str, default: Any) -> Any:
-        return default if options.get(name) is None else options[name]
-    block_size = check_integer("block_size", given("block_size", remote.DEFAULT_BLOCK_SIZE), 1)
-    limit = check_integer("cache_limit", given("cache_limit", remote.DEFAULT_CACHE_LIMIT), 1)
-    if limit < block_size:
-        raise ValueError(f"cache_limit must hold at least one block of block_size={block_size} "
-                         f"bytes; got cache_limit={limit}")
-    return (block_size, limit,
-            check_integer("read_ahead", given("read_ahead", remote.DEFAULT_READ_AHEAD), 0),
-            check_integer("retries", given("retries", remote.DEFAULT_RETRIES), 0),
-            remote.check_timeout(given("timeout", remote.DEFAULT_TIMEOUT)))
-
-
 def cache_root(cache_dir: PathLike | None) -> Path:
     """The cache folder: ``cache_dir``, else the one datasets at URLs use."""
     if cache_dir is not None:
@@ -113,23 +96,6 @@ def cache_root(cache_dir: PathLike | None) -> Path:
     from fpipe.remote.urls import default_cache_dir
 
     return default_cache_dir()
-
-
-_REMOTE_KEYS = ("storage_options", "cache_dir", "cache_limit", "block_size", "read_ahead",
-                "retries", "timeout")
-
-
-def check_remote_options(owner: str, options: dict) -> None:
-    """A ``TypeError`` naming the first of ``options`` (the keywords a foreign reader passes
-    on to its :class:`ByteSource`) that is not an option of a URL, before any file is opened
-    or listed.
-
-    >>> check_remote_options("TarReader", {"cache_dir": None, "field": ["jpg"]})
-    Traceback (most recent call last):
-    ...
-    TypeError: TarReader got an unexpected keyword argument 'field'
-    """
-    check_keywords(owner, options, _REMOTE_KEYS)
 
 
 class ByteSource:
@@ -150,26 +116,22 @@ class ByteSource:
     _fd: int | None = None
     _pid = -1
 
-    def __init__(self, path: PathLike, **options: Any) -> None:
-        check_remote_options("ByteSource", options)
+    def __init__(self, path: PathLike, remote: RemoteOptions | None = None) -> None:
+        remote = check_remote(remote)
         location = os.fspath(path)
         # absolute, as for MsgpackReader: a worker's current folder may be another one
         self._location = location if _is_url(location) else os.path.abspath(location)
         self.path = redacted_url(self._location)
-        self.options = options
         self._remote: _RemoteFile | None = None
         self._fd: int | None = None
         self._handle: Any = None
         self._pid = -1
         if _is_url(self._location):
-            self._remote = _RemoteFile(self._location, options)
+            self._remote = _RemoteFile(self._location, remote)
             self.size, self.identity = self._remote.size, self._remote.identity
         else:
-            given = [name for name in _REMOTE_KEYS if options.get(name) is not None
-                     and name != "cache_dir"]
-            if given:
-                raise ValueError(f"{', '.join(given)} only apply to URLs; got the local path "
-                                 f"{self.path!r}")
+            # a local file's index is kept in cache_dir too
+            refuse_remote_options(self.path, remote, allowed=("cache_dir",))
             stat = _stat_file(self.path)
             self.size = stat.st_size
             # the change time too: a copy over the file (cp -p) keeps the rest
@@ -501,65 +463,6 @@ def strings_from_arrays(blob: np.ndarray, ends: np.ndarray) -> list[str]:
 
 # --- keys --------------------------------------------------------------------------------------
 
-class KeyIndex:
-    """Keys as one bytes object of UTF-8 and a NumPy array of their ends, with their salted
-    64-bit hashes sorted for lookups (made at the first lookup): no Python object per key, so
-    forked workers do not copy them. A key that appears more than once is found at its first
-    place.
-
-    >>> keys = KeyIndex(*strings_to_arrays(["b", "a", "b"]))
-    >>> len(keys), keys[2], keys.find("b"), keys.find("z"), keys.slice(0, 2)
-    (3, 'b', 0, -1, ['b', 'a'])
-    """
-
-    __slots__ = ("_blob", "_ends", "_order", "_sorted")
-
-    def __init__(self, blob: np.ndarray, ends: np.ndarray) -> None:
-        self._blob = blob.tobytes()
-        # a memoryview: indexing it gives Python ints, several times faster than NumPy's
-        self._ends = memoryview(np.concatenate([np.zeros(1, np.int64), ends.astype(np.int64)]))
-        self._order = self._sorted = None
-
-    def __reduce__(self) -> tuple:
-        return KeyIndex, (np.frombuffer(self._blob, np.uint8), np.asarray(self._ends)[1:])
-
-    def __len__(self) -> int:
-        return len(self._ends) - 1
-
-    def __getitem__(self, index: int) -> str:
-        return self._blob[self._ends[index]:self._ends[index + 1]].decode("utf-8", "surrogateescape")
-
-    def slice(self, start: int, stop: int) -> list[str]:
-        blob, ends = self._blob, self._ends
-        return [blob[ends[i]:ends[i + 1]].decode("utf-8", "surrogateescape")
-                for i in range(start, stop)]
-
-    def find(self, key: Any) -> int:
-        """The first index of ``key``, or -1."""
-        if not isinstance(key, str):
-            return -1
-        if self._sorted is None:
-            self._hash_all()
-        value = np.uint64(int.from_bytes(_digest(key), "big"))
-        slot = int(np.searchsorted(self._sorted, value))
-        while slot < len(self._sorted) and self._sorted[slot] == value:
-            index = int(self._order[slot])
-            if self[index] == key:
-                return index
-            slot += 1
-        return -1
-
-    def _hash_all(self) -> None:
-        digests = b"".join(map(_digest, self.slice(0, len(self))))
-        hashes = np.frombuffer(digests, dtype=">u8").astype(np.uint64)
-        self._order = np.argsort(hashes, kind="stable")
-        self._sorted = hashes[self._order]
-
-
-def _digest(key: str) -> bytes:
-    return hashlib.blake2s(key.encode("utf-8", "surrogateescape"), salt=_SALT).digest()[:8]
-
-
 def numbered_key(name: str, index: int) -> str:
     """The key of a sample that its format does not name: ``<file name>:<index>``."""
     return f"{name}:{index}"
@@ -652,17 +555,18 @@ class SpanReader(Reader):
     (tar members, TFRecord records), decoded by the subclass's ``_decode``.
 
     Subclasses set ``self.source`` (a :class:`ByteSource`), ``self._starts`` and
-    ``self._stops`` (int64 arrays), ``self._keys`` (a :class:`KeyIndex`, or None for samples
-    numbered ``<file name>:<index>``) and ``self._damage`` (sample index -> reason: a sample
-    found broken while the index was built, which raises :class:`~fpipe.errors.FormatError`
-    when it is read), and implement ``_decode(data, index, offset)``, which raises
-    FormatError for a sample that does not decode.
+    ``self._stops`` (int64 arrays), ``self._keys`` (a :class:`~fpipe.dataset.keyindex.KeyTable`,
+    or None for samples numbered ``<file name>:<index>``) and ``self._damage`` (sample index
+    -> reason: a sample found broken while the index was built, which raises
+    :class:`~fpipe.errors.FormatError` when it is read), and implement
+    ``_decode(data, index, offset)``, which raises FormatError for a sample that does not
+    decode.
     """
 
     source: ByteSource
     _starts: np.ndarray
     _stops: np.ndarray
-    _keys: KeyIndex | None
+    _keys: KeyTable | None
     _damage: dict[int, str]
 
     def __len__(self) -> int:
@@ -692,7 +596,7 @@ class SpanReader(Reader):
     def _key_list(self, start: int, stop: int) -> list[str]:
         if self._keys is None:
             return numbered_keys(self.source.name, start, stop)
-        return self._keys.slice(start, stop)
+        return self._keys.keys(start, stop)
 
     def _damaged(self, index: int) -> FormatError:
         return FormatError(self._damage[index], path=self.source.path, index=index,

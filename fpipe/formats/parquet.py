@@ -41,12 +41,11 @@ import numpy as np
 
 from fpipe.dataset.base import Reader
 from fpipe.dataset.format import PathLike, pack_sample
+from fpipe.dataset.keyindex import KeyTable
 from fpipe.dataset.sharded import ShardedReader
 from fpipe.errors import FormatError, check_integer
 from fpipe.formats._foreign import (
     ByteSource,
-    KeyIndex,
-    check_remote_options,
     expand_shards,
     numbered_index,
     numbered_keys,
@@ -55,6 +54,7 @@ from fpipe.formats._foreign import (
     write_shards,
 )
 from fpipe.formats._ipc import END_OF_STREAM, IpcLayout, ipc_layout
+from fpipe.remote.urls import RemoteOptions, check_remote, takes_remote
 
 __all__ = ["ArrowFileReader", "ParquetFileReader", "ParquetReader", "write_parquet"]
 
@@ -90,9 +90,8 @@ class _ArrowReader(Reader):
     columns: list[str] | None
 
     def __init__(self, path: PathLike, columns: Sequence[str] | None, key: str | None,
-                 cache_bytes: int, options: dict) -> None:
-        check_remote_options(type(self).__name__, options)
-        self.source = ByteSource(path, **options)
+                 cache_bytes: int, remote: RemoteOptions | None) -> None:
+        self.source = ByteSource(path, check_remote(remote))
         self.cache_bytes = check_integer("cache_bytes", cache_bytes, 0)
         self._wanted = _check_columns(columns)
         self._key_column = key
@@ -107,7 +106,7 @@ class _ArrowReader(Reader):
         self._held = 0
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._keys: KeyIndex | None = None
+        self._keys: KeyTable | None = None
         self._keys_damaged: FormatError | None = None  # why the key index cannot be built
 
     def __getstate__(self) -> dict:
@@ -272,7 +271,7 @@ class _ArrowReader(Reader):
 
     # --- keys ------------------------------------------------------------------------------
 
-    def _key_index(self) -> KeyIndex:
+    def _key_index(self) -> KeyTable:
         """The keys of every row, read once; the FormatError of a part whose keys do not
         read (raised again at each call, without reading the file again)."""
         if self._keys_damaged is not None:
@@ -288,7 +287,7 @@ class _ArrowReader(Reader):
             except FormatError as error:
                 self._keys_damaged = error
                 raise
-            self._keys = KeyIndex(np.concatenate([np.zeros(0, np.uint8), *blobs]),
+            self._keys = KeyTable(np.concatenate([np.zeros(0, np.uint8), *blobs]),
                                   np.concatenate([np.zeros(0, np.int64), *ends]))
         return self._keys
 
@@ -312,7 +311,7 @@ class _ArrowReader(Reader):
         if self._key_column is None:
             return numbered_keys(self.source.name, start, stop)
         try:
-            return self._key_index().slice(start, stop)
+            return self._key_index().keys(start, stop)
         except FormatError:  # a part's keys are damaged: those of the others still read
             return self._keys_between(start, stop)
 
@@ -434,7 +433,8 @@ class ParquetFileReader(_ArrowReader):
     row group that does not decode raises FormatError naming the file and the sample when
     it is read, and the other row groups stay readable.
 
-    ``path`` may be a URL, with the keywords of :class:`~fpipe.dataset.reader.MsgpackReader`
+    ``path`` may be a URL, with the ``remote=RemoteOptions(...)`` of
+    :class:`~fpipe.dataset.reader.MsgpackReader`
     (the bytes come through the same block cache). It pickles by path.
 
     >>> import os, tempfile
@@ -448,10 +448,11 @@ class ParquetFileReader(_ArrowReader):
 
     _kind, _unit = "Parquet", "row group"
 
+    @takes_remote
     def __init__(self, path: PathLike, *, columns: Sequence[str] | None = None,
                  key: str | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 **options: Any) -> None:
-        super().__init__(path, columns, key, cache_bytes, options)
+                 remote: RemoteOptions | None = None) -> None:
+        super().__init__(path, columns, key, cache_bytes, remote)
 
     def __repr__(self) -> str:
         return f"ParquetFileReader({self.source.path!r})"
@@ -516,10 +517,11 @@ class ArrowFileReader(_ArrowReader):
 
     _kind, _unit = "Arrow IPC", "record batch"
 
+    @takes_remote
     def __init__(self, path: PathLike, *, columns: Sequence[str] | None = None,
                  key: str | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 **options: Any) -> None:
-        super().__init__(path, columns, key, cache_bytes, options)
+                 remote: RemoteOptions | None = None) -> None:
+        super().__init__(path, columns, key, cache_bytes, remote)
 
     def __repr__(self) -> str:
         return f"ArrowFileReader({self.source.path!r})"
@@ -628,19 +630,20 @@ class ParquetReader(ShardedReader):
     (4, [0, 1, 10, 11])
     """
 
+    @takes_remote
     def __init__(self, paths: Union[PathLike, Iterable[PathLike]], *,
                  columns: Sequence[str] | None = None, key: str | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, **options: Any) -> None:
-        check_remote_options("ParquetReader", options)
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, remote: RemoteOptions | None = None) -> None:
+        remote = check_remote(remote)
         files = []
         for path in ([paths] if isinstance(paths, (str, os.PathLike)) else list(paths)):
             path = os.fspath(path) if isinstance(path, os.PathLike) else path
             if isinstance(path, str) and os.path.isdir(path):
                 files.extend(_folder_files(path))
             else:
-                files.extend(expand_shards(path, storage_options=options.get("storage_options")))
+                files.extend(expand_shards(path, storage_options=remote.storage_options))
         super().__init__([open_table_file(file, columns=columns, key=key, cache_bytes=cache_bytes,
-                                          **options) for file in files])
+                                          remote=remote) for file in files])
 
     def __repr__(self) -> str:
         return f"ParquetReader({len(self.readers)} files, {len(self)} rows)"

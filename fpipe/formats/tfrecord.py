@@ -50,7 +50,6 @@ from fpipe.formats._foreign import (
     Scanner,
     SpanReader,
     cached_index,
-    check_remote_options,
     checked_spans,
     expand_shards,
     pin_index,
@@ -58,6 +57,7 @@ from fpipe.formats._foreign import (
     strings_from_arrays,
     strings_to_arrays,
 )
+from fpipe.remote.urls import RemoteOptions, check_remote, takes_remote
 
 __all__ = ["TFRecordFileReader", "TFRecordReader", "TFRecordWriter", "encode_example",
            "packable_example", "parse_example"]
@@ -693,7 +693,8 @@ class TFRecordFileReader(SpanReader):
     an Example, alone; a record cut off at the end of the file, or whose length's CRC does not
     match, ends the records that can be found (those before it stay readable).
 
-    ``path`` may be a URL, with the keywords of :class:`~fpipe.dataset.reader.MsgpackReader`
+    ``path`` may be a URL, with the ``remote=RemoteOptions(...)`` of
+    :class:`~fpipe.dataset.reader.MsgpackReader`
     (the bytes come through the same block cache). Gzip-compressed files are refused with a
     message: random access needs the records uncompressed.
 
@@ -714,18 +715,19 @@ class TFRecordFileReader(SpanReader):
     #: how a record's bytes become a sample (see :func:`packing_reader`)
     _parse = staticmethod(parse_example)
 
+    @takes_remote
     def __init__(self, path: PathLike, *, features: Sequence[str] | None = None,
-                 verify: bool = True, **options: Any) -> None:
-        check_remote_options("TFRecordFileReader", options)
+                 verify: bool = True, remote: RemoteOptions | None = None) -> None:
+        remote = check_remote(remote)
         self.verify = check_bool("verify", verify)
         if features is not None and (isinstance(features, str) or not all(
                 isinstance(name, str) for name in features)):
             raise TypeError(f"features must be a list of names (str); got features={features!r:.80}")
         self.features = None if features is None else tuple(features)
-        self.source = ByteSource(path, **options)
+        self.source = ByteSource(path, remote)
         index = cached_index(self.source, f"{_INDEX_KIND}-{int(self.verify)}",
                              lambda: _build_record_index(self.source, self.verify),
-                             options.get("cache_dir"), self._fits)
+                             remote.cache_dir, self._fits)
         self._load(index)
 
     def _fits(self, index: dict[str, np.ndarray]) -> bool:
@@ -785,12 +787,13 @@ class TFRecordReader(ShardedReader):
     (6, 11, 'part-1.tfrecord:1')
     """
 
+    @takes_remote
     def __init__(self, paths: Union[PathLike, Iterable[PathLike]], *,
                  features: Sequence[str] | None = None, verify: bool = True,
-                 **options: Any) -> None:
-        check_remote_options("TFRecordReader", options)
-        files = expand_shards(paths, storage_options=options.get("storage_options"))
-        super().__init__([TFRecordFileReader(path, features=features, verify=verify, **options)
+                 remote: RemoteOptions | None = None) -> None:
+        remote = check_remote(remote)
+        files = expand_shards(paths, storage_options=remote.storage_options)
+        super().__init__([TFRecordFileReader(path, features=features, verify=verify, remote=remote)
                           for path in files])
 
     def __repr__(self) -> str:

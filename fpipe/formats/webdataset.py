@@ -39,15 +39,14 @@ import msgpack
 import numpy as np
 
 from fpipe.dataset.format import PathLike, pack_sample
+from fpipe.dataset.keyindex import KeyTable
 from fpipe.dataset.sharded import ShardedReader
 from fpipe.errors import FormatError, check_bool
 from fpipe.formats._foreign import (
     ByteSource,
-    KeyIndex,
     Scanner,
     SpanReader,
     cached_index,
-    check_remote_options,
     checked_spans,
     expand_shards,
     pin_index,
@@ -57,6 +56,7 @@ from fpipe.formats._foreign import (
     strings_to_arrays,
     write_shards,
 )
+from fpipe.remote.urls import RemoteOptions, check_remote, takes_remote
 
 __all__ = ["TarReader", "WebDatasetReader", "decode_field", "encode_field", "member_key",
            "write_webdataset"]
@@ -205,7 +205,7 @@ def _header_name(header: bytes) -> str:
     return name.decode("utf-8", "surrogateescape")
 
 
-class _Scan:
+class _TarScan:
     """A pass over a tar file's headers: the regular-file ``members``, and where and why the
     pass stopped early (``stopped_at`` None when it reached the end of the archive cleanly);
     ``cut`` is the name of the member that the damage cuts, when it is known."""
@@ -219,11 +219,11 @@ class _Scan:
         self.long_name: str | None = None
         self.pax: dict[str, str] = {}
 
-    def stop(self, position: int, reason: str, cut: str | None = None) -> _Scan:
+    def stop(self, position: int, reason: str, cut: str | None = None) -> _TarScan:
         self.stopped_at, self.reason, self.cut = position, reason, cut
         return self
 
-    def run(self) -> _Scan:
+    def run(self) -> _TarScan:
         position, size = 0, self.source.size
         while position + _BLOCK <= size:
             header = self.scanner.take(position, position + _BLOCK)
@@ -304,7 +304,7 @@ class _Scan:
         self.inline_left -= length
         return self.scanner.take(start, start + length)
 
-    def _end(self, position: int) -> _Scan:
+    def _end(self, position: int) -> _TarScan:
         """The zero block at ``position`` ends the archive if a second one (or the end of the
         file) follows it; one with a header after it is a header that was zeroed, and the
         members after it would be lost (tarfile ends there without a word)."""
@@ -314,7 +314,7 @@ class _Scan:
                                        "it: a damaged header, not the end of the archive")
         return self
 
-    def _tail(self, position: int) -> _Scan:
+    def _tail(self, position: int) -> _TarScan:
         """The end of a file that ran out before the end-of-archive blocks."""
         size = self.source.size
         rest = self.source.read(position, size)
@@ -346,7 +346,7 @@ def _build_tar_index(source: ByteSource) -> dict[str, np.ndarray]:
     """The index of a shard: its samples' keys, and for each member (sample after sample)
     its extension, offset and size, and where its data is in ``inline_blob`` (-1: not
     there, read it from the file)."""
-    scan = _Scan(source).run()
+    scan = _TarScan(source).run()
     if scan.stopped_at == 0 and not scan.members:  # nothing to read: say so at once
         reason = scan.reason if scan.reason.startswith("truncated") else \
             f"not a tar file ({scan.reason})"
@@ -393,7 +393,7 @@ def _checked_spans(offsets: np.ndarray, sizes: np.ndarray, size: int) -> np.ndar
     return checked_spans(size, _BLOCK, offsets - _BLOCK, offsets + np.minimum(sizes, _BLOCK))
 
 
-def _with_damage(scan: _Scan, source: ByteSource, keys: list, starts: np.ndarray,
+def _with_damage(scan: _TarScan, source: ByteSource, keys: list, starts: np.ndarray,
                  stops: np.ndarray, first: list) -> tuple:
     """The sample that the damage cuts: the last one if the cut member belongs to it (or the
     cut member is unknown: then the last sample may lack members, and is not handed out as
@@ -417,7 +417,7 @@ class TarReader(SpanReader):
     ``{"key": ..., <extension>: bytes, ...}``.
 
     The first open reads the tar headers (not the members' data) and keeps the index in the
-    cache folder (``cache_dir``, default that of :mod:`fpipe.remote.urls`), keyed by the
+    cache folder (``remote.cache_dir``, default that of :mod:`fpipe.remote.urls`), keyed by the
     file's path, size, modification and change times and inode; later opens check it against
     a digest of a few of the shard's headers (a few reads), and every DataLoader worker loads
     it. ``fields`` chooses the extensions to read, and a sample that lacks one raises
@@ -429,10 +429,10 @@ class TarReader(SpanReader):
     keeps the samples before it readable, and the sample it cuts raises FormatError (file,
     sample, byte offset) when it is read, as does a sample with a member name twice.
 
-    ``path`` may be a URL (``s3://``, ``https://``, any fsspec scheme): the keywords after
-    ``decode`` are those of :class:`~fpipe.dataset.reader.MsgpackReader`, and the bytes come
-    through the same block cache; building the index at a URL reads the shard once (its
-    blocks stay in the cache).
+    ``path`` may be a URL (``s3://``, ``https://``, any fsspec scheme): ``remote`` takes the
+    :class:`~fpipe.remote.urls.RemoteOptions` that :class:`~fpipe.dataset.reader.MsgpackReader`
+    takes, and the bytes come through the same block cache; building the index at a URL reads
+    the shard once (its blocks stay in the cache).
 
     >>> import os, tempfile
     >>> pattern = os.path.join(tempfile.mkdtemp(), "s-%d.tar")
@@ -446,14 +446,15 @@ class TarReader(SpanReader):
     fpipe.errors.FormatError: ...s-0.tar: sample 1 at byte 1536: sample 'b' has no field 'jpg' ...
     """
 
+    @takes_remote
     def __init__(self, path: PathLike, *, fields: Sequence[str] | None = None,
-                 decode: bool = False, **options: Any) -> None:
-        check_remote_options("TarReader", options)
+                 decode: bool = False, remote: RemoteOptions | None = None) -> None:
+        remote = check_remote(remote)
         self.decode = check_bool("decode", decode)
         self.fields = _check_fields(fields)
-        self.source = ByteSource(path, **options)
+        self.source = ByteSource(path, remote)
         index = cached_index(self.source, _INDEX_KIND, lambda: _build_tar_index(self.source),
-                             options.get("cache_dir"), self._fits)
+                             remote.cache_dir, self._fits)
         self._load(index)
 
     def _fits(self, index: dict[str, np.ndarray]) -> bool:
@@ -473,7 +474,7 @@ class TarReader(SpanReader):
     def _load(self, index: dict[str, np.ndarray]) -> None:
         offsets, sizes, first = index["offsets"], index["sizes"], index["first"]
         starts, stops = index["starts"], index["stops"]
-        self._keys = KeyIndex(index["key_blob"], index["key_ends"])
+        self._keys = KeyTable(index["key_blob"], index["key_ends"])
         self._first, self._offsets, self._sizes = first, offsets, sizes
         self._inline_at, self._inline = index["inline_at"], index["inline_blob"].tobytes()
         self._names, self._codes = _coded(strings_from_arrays(index["ext_blob"], index["ext_ends"]))
@@ -608,11 +609,13 @@ class WebDatasetReader(ShardedReader):
     (6, '1-1')
     """
 
+    @takes_remote
     def __init__(self, urls: Union[PathLike, Iterable[PathLike]], *,
-                 fields: Sequence[str] | None = None, decode: bool = False, **options: Any) -> None:
-        check_remote_options("WebDatasetReader", options)
-        shards = expand_shards(urls, storage_options=options.get("storage_options"))
-        super().__init__([TarReader(shard, fields=fields, decode=decode, **options)
+                 fields: Sequence[str] | None = None, decode: bool = False,
+                 remote: RemoteOptions | None = None) -> None:
+        remote = check_remote(remote)
+        shards = expand_shards(urls, storage_options=remote.storage_options)
+        super().__init__([TarReader(shard, fields=fields, decode=decode, remote=remote)
                           for shard in shards])
 
     def __repr__(self) -> str:

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from fpipe.orderings._plans import BLOCK
 from fpipe.orderings.order import (
+    BLOCK,
     IndexableOrdering,
     ReadOptions,
     SeededOrdering,

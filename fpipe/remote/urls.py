@@ -51,7 +51,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -74,15 +75,15 @@ from fpipe.remote.cache import (
     write_atomically,
 )
 
-__all__ = ["RemoteError", "beside_url", "default_cache_dir", "glob_urls", "is_url", "read_whole",
-           "sibling_url", "size_bound", "split_query"]
+__all__ = ["RemoteError", "RemoteOptions", "beside_url", "default_cache_dir", "glob_urls", "is_url",
+           "read_whole", "sibling_url", "size_bound", "split_query"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _ONE = struct.Struct(">Q").unpack_from
 _LOG = logging.getLogger("fpipe.remote")
 
 DEFAULT_BLOCK_SIZE = 4 << 20
-DEFAULT_CACHE_LIMIT = 8 << 30
+DEFAULT_CACHE_BYTES = 8 << 30
 DEFAULT_READ_AHEAD = 8
 DEFAULT_RETRIES = 10  # about 20 s of backoff in all: a brief outage costs time, not the run
 DEFAULT_TIMEOUT = 30.0
@@ -104,6 +105,143 @@ _NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "CredentialR
                    "DefaultCredentialsError", "RefreshError"}
 _INVALID = {"ParamValidationError", "NoRegionError", "InvalidRegionError", "ValidationError"}
 _UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError"}
+
+
+@dataclass(frozen=True, eq=False)
+class RemoteOptions:
+    """How a reader reads a file at a URL: every reader (:class:`~fpipe.dataset.MsgpackReader`,
+    :class:`~fpipe.dataset.ShardedReader`, the readers of :mod:`fpipe.formats`) takes them the
+    same way, as ``remote=RemoteOptions(...)``. Each option left at None takes its default.
+
+    - ``storage_options``: a dict for fsspec (credentials, endpoint); never shown in a message
+      or a repr;
+    - ``cache_dir``: the folder of the block cache (default :func:`default_cache_dir`);
+    - ``cache_bytes``: the most bytes the block cache keeps on disk (8 GiB);
+    - ``block_size``: bytes fetched per ranged request (4 MiB);
+    - ``read_ahead``: blocks fetched ahead of the order being read (8);
+    - ``retries``: attempts after a failed request (10); ``timeout``: seconds per request (30).
+
+    Values are checked when the options are made, so a bad one is an error before any reader
+    opens anything; an unknown option is a TypeError.
+
+    >>> RemoteOptions(cache_bytes=1 << 30, storage_options={"key": "me", "secret": "pw"})
+    RemoteOptions(storage_options={'key': '***', 'secret': '***'}, cache_bytes=1073741824)
+    >>> RemoteOptions(cache_limit=1 << 30)
+    Traceback (most recent call last):
+    ...
+    TypeError: RemoteOptions.__init__() got an unexpected keyword argument 'cache_limit'
+    """
+
+    storage_options: Mapping | None = None
+    cache_dir: str | os.PathLike | None = None
+    cache_bytes: int | None = None
+    block_size: int | None = None
+    read_ahead: int | None = None
+    retries: int | None = None
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        check_options(self.storage_options)
+        block_size = check_integer("block_size", _default(self.block_size, DEFAULT_BLOCK_SIZE), 1)
+        cache_bytes = check_integer("cache_bytes", _default(self.cache_bytes, DEFAULT_CACHE_BYTES), 1)
+        if cache_bytes < block_size:
+            raise ValueError(f"cache_bytes must hold at least one block of block_size="
+                             f"{block_size} bytes; got cache_bytes={cache_bytes}")
+        check_integer("read_ahead", _default(self.read_ahead, DEFAULT_READ_AHEAD), 0)
+        check_integer("retries", _default(self.retries, DEFAULT_RETRIES), 0)
+        check_timeout(_default(self.timeout, DEFAULT_TIMEOUT))
+
+    def __repr__(self) -> str:
+        shown = [f"{name}={redacted_options(value) if name == 'storage_options' else repr(value)}"
+                 for name, value in self.given().items()]
+        return f"RemoteOptions({', '.join(shown)})"
+
+    def given(self) -> dict[str, Any]:
+        """The options that are set (not None), by name.
+
+        >>> RemoteOptions(retries=2).given()
+        {'retries': 2}
+        """
+        return {item.name: getattr(self, item.name) for item in fields(self)
+                if getattr(self, item.name) is not None}
+
+    @property
+    def settings(self) -> tuple[int, int, int, int, float]:
+        """``block_size``, ``cache_bytes``, ``read_ahead``, ``retries`` and ``timeout``, with
+        the defaults filled in."""
+        return (_default(self.block_size, DEFAULT_BLOCK_SIZE),
+                _default(self.cache_bytes, DEFAULT_CACHE_BYTES),
+                _default(self.read_ahead, DEFAULT_READ_AHEAD),
+                _default(self.retries, DEFAULT_RETRIES),
+                float(_default(self.timeout, DEFAULT_TIMEOUT)))
+
+
+#: The keywords readers took before :class:`RemoteOptions`, and the option each became.
+MOVED_OPTIONS = {"storage_options": "storage_options", "cache_dir": "cache_dir",
+                 "cache_limit": "cache_bytes", "block_size": "block_size",
+                 "read_ahead": "read_ahead", "retries": "retries", "timeout": "timeout"}
+
+
+def check_remote(remote: Any) -> RemoteOptions:
+    """``remote`` (None or :class:`RemoteOptions`) as RemoteOptions; a TypeError otherwise.
+
+    >>> check_remote(None)
+    RemoteOptions()
+    """
+    if remote is None:
+        return RemoteOptions()
+    if not isinstance(remote, RemoteOptions):
+        raise TypeError(f"remote must be a RemoteOptions; got {type(remote).__name__}")
+    return remote
+
+
+def takes_remote(init: Callable) -> Callable:
+    """``init``, the ``__init__`` of a reader that takes ``remote=RemoteOptions(...)``, made to
+    refuse the keywords that the options of a URL used to be (``cache_limit=`` ...) with a
+    TypeError saying what replaces them, before anything is opened. The signature stays
+    ``init``'s.
+
+    >>> class Reader:
+    ...     @takes_remote
+    ...     def __init__(self, path, *, remote=None):
+    ...         self.remote = check_remote(remote)
+    >>> Reader("s3://b/x.msgpack", cache_limit=1 << 30)
+    Traceback (most recent call last):
+    ...
+    TypeError: Reader got an unexpected keyword argument 'cache_limit': the options of a URL \
+are now one value, remote=RemoteOptions(cache_bytes=...) (from fpipe.remote import RemoteOptions)
+    """
+    import functools
+    import inspect
+
+    accepted = set(inspect.signature(init).parameters)
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        for name in kwargs:
+            if name in MOVED_OPTIONS and name not in accepted:
+                raise TypeError(f"{type(self).__name__} got an unexpected keyword argument "
+                                f"{name!r}: the options of a URL are now one value, remote="
+                                f"RemoteOptions({MOVED_OPTIONS[name]}=...) (from fpipe.remote "
+                                "import RemoteOptions)")
+        init(self, *args, **kwargs)
+    return checked
+
+
+def refuse_remote_options(path: Any, remote: RemoteOptions | None, allowed: tuple = ()) -> None:
+    """Raise ValueError naming the options of ``remote`` that are set, which only apply to
+    URLs, for the local ``path`` (secrets redacted), but those ``allowed``.
+
+    >>> refuse_remote_options("x.msgpack", RemoteOptions(retries=2))
+    Traceback (most recent call last):
+    ...
+    ValueError: remote=RemoteOptions(retries=2) only applies to URLs; got the local path 'x.msgpack'
+    """
+    given = {name: value for name, value in (remote.given() if remote else {}).items()
+             if name not in allowed}
+    if given:
+        raise ValueError(f"remote={RemoteOptions(**given)!r} only applies to URLs; got the "
+                         f"local path {path!r}")
 
 
 class RemoteError(FpipeError, OSError):
@@ -575,20 +713,12 @@ class RemoteDataset:
     (the data file itself is never there). Pickles by its settings.
     """
 
-    def __init__(self, url: str, storage_options: dict | None = None,
-                 cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
-                 block_size: int | None = None, read_ahead: int | None = None,
-                 retries: int | None = None, timeout: float | None = None) -> None:
+    def __init__(self, url: str, remote: RemoteOptions | None = None) -> None:
+        remote = remote or RemoteOptions()
         self.url = redacted_url(url)
-        options = check_options(storage_options)
-        self.block_size = check_integer("block_size", _default(block_size, DEFAULT_BLOCK_SIZE), 1)
-        limit = check_integer("cache_limit", _default(cache_limit, DEFAULT_CACHE_LIMIT), 1)
-        if limit < self.block_size:
-            raise ValueError(f"cache_limit must hold at least one block of block_size="
-                             f"{self.block_size} bytes; got cache_limit={limit}")
-        self.read_ahead = check_integer("read_ahead", _default(read_ahead, DEFAULT_READ_AHEAD), 0)
-        retries = check_integer("retries", _default(retries, DEFAULT_RETRIES), 0)
-        timeout = check_timeout(_default(timeout, DEFAULT_TIMEOUT))
+        options = check_options(remote.storage_options)
+        self.block_size, limit, self.read_ahead, retries, timeout = remote.settings
+        cache_dir = remote.cache_dir
         name = basename(url)
         self.source = Retrying(url, options, timeout, retries)
         self.size, tag = self.source.stat()

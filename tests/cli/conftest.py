@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fpipe.dataset._hashing as hashing
 import fpipe.dataset._indexing as indexing
+import fpipe.dataset.keyindex as hashing
 import fpipe.dataset.keyindex as keyindex
 import fpipe.dataset.reader as reader_module
 import fpipe.dataset.writer as writer_module

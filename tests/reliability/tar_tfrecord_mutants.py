@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fpipe.remote import RemoteOptions
+
 #: A case that takes longer than this is a hang.
 CASE_SECONDS = 60
 
@@ -184,7 +186,7 @@ def tar_sample(sample: dict) -> dict:
 def fpipe_tar(path: Path, cache: Path) -> dict:
     from fpipe.formats import TarReader
 
-    return read_through(path, lambda path: TarReader(path, cache_dir=cache), tar_sample)
+    return read_through(path, lambda path: TarReader(path, remote=RemoteOptions(cache_dir=cache)), tar_sample)
 
 
 # --- tfrecord ----------------------------------------------------------------------------------
@@ -349,7 +351,7 @@ def canonical(value: object) -> object:
 def fpipe_tfrecord(path: Path, cache: Path) -> dict:
     from fpipe.formats import TFRecordFileReader
 
-    return read_through(path, lambda path: TFRecordFileReader(path, cache_dir=cache),
+    return read_through(path, lambda path: TFRecordFileReader(path, remote=RemoteOptions(cache_dir=cache)),
                         lambda sample: {name: canonical(value) for name, value in sample.items()})
 
 

@@ -15,13 +15,14 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from fpipe.dataset import MsgpackReader
+from fpipe.remote import RemoteOptions
 from fpipe.torch import IterableDataset, Samples, Shards
 
 
 def main(rank: int, url: str, cache: str, report: str) -> None:
     dist.init_process_group("gloo", rank=rank, timeout=timedelta(seconds=120))
     try:
-        dataset = IterableDataset(MsgpackReader(url, cache_dir=cache, block_size=16384),
+        dataset = IterableDataset(MsgpackReader(url, remote=RemoteOptions(cache_dir=cache, block_size=16384)),
                                   layout=Shards(shuffle=True), samples=Samples(seed=1))
         keys = [key for batch in DataLoader(dataset, batch_size=32, num_workers=2)
                 for key in batch["key"]]

@@ -16,6 +16,7 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from fpipe.dataset import FileWriter, MsgpackReader, ShardedReader
+from fpipe.remote import RemoteOptions
 from fpipe.remote.urls import RemoteError
 
 from ..cli.conftest import ENV, fpipe
@@ -71,16 +72,17 @@ def guarded_url(server, userinfo: str = QUOTED, name: str = "train.msgpack") -> 
 
 
 def test_user_and_password_in_an_http_url_log_in(guarded, cache):
-    reader = MsgpackReader(guarded_url(guarded), cache_dir=cache, block_size=BLOCK)
+    reader = MsgpackReader(guarded_url(guarded), remote=RemoteOptions(cache_dir=cache, block_size=BLOCK))
     assert reader.get(3) == sample(3) and reader.verify_data()
     assert reader.url == guarded_url(guarded, "***") and repr(reader) == f"MsgpackReader({reader.url!r})"
-    assert shows_no_secret(repr(reader), repr(reader._remote), repr(reader._remote.source))
+    assert shows_no_secret(repr(reader), repr(reader._bytes.remote), repr(reader._bytes.remote.source))
 
 
 def test_wrong_credentials_are_one_refusal_that_shows_them_not(guarded, cache):
     before = guarded.requests
     with pytest.raises(RemoteError, match=r"HTTP 401 Unauthorized: put user:password@ in the URL") as caught:
-        MsgpackReader(guarded_url(guarded, "ann-7f3k:w0rdy"), cache_dir=cache, retries=5)
+        MsgpackReader(guarded_url(guarded, "ann-7f3k:w0rdy"),
+                      remote=RemoteOptions(cache_dir=cache, retries=5))
     assert guarded.requests == before + 1  # not retried: it cannot heal
     assert shows_no_secret(str(caught.value)) and "w0rdy" not in str(caught.value)
 
@@ -88,11 +90,12 @@ def test_wrong_credentials_are_one_refusal_that_shows_them_not(guarded, cache):
 def test_a_failing_server_and_a_missing_dataset_show_no_credentials(http, cache):
     url = http.url("train.msgpack").replace("http://", f"http://{QUOTED}@")
     http.faults.add("500", "500")
-    reader = MsgpackReader(url, cache_dir=cache, block_size=BLOCK, read_ahead=0, retries=1)
+    reader = MsgpackReader(url,
+                           remote=RemoteOptions(cache_dir=cache, block_size=BLOCK, read_ahead=0, retries=1))
     with pytest.raises(RemoteError) as caught:
         reader.get(0)
     with pytest.raises(FileNotFoundError) as missing:
-        MsgpackReader(url.replace("train", "absent"), cache_dir=cache)
+        MsgpackReader(url.replace("train", "absent"), remote=RemoteOptions(cache_dir=cache))
     assert shows_no_secret(str(caught.value), str(missing.value), repr(reader))
     assert "***@127.0.0.1" in str(caught.value)
 
@@ -115,16 +118,20 @@ def test_the_commands_show_no_credentials(guarded, tmp_path):
 def test_storage_options_show_their_keys_not_their_values(served, http, cache):
     options = {"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": "http://h"}}
     errors = []
-    for call in (lambda: MsgpackReader(served / "train.msgpack", storage_options=options),
-                 lambda: ShardedReader(str(served / "*.msgpack"), storage_options=options),
-                 lambda: MsgpackReader("s3://data/x.msgpack", storage_options=[KEY, SECRET]),
+    for call in (lambda: MsgpackReader(served / "train.msgpack",
+                                       remote=RemoteOptions(storage_options=options)),
+                 lambda: ShardedReader(str(served / "*.msgpack"),
+                                       remote=RemoteOptions(storage_options=options)),
+                 lambda: MsgpackReader("s3://data/x.msgpack",
+                                       remote=RemoteOptions(storage_options=[KEY, SECRET])),
                  lambda: MsgpackReader(http.url("train.msgpack"),
-                                       storage_options={**options, "headers": SECRET})):
+                                       remote=RemoteOptions(storage_options={**options, "headers": SECRET}))):
         with pytest.raises((TypeError, ValueError)) as caught:
             call()
         errors.append(str(caught.value))
     shown = "{'key': '***', 'secret': '***', 'client_kwargs': {'endpoint_url': '***'}}"
-    assert f"storage_options={shown} only apply to URLs" in errors[0] and shown in errors[1]
+    assert f"remote=RemoteOptions(storage_options={shown}) only applies to URLs" in errors[0]
+    assert shown in errors[1]
     assert "got a list" in errors[2] and "['client_kwargs', 'key', 'secret']" in errors[3]
     assert shows_no_secret(*errors)
 
@@ -200,7 +207,8 @@ def test_an_unreachable_endpoint_is_retried_within_a_bound_and_reported(served, 
 
 
 def test_the_first_retry_of_a_request_is_logged(http, cache, caplog):
-    reader = MsgpackReader(http.url("train.msgpack"), cache_dir=cache, block_size=BLOCK, read_ahead=0)
+    reader = MsgpackReader(http.url("train.msgpack"),
+                           remote=RemoteOptions(cache_dir=cache, block_size=BLOCK, read_ahead=0))
     http.faults.add("500", "500")
     with caplog.at_level(logging.WARNING, logger="fpipe.remote"):
         assert reader.get(0) == sample(0)

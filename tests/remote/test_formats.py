@@ -21,6 +21,7 @@ from fpipe.formats import (
     WebDatasetReader,
 )
 from fpipe.orderings import Shuffler
+from fpipe.remote import RemoteOptions
 
 from .servers import HttpServer
 
@@ -62,13 +63,13 @@ def server(files):
     server.stop()
 
 
-def _options(cache):
-    return {"cache_dir": cache, "block_size": BLOCK}
+def _options(cache, **options):
+    return {"remote": RemoteOptions(cache_dir=cache, block_size=BLOCK, **options)}
 
 
 def test_a_tar_shard_at_a_url_reads_like_the_local_file(server, files, cache):
     remote = TarReader(server.url("fmt-0.tar"), **_options(cache))
-    local = TarReader(files / "fmt-0.tar", cache_dir=cache)
+    local = TarReader(files / "fmt-0.tar", remote=RemoteOptions(cache_dir=cache))
     assert len(remote) == 300 and list(remote) == list(local)
     order = list(Shuffler(remote, seed=0))
     assert sorted(s["key"] for s in order) == sorted(s["key"] for s in local)
@@ -113,11 +114,11 @@ def test_shards_glob_an_s3_pattern(s3, files, cache):
     fs = s3fs.S3FileSystem(**s3.storage_options, skip_instance_cache=True)
     for name in ("fmt-0.tar", "fmt-1.tar"):
         fs.put_file(str(files / name), f"data/{name}")
-    reader = WebDatasetReader("s3://data/fmt-*.tar", storage_options=s3.storage_options,
-                              **_options(cache))
+    reader = WebDatasetReader("s3://data/fmt-*.tar",
+                              **_options(cache, storage_options=s3.storage_options))
     assert len(reader) == 600 and [r.source.path for r in reader.readers] == [
         "s3://data/fmt-0.tar", "s3://data/fmt-1.tar"]
-    assert reader[450] == TarReader(files / "fmt-1.tar", cache_dir=cache)[150]
+    assert reader[450] == TarReader(files / "fmt-1.tar", remote=RemoteOptions(cache_dir=cache))[150]
 
 
 def test_credentials_in_a_url_never_reach_a_message_or_repr(server, files, cache):

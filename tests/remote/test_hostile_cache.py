@@ -50,7 +50,7 @@ def test_eviction_removes_only_blocks_of_the_cache(http, cache):
     look_alike = cache / ("ab" * 16) / "blocks"  # a dataset folder's name, but no marker
     look_alike.mkdir(parents=True)
     kept[look_alike / "2"] = plant(look_alike / "2", b"y" * 4000)
-    remote = reader(http, cache, cache_limit=3 * BLOCK)
+    remote = reader(http, cache, cache_bytes=3 * BLOCK)
     assert sorted(s["key"] for s in Shuffler(remote, seed=4)) == [sample(i)["key"] for i in range(N)]
     assert all(path.read_bytes() == data for path, data in kept.items())
     assert (mine / "1").is_dir()
@@ -81,13 +81,16 @@ def _truncating_script(url: str, cache: Path) -> str:
 import os, sys
 from pathlib import Path
 from fpipe.dataset import MsgpackReader
+from fpipe.remote import RemoteOptions
 from tests.remote.conftest import BLOCK, sample
-reader = MsgpackReader({url!r}, cache_dir={str(cache)!r}, block_size=BLOCK, read_ahead=0)
+reader = MsgpackReader({url!r}, remote=RemoteOptions(cache_dir={str(cache)!r}, block_size=BLOCK,
+                                                     read_ahead=0))
 assert reader.get(0) == sample(0)
 (block,) = Path({str(cache)!r}).glob("*/blocks/0")
 os.truncate(block, 100)
 assert reader.get(60) == sample(60), "wrong sample"  # in block 0, past its first page
-assert reader.get(1, raw=True) == MsgpackReader({url!r}, cache_dir={str(cache)!r}).get(1, raw=True)
+again = MsgpackReader({url!r}, remote=RemoteOptions(cache_dir={str(cache)!r}))
+assert reader.get(1, raw=True) == again.get(1, raw=True)
 print("read on")
 """
 

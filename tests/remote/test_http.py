@@ -12,6 +12,7 @@ import pytest
 from fpipe.dataset import MsgpackReader, ShardedReader
 from fpipe.errors import FormatError
 from fpipe.orderings import IndexShuffler, QuasiShuffler, Range, Shuffler
+from fpipe.remote import RemoteOptions
 from fpipe.remote.urls import RemoteError, _HttpFetcher
 
 from .conftest import BLOCK, N, sample
@@ -19,7 +20,7 @@ from .conftest import BLOCK, N, sample
 
 def reader(http, cache, name="train.msgpack", **options) -> MsgpackReader:
     options = {"cache_dir": cache, "block_size": BLOCK, **options}
-    return MsgpackReader(http.url(name), **options)
+    return MsgpackReader(http.url(name), remote=RemoteOptions(**options))
 
 
 def block_files(cache) -> list:
@@ -134,7 +135,7 @@ def test_a_damaged_cache_block_is_fetched_again(http, cache):
 
 def test_the_cache_stays_within_its_budget(http, cache):
     limit = 5 * BLOCK
-    remote = reader(http, cache, cache_limit=limit)
+    remote = reader(http, cache, cache_bytes=limit)
     for index, sample_read in enumerate(Shuffler(remote, seed=1)):
         assert sample_read["data"][:4] != b""  # decoded
         if index % 50 == 0:
@@ -176,7 +177,7 @@ def test_a_server_that_goes_away_mid_epoch_costs_time_not_samples(http, cache, m
 
 def test_a_sharded_reader_reads_urls(http, cache):
     shards = ShardedReader([http.url("train.msgpack"), http.url("shard-1.msgpack")],
-                           cache_dir=cache, block_size=BLOCK)
+                           remote=RemoteOptions(cache_dir=cache, block_size=BLOCK))
     assert len(shards) == N + 500
     assert shards.get(N + 10) == sample(10) and shards.find_index("000499") == 499
     assert sorted(s["key"] for s in Shuffler(shards, seed=0))[-1] == "002999"
@@ -193,7 +194,7 @@ def test_an_index_file_that_does_not_match_the_md5_file_is_an_error(http, served
         (served / "shard-1.msgpack.md5").read_text().replace("shard-1", "damaged"))
     try:
         with pytest.raises(FormatError, match=r"damaged\.msgpack\.keys does not match"):
-            MsgpackReader(http.url(damaged.name), cache_dir=cache)
+            MsgpackReader(http.url(damaged.name), remote=RemoteOptions(cache_dir=cache))
     finally:
         for path in served.glob("damaged.msgpack*"):
             path.unlink()
@@ -206,7 +207,7 @@ def test_a_data_file_of_the_wrong_size_is_an_error(http, served, cache):
         file.write(b"\0")
     try:
         with pytest.raises(FormatError, match="has 2 bytes more|the index ends at byte"):
-            MsgpackReader(http.url("longer.msgpack"), cache_dir=cache).get(0)
+            MsgpackReader(http.url("longer.msgpack"), remote=RemoteOptions(cache_dir=cache)).get(0)
     finally:
         for path in served.glob("longer.msgpack*"):
             path.unlink()
@@ -214,7 +215,7 @@ def test_a_data_file_of_the_wrong_size_is_an_error(http, served, cache):
 
 def test_a_missing_dataset_is_file_not_found(http, cache):
     with pytest.raises(FileNotFoundError):
-        MsgpackReader(http.url("absent.msgpack"), cache_dir=cache)
+        MsgpackReader(http.url("absent.msgpack"), remote=RemoteOptions(cache_dir=cache))
 
 
 @pytest.mark.parametrize(("options", "error", "match"), [
@@ -222,7 +223,7 @@ def test_a_missing_dataset_is_file_not_found(http, cache):
     ({"storage_options": {"anon": True}}, ValueError, r"storage_options keys \['anon'\]"),
     ({"block_size": 0}, ValueError, "block_size must be >= 1; got block_size=0"),
     ({"block_size": 1.5}, TypeError, "block_size"),
-    ({"cache_limit": 100, "block_size": 1000}, ValueError, "cache_limit must hold at least one block"),
+    ({"cache_bytes": 100, "block_size": 1000}, ValueError, "cache_bytes must hold at least one block"),
     ({"read_ahead": -1}, ValueError, "read_ahead must be >= 0"),
     ({"retries": "3"}, TypeError, "retries"),
     ({"timeout": 0}, ValueError, "timeout must be > 0 seconds; got timeout=0"),
@@ -230,17 +231,28 @@ def test_a_missing_dataset_is_file_not_found(http, cache):
 ])
 def test_bad_remote_options_are_refused_at_construction(http, cache, options, error, match):
     with pytest.raises(error, match=match):
-        MsgpackReader(http.url("train.msgpack"), **{"cache_dir": cache, **options})
+        MsgpackReader(http.url("train.msgpack"), remote=RemoteOptions(cache_dir=cache, **options))
 
 
 def test_remote_options_on_a_local_path_are_refused(served):
-    with pytest.raises(ValueError, match="cache_limit=10 only apply to URLs"):
-        MsgpackReader(served / "train.msgpack", cache_limit=10)
+    with pytest.raises(ValueError, match=r"remote=RemoteOptions\(retries=3\) only applies to URLs"):
+        MsgpackReader(served / "train.msgpack", remote=RemoteOptions(retries=3))
+
+
+@pytest.mark.parametrize("old", ["cache_limit", "cache_dir", "storage_options", "block_size",
+                                 "read_ahead", "retries", "timeout"])
+def test_the_old_remote_keywords_say_what_replaces_them(served, old):
+    new = "cache_bytes" if old == "cache_limit" else old
+    with pytest.raises(TypeError, match=rf"^MsgpackReader got an unexpected keyword argument "
+                                        rf"'{old}': .* remote=RemoteOptions\({new}=\.\.\.\)"):
+        MsgpackReader(served / "train.msgpack", **{old: 10})
+    with pytest.raises(TypeError, match=rf"ShardedReader got an unexpected keyword argument '{old}'"):
+        ShardedReader([served / "train.msgpack"], **{old: 10})
 
 
 def test_a_url_must_name_a_file(cache):
     with pytest.raises(ValueError, match="the URL must name a data file"):
-        MsgpackReader("http://127.0.0.1:1/", cache_dir=cache)
+        MsgpackReader("http://127.0.0.1:1/", remote=RemoteOptions(cache_dir=cache))
 
 
 def test_prefetch_ignores_indices_out_of_range(http, cache):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fpipe.dataset import MsgpackReader
+from fpipe.remote import RemoteOptions
 from fpipe.remote.urls import RemoteError
 
 from ..cli.conftest import fpipe
@@ -102,7 +103,7 @@ def _open_in_bounded_memory(url: str, cache: Path, match: str) -> None:
     tracemalloc.start()
     try:
         with pytest.raises(RemoteError, match=match):
-            MsgpackReader(url, cache_dir=cache, block_size=BLOCK, retries=1)
+            MsgpackReader(url, remote=RemoteOptions(cache_dir=cache, block_size=BLOCK, retries=1))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -127,7 +128,8 @@ def test_offsets_past_what_the_data_file_can_hold_are_refused(liar, cache):
 
 
 def test_the_honest_files_of_the_same_server_read(liar, cache):
-    assert MsgpackReader(liar.url, cache_dir=cache, block_size=BLOCK).get(7) == sample(7)
+    assert MsgpackReader(liar.url,
+                         remote=RemoteOptions(cache_dir=cache, block_size=BLOCK)).get(7) == sample(7)
 
 
 @pytest.mark.parametrize("suffix", [".keys", ".md5", ".classes.json", ".filter"])

@@ -16,6 +16,7 @@ from fpipe.cli import main
 from fpipe.dataset import MsgpackReader, ShardedReader, ShardedWriter
 from fpipe.errors import redacted_url
 from fpipe.formats import WebDatasetReader, write_webdataset
+from fpipe.remote import RemoteOptions
 from fpipe.remote.urls import RemoteError, sibling_url
 
 from ..cli.conftest import fpipe
@@ -100,31 +101,31 @@ def test_credentials_in_a_query_are_redacted_in_any_text():
 
 def test_a_presigned_dataset_reads_its_side_files_from_their_own_objects(presigned, cache):
     presigned.paths.clear()
-    reader = MsgpackReader(presigned_url(presigned), cache_dir=cache, block_size=BLOCK)
+    reader = MsgpackReader(presigned_url(presigned), remote=RemoteOptions(cache_dir=cache, block_size=BLOCK))
     assert len(reader) == N and reader.get(N - 1) == sample(N - 1)
     assert reader.find_index(sample(17)["key"]) == 17 and reader.verify_data()
     assert {"/train.msgpack.offsets", "/train.msgpack.md5", "/train.msgpack.key_hashes"} <= set(
         presigned.paths)
     assert not any("?" in path or "X-Amz" in path for path in presigned.paths)
-    assert shows_no_secret(repr(reader), reader.url, repr(reader._remote.source))
+    assert shows_no_secret(repr(reader), reader.url, repr(reader._bytes.remote.source))
 
 
 def test_refused_and_missing_presigned_objects_show_no_secret(presigned, cache):
     refused = QUERY.replace(SIGNATURE, SIGNATURE[::-1])
     with pytest.raises(RemoteError, match="HTTP 403") as caught:
-        MsgpackReader(presigned_url(presigned, query=refused), cache_dir=cache)
+        MsgpackReader(presigned_url(presigned, query=refused), remote=RemoteOptions(cache_dir=cache))
     with pytest.raises(FileNotFoundError) as missing:
-        MsgpackReader(presigned_url(presigned, "absent.msgpack"), cache_dir=cache)
+        MsgpackReader(presigned_url(presigned, "absent.msgpack"), remote=RemoteOptions(cache_dir=cache))
     texts = [str(caught.value), str(missing.value)]
     assert shows_no_secret(*texts) and SIGNATURE[::-1] not in texts[0]
     assert "X-Amz-Signature=***" in texts[0] and "absent.msgpack" in texts[1]
 
 
 def test_presigned_shards_and_tar_files_are_known_by_their_paths(presigned, cache):
-    tar = WebDatasetReader(presigned_url(presigned, "shard-0.tar"), cache_dir=cache)
+    tar = WebDatasetReader(presigned_url(presigned, "shard-0.tar"), remote=RemoteOptions(cache_dir=cache))
     assert len(tar) == 5 and tar.readers[0].source.name == "shard-0.tar"
     presigned.paths.clear()
-    sharded = ShardedReader(presigned_url(presigned, "many.shards"), cache_dir=cache)
+    sharded = ShardedReader(presigned_url(presigned, "many.shards"), remote=RemoteOptions(cache_dir=cache))
     assert len(sharded) == 10 and sharded.get(9) == sample(9)
     assert "/many-00002.msgpack.offsets" in presigned.paths  # the query went with each shard
     texts = [repr(tar), repr(sharded), *(r.source.path for r in tar.readers)]

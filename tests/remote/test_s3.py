@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from fpipe.dataset import MsgpackReader, ShardedReader, ShardedWriter
 from fpipe.orderings import IndexShuffler, Shuffler
+from fpipe.remote import RemoteOptions
 from fpipe.torch import Dataset, IterableDataset, Samples, Shards
 
 from .conftest import BLOCK, N, sample
@@ -24,8 +25,9 @@ KEYS = [sample(i)["key"] for i in range(N)]
 
 
 def s3_reader(s3, cache, **options) -> MsgpackReader:
-    return MsgpackReader("s3://data/train.msgpack", storage_options=s3.storage_options,
-                         cache_dir=cache, block_size=BLOCK, **options)
+    return MsgpackReader("s3://data/train.msgpack",
+                         remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=cache,
+                                              block_size=BLOCK, **options))
 
 
 def test_an_s3_url_reads_like_the_local_file(s3, served, cache):
@@ -36,9 +38,10 @@ def test_an_s3_url_reads_like_the_local_file(s3, served, cache):
 
 
 def test_a_sharded_reader_globs_an_s3_pattern(s3, cache):
-    shards = ShardedReader("s3://data/*.msgpack", storage_options=s3.storage_options,
-                           cache_dir=cache, block_size=BLOCK)
-    assert [r._remote.url for r in shards.readers] == ["s3://data/shard-1.msgpack",
+    shards = ShardedReader("s3://data/*.msgpack",
+                           remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=cache,
+                                                block_size=BLOCK))
+    assert [r.url for r in shards.readers] == ["s3://data/shard-1.msgpack",
                                                        "s3://data/train.msgpack"]
     assert len(shards) == N + 500 and shards.get(500) == sample(0)
 
@@ -51,8 +54,9 @@ def test_a_shard_index_at_an_s3_url_opens_only_the_shards_read(s3, cache, tmp_pa
             writer.write(sample(i))
     fs = s3fs.S3FileSystem(**s3.storage_options, skip_instance_cache=True)
     fs.put([str(p) for p in tmp_path.iterdir()], "data/many/")
-    shards = ShardedReader("s3://data/many/many.shards", storage_options=s3.storage_options,
-                           cache_dir=cache, block_size=BLOCK)
+    shards = ShardedReader("s3://data/many/many.shards",
+                           remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=cache,
+                                                block_size=BLOCK))
     assert len(shards) == 400 and not list(cache.glob("*/.complete"))
     assert shards.get(123) == sample(123)
     assert len(list(cache.glob("*/.complete"))) == 1  # one shard's index files fetched

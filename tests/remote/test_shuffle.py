@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from fpipe.dataset import MsgpackReader
+from fpipe.remote import RemoteOptions
 from fpipe.torch import IterableDataset, Samples, Shards
 
 from .conftest import BLOCK, N, sample
 
 
 def test_a_url_reader_gives_the_blocks_of_its_cache(http, cache, served):
-    remote = MsgpackReader(http.url("train.msgpack"), cache_dir=cache, block_size=BLOCK)
+    remote = MsgpackReader(http.url("train.msgpack"), remote=RemoteOptions(cache_dir=cache, block_size=BLOCK))
     bounds = remote.blocks
     assert bounds[0] == 0 and bounds[-1] == N and (np.diff(bounds) > 0).all()
     offsets = np.fromfile(served / "train.msgpack.offsets", dtype=">u8")
@@ -23,8 +24,9 @@ def test_a_url_reader_gives_the_blocks_of_its_cache(http, cache, served):
 
 def test_a_shuffled_epoch_at_a_url_fetches_each_block_once_with_a_small_cache(
         http, cache, served):
-    remote = MsgpackReader(http.url("train.msgpack"), cache_dir=cache, block_size=BLOCK,
-                           cache_limit=2 * BLOCK, read_ahead=0)
+    remote = MsgpackReader(http.url("train.msgpack"),
+                           remote=RemoteOptions(cache_dir=cache, block_size=BLOCK, cache_bytes=2 * BLOCK,
+                                                read_ahead=0))
     offsets = np.fromfile(served / "train.msgpack.offsets", dtype=">u8")
     blocks = len(np.unique(offsets[:-1] // BLOCK))
     before = http.faults.ranged_gets

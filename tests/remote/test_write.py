@@ -7,6 +7,7 @@ import pytest
 import s3fs
 
 from fpipe.dataset import FileWriter, MsgpackReader
+from fpipe.remote import RemoteOptions
 from fpipe.remote.transfer import SIBLINGS, Upload
 from fpipe.remote.urls import RemoteError
 
@@ -34,7 +35,7 @@ def test_a_dataset_written_to_s3_is_uploaded_whole_at_close(s3, cache):
     assert sorted(p.rsplit("/", 1)[1] for p in _fs(s3).ls("data/written")) == [
         "a.msgpack", "a.msgpack.filter", "a.msgpack.key_hashes", "a.msgpack.key_index",
         "a.msgpack.keys", "a.msgpack.md5", "a.msgpack.offsets"]
-    reader = MsgpackReader(url, storage_options=s3.storage_options, cache_dir=cache)
+    reader = MsgpackReader(url, remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=cache))
     assert reader[:] == [sample(0), sample(1)] and reader.verify_data()
     assert not writer.path.parent.exists()  # the staging folder is gone
 
@@ -46,7 +47,8 @@ def test_an_existing_dataset_is_replaced_only_when_asked(s3, cache):
     with pytest.raises(FileExistsError, match="dataset exists"):
         FileWriter(url, storage_options=s3.storage_options)
     _write(s3, url, 5, overwrite=True)
-    assert len(MsgpackReader(url, storage_options=s3.storage_options, cache_dir=cache)) == 5
+    assert len(MsgpackReader(url,
+                             remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=cache))) == 5
     assert not _fs(s3).exists("data/written/b.msgpack.classes.json")  # stale siblings go
 
 

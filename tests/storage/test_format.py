@@ -10,8 +10,8 @@ from datadings import index as dd_index
 from datadings.tools import hash_string
 from simplebloom import BloomFilter as SimpleBloom
 
-from fpipe.dataset import _hashing as hashing
 from fpipe.dataset import format as fmt
+from fpipe.dataset import keyindex as hashing
 from fpipe.dataset.format import (
     BloomFilter,
     DatasetFiles,

@@ -11,9 +11,9 @@ import pytest
 from datadings.reader import MsgpackReader as DatadingsReader
 from datadings.writer import FileWriter as DatadingsWriter
 
-import fpipe.dataset._hashing as hashing
 import fpipe.dataset._indexing as indexing
 import fpipe.dataset.format as fmt
+import fpipe.dataset.keyindex as hashing
 import fpipe.dataset.keyindex as keyindex
 import fpipe.dataset.writer as writer_module
 from fpipe.dataset import (
@@ -190,7 +190,7 @@ def test_a_key_index_of_version_1_without_checksums_still_reads(dataset):
     reader, keys = MsgpackReader(dataset), keys_of(N)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert reader._on_disk() is not None and reader._on_disk().version == 1
+        assert reader._keys._on_disk() is not None and reader._keys._on_disk().version == 1
         assert [reader.find_index(key) for key in keys[::7]] == list(range(0, N, 7))
         assert reader.find_key(N - 1) == keys[-1] and "absent" not in reader
     path.write_bytes(bytes(damaged(data, "key place")))
@@ -316,4 +316,4 @@ def test_the_checksums_are_written_a_chunk_at_a_time(tmp_path, monkeypatch):
         warnings.simplefilter("error")
         assert [reader.find_index(key) for key in keys] == list(range(2000))
         assert [reader.find_key(i) for i in range(2000)] == keys
-    assert reader._on_disk().bits == 4  # 16 slots: 6 chunks
+    assert reader._keys._on_disk().bits == 4  # 16 slots: 6 chunks

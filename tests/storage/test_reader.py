@@ -215,7 +215,7 @@ def test_pickle_and_copy_reopen_the_files(dataset, samples):
     reader = MsgpackReader(dataset)
     assert reader[0] == samples[0] and reader.find_index("s00003") == 3
     for clone in (pickle.loads(pickle.dumps(reader)), copy.copy(reader), copy.deepcopy(reader)):
-        assert clone._handle is None and clone._hash_index is None
+        assert clone._handle is None and clone._keys._table is None
         assert clone[5] == samples[5] and list(clone) == samples and "s00009" in clone
     assert len(pickle.dumps(reader)) < 500
     assert repr(reader) == f"MsgpackReader({dataset!r})"

@@ -13,6 +13,7 @@ import fpipe.dataset.sharded as sharded_module
 from fpipe.dataset import FileWriter, ListReader, ShardedReader, ShardedWriter, write_shard_index
 from fpipe.errors import FormatError
 from fpipe.orderings import IndexShuffler
+from fpipe.remote import RemoteOptions
 
 SHARDS, PER = 300, 3
 
@@ -112,7 +113,8 @@ def test_a_shard_at_a_url_is_checked_when_opened_and_one_listed_empty_at_once(tm
     (tmp_path / "u.shards").write_text(json.dumps(index))
     with pytest.warns(UserWarning, match=r"u\.shards: .*shard 0 \(file://\S*t-00000\.msgpack\) "
                                          "holds 3, not 0"):
-        reader = ShardedReader(f"file://{tmp_path}/u.shards", cache_dir=tmp_path / "cache")
+        reader = ShardedReader(f"file://{tmp_path}/u.shards",
+                               remote=RemoteOptions(cache_dir=tmp_path / "cache"))
     assert len(reader) == 6 and [reader.get(i)["key"] for i in range(3)] == ["0", "1", "2"]
     with pytest.raises(FormatError, match=r"u\.shards: shard 1 \(file://\S*t-00001\.msgpack\) "
                                           "has 3 samples; the shard index lists 2"):

@@ -24,6 +24,7 @@ from fpipe.formats import (
     parse_example,
 )
 from fpipe.formats._crc32c import crc32c, numpy_crc32c, python_crc32c
+from fpipe.remote import RemoteOptions
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def written_by_tfrecord(tmp_path):
 
 
 def test_reads_what_the_tfrecord_package_writes(written_by_tfrecord, cache):
-    reader = TFRecordFileReader(written_by_tfrecord, cache_dir=cache)
+    reader = TFRecordFileReader(written_by_tfrecord, remote=RemoteOptions(cache_dir=cache))
     theirs = list(tfrecord_loader(str(written_by_tfrecord), None))
     assert len(reader) == 30
     for ours, their in zip(reader, theirs):
@@ -67,7 +68,7 @@ def test_the_tfrecord_package_reads_what_fpipe_writes(tmp_path, cache):
         for i in range(20):
             writer.write(_features(i))
     theirs = list(tfrecord_loader(str(path), None))
-    ours = TFRecordFileReader(path, cache_dir=cache)
+    ours = TFRecordFileReader(path, remote=RemoteOptions(cache_dir=cache))
     for i, their in enumerate(theirs):
         features = _features(i)
         assert their["image"] == features["image"] == ours[i]["image"]
@@ -127,7 +128,8 @@ def test_a_varint_past_64_bits_reads_its_low_64_bits_as_protobuf_does(int64_list
     assert parse_example(data)["ids"].tolist() == list(theirs)
     with TFRecordWriter(tmp_path / "x.tfrecord") as writer:
         writer.write_record(data)
-    assert TFRecordFileReader(tmp_path / "x.tfrecord", cache_dir=cache)[0]["ids"].tolist() == list(theirs)
+    assert TFRecordFileReader(tmp_path / "x.tfrecord",
+                              remote=RemoteOptions(cache_dir=cache))[0]["ids"].tolist() == list(theirs)
 
 
 def test_the_feature_names_kept_for_the_next_records_stay_bounded():
@@ -149,7 +151,8 @@ def test_sharded_patterns_keys_and_slices(tmp_path, cache):
         with TFRecordWriter(tmp_path / f"train-{shard:05d}-of-00003") as writer:
             for i in range(10):
                 writer.write({"n": shard * 100 + i})
-    reader = TFRecordReader(str(tmp_path / "train-{00000..00002}-of-00003"), cache_dir=cache)
+    reader = TFRecordReader(str(tmp_path / "train-{00000..00002}-of-00003"),
+                            remote=RemoteOptions(cache_dir=cache))
     assert len(reader) == 30 and [int(s["n"][0]) for s in reader.iter(8, 12)] == [8, 9, 100, 101]
     assert reader.find_key(12) == "train-00001-of-00003:2"
     assert reader.find_index("train-00002-of-00003:9") == 29
@@ -164,7 +167,7 @@ def test_features_chooses_and_a_missing_one_names_file_record_and_feature(tmp_pa
         writer.write({"image": b"a", "label": 1})
         writer.write({"image": b"b"})
         writer.write({"image": b"c", "label": 0, "extra": 5})
-    reader = TFRecordFileReader(path, features=["image", "label"], cache_dir=cache)
+    reader = TFRecordFileReader(path, features=["image", "label"], remote=RemoteOptions(cache_dir=cache))
     assert reader[2] == {"image": b"c", "label": reader[2]["label"]} and reader[2]["label"].tolist() == [0]
     missing = r"f\.tfrecord: sample 1 at byte \d+: the record has no feature 'label'"
     with pytest.raises(FormatError, match=missing):
@@ -184,13 +187,14 @@ def test_bad_data_crc_raises_for_that_record_only(tmp_path, cache):
     record = len(data) // 5
     data[2 * record + 40] ^= 1  # inside record 2's data
     path.write_bytes(bytes(data))
-    reader = TFRecordFileReader(path, cache_dir=cache)
+    reader = TFRecordFileReader(path, remote=RemoteOptions(cache_dir=cache))
     assert len(reader) == 5 and reader[3]["i"].tolist() == [3]
     bad_crc = r"crc\.tfrecord: sample 2 at byte \d+: the CRC of the record's data"
     with pytest.raises(FormatError, match=bad_crc) as error:
         reader[2]
     assert error.value.index == 2 and error.value.offset == 2 * record
-    assert [s["i"][0] for s in TFRecordFileReader(path, verify=False, cache_dir=cache)] == [0, 1, 2, 3, 4]
+    assert [s["i"][0] for s in TFRecordFileReader(path, verify=False,
+                                                  remote=RemoteOptions(cache_dir=cache))] == [0, 1, 2, 3, 4]
 
 
 def test_bad_length_crc_and_truncation_keep_the_records_before(tmp_path, cache):
@@ -199,13 +203,13 @@ def test_bad_length_crc_and_truncation_keep_the_records_before(tmp_path, cache):
     record = len(data) // 5
     data[3 * record + 2] ^= 1  # record 3's length
     path.write_bytes(bytes(data))
-    reader = TFRecordFileReader(path, cache_dir=cache)
+    reader = TFRecordFileReader(path, remote=RemoteOptions(cache_dir=cache))
     assert len(reader) == 4 and [s["i"][0] for s in reader.iter(0, 3)] == [0, 1, 2]
     with pytest.raises(FormatError, match="sample 3 .*the CRC of the record's length"):
         reader[3]
     cut = tmp_path / "cut.tfrecord"
     cut.write_bytes(_records(tmp_path / "whole.tfrecord", 5)[:-7])
-    reader = TFRecordFileReader(cut, cache_dir=cache)
+    reader = TFRecordFileReader(cut, remote=RemoteOptions(cache_dir=cache))
     got = []
     with pytest.raises(FormatError, match="sample 4 .*truncated: the record ends at byte"):
         for sample in reader:
@@ -218,11 +222,11 @@ def test_not_an_example_and_gzip(tmp_path, cache):
     with TFRecordWriter(path) as writer:
         writer.write_record(b"\x0a\x05")
     with pytest.raises(FormatError, match="sample 0 .*not a tf.train.Example"):
-        TFRecordFileReader(path, cache_dir=cache)[0]
+        TFRecordFileReader(path, remote=RemoteOptions(cache_dir=cache))[0]
     packed = tmp_path / "packed.tfrecord.gz"
     packed.write_bytes(gzip.compress(_records(tmp_path / "plain.tfrecord", 3)))
     with pytest.raises(FormatError, match="gzip-compressed"):
-        TFRecordFileReader(packed, cache_dir=cache)[0]
+        TFRecordFileReader(packed, remote=RemoteOptions(cache_dir=cache))[0]
 
 
 def test_a_huge_length_claim_allocates_nothing(tmp_path, cache):
@@ -230,7 +234,7 @@ def test_a_huge_length_claim_allocates_nothing(tmp_path, cache):
     length = struct.pack("<Q", 2**62)
     from fpipe.formats._crc32c import masked_crc32c
     path.write_bytes(length + struct.pack("<I", masked_crc32c(length)) + b"abc")
-    reader = TFRecordFileReader(path, cache_dir=cache)
+    reader = TFRecordFileReader(path, remote=RemoteOptions(cache_dir=cache))
     with pytest.raises(FormatError, match="truncated"):
         reader[0]
 
@@ -244,7 +248,7 @@ def test_skip_goes_past_a_bad_record_in_dataloader_workers(tmp_path, cache):
     data = bytearray(_records(path, 6))
     data[(len(data) // 6) * 4 + 40] ^= 1
     path.write_bytes(bytes(data))
-    reader = TFRecordFileReader(path, cache_dir=cache)
+    reader = TFRecordFileReader(path, remote=RemoteOptions(cache_dir=cache))
     dataset = fpipe.torch.IterableDataset(reader, transforms=key_of_label,
                                           samples=fpipe.torch.Samples(on_error="skip"))
     loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2,
@@ -350,11 +354,12 @@ def test_a_file_copied_over_keeping_size_and_times_gets_a_new_index(tmp_path, ca
         monkeypatch.setattr(foreign, "_stat_file", lambda name: types.SimpleNamespace(
             **{field: getattr(real(name), field) for field in ("st_size", "st_mtime_ns", "st_ino")},
             st_ctime_ns=0))
-    assert TFRecordFileReader(path, verify=False, cache_dir=cache)[1] == {"text": b"b" * 40}
+    assert TFRecordFileReader(path, verify=False,
+                              remote=RemoteOptions(cache_dir=cache))[1] == {"text": b"b" * 40}
     inode, times = path.stat().st_ino, (path.stat().st_atime_ns, path.stat().st_mtime_ns)
     shutil.copyfile(other, path)  # as cp -p does: the same file, its times put back
     os.utime(path, ns=times)
     assert path.stat().st_ino == inode
-    reader = TFRecordFileReader(path, verify=False, cache_dir=cache)
+    reader = TFRecordFileReader(path, verify=False, remote=RemoteOptions(cache_dir=cache))
     assert [reader[i] for i in range(len(reader))] == [{"text": b"d" * 40}, {"text": b"e" * 20},
                                                        {"text": b"f" * 10}]

@@ -17,6 +17,7 @@ import fpipe.torch
 from fpipe.errors import FormatError
 from fpipe.formats import TarReader, WebDatasetReader, decode_field, encode_field
 from fpipe.orderings import QuasiShuffler, Shuffler
+from fpipe.remote import RemoteOptions
 
 N_SHARDS, PER_SHARD = 3, 40
 
@@ -54,7 +55,7 @@ def _ours(sample: dict) -> dict:
 def test_iteration_matches_webdataset(shards, cache):
     pattern = str(shards / "train-{000..002}.tar")
     theirs = [_ours(s) for s in webdataset.WebDataset(pattern, shardshuffle=False)]
-    reader = WebDatasetReader(pattern, cache_dir=cache)
+    reader = WebDatasetReader(pattern, remote=RemoteOptions(cache_dir=cache))
     assert len(reader) == N_SHARDS * PER_SHARD == len(theirs)
     assert list(reader) == theirs
     assert list(reader.iter(chunk_size=7)) == theirs
@@ -64,7 +65,8 @@ def test_iteration_matches_webdataset(shards, cache):
 def test_random_access_matches_wids(shards, cache):
     spec = [{"url": str(shards / f"train-{s:03d}.tar"), "nsamples": PER_SHARD} for s in range(N_SHARDS)]
     theirs = wids.ShardListDataset(spec, cache_dir=str(cache / "wids"), transformations=[])
-    reader = WebDatasetReader(sorted(str(p) for p in shards.glob("*.tar")), cache_dir=cache)
+    reader = WebDatasetReader(sorted(str(p) for p in shards.glob("*.tar")),
+                              remote=RemoteOptions(cache_dir=cache))
     for i in np.random.default_rng(0).permutation(len(reader))[:50].tolist():
         their = theirs[i]
         assert reader[i] == {"key": their["__key__"], **{extension.lstrip("."): _bytes(value)
@@ -77,7 +79,7 @@ def _bytes(value) -> bytes:
 
 
 def test_keys_slices_negative_and_raw(shards, cache):
-    reader = WebDatasetReader(str(shards / "train-*.tar"), cache_dir=cache)
+    reader = WebDatasetReader(str(shards / "train-*.tar"), remote=RemoteOptions(cache_dir=cache))
     assert reader.find_index("s1/0003") == PER_SHARD + 3 and "s2/0039" in reader
     assert "s9/0000" not in reader and 7 not in reader
     with pytest.raises(KeyError):
@@ -90,7 +92,8 @@ def test_keys_slices_negative_and_raw(shards, cache):
 
 
 def test_decode_and_fields(shards, cache):
-    reader = TarReader(shards / "train-000.tar", decode=True, fields=["cls", "meta.json"], cache_dir=cache)
+    reader = TarReader(shards / "train-000.tar", decode=True, fields=["cls", "meta.json"],
+                       remote=RemoteOptions(cache_dir=cache))
     assert reader[7] == {"key": "s0/0007", "cls": 2, "meta.json": {"n": 7}}
     for extension, value in [("cls", 3), ("x.txt", "héllo"), ("a.json", [1, {"b": None}]),
                              ("npy", np.arange(6.0).reshape(2, 3)), ("mp", {"k": [1, 2]}), ("jpg", b"\xff")]:
@@ -103,7 +106,7 @@ def test_decode_and_fields(shards, cache):
 def test_a_tar_reader_holds_no_python_object_per_member(shards, cache):
     # design rule 6: a forked worker that reads a shard touches what its reader holds, so a
     # container of one object per member would be copied into every worker
-    reader = TarReader(str(shards / "train-000.tar"), cache_dir=cache)
+    reader = TarReader(str(shards / "train-000.tar"), remote=RemoteOptions(cache_dir=cache))
     for state in (vars(reader), vars(pickle.loads(pickle.dumps(reader)))):
         containers = {name: len(value) for name, value in state.items()
                       if isinstance(value, (list, tuple, dict, set))}
@@ -113,17 +116,17 @@ def test_a_tar_reader_holds_no_python_object_per_member(shards, cache):
 
 
 def test_index_is_built_once_and_reused(shards, cache, monkeypatch):
-    TarReader(shards / "train-001.tar", cache_dir=cache)
+    TarReader(shards / "train-001.tar", remote=RemoteOptions(cache_dir=cache))
     import fpipe.formats.webdataset as module
 
     def fail(source):
         raise AssertionError("the index was built again")
     monkeypatch.setattr(module, "_build_tar_index", fail)
-    assert len(TarReader(shards / "train-001.tar", cache_dir=cache)) == PER_SHARD
+    assert len(TarReader(shards / "train-001.tar", remote=RemoteOptions(cache_dir=cache))) == PER_SHARD
 
 
 def test_pickles_into_dataloader_workers(shards, cache):
-    reader = WebDatasetReader(str(shards / "train-*.tar"), cache_dir=cache)
+    reader = WebDatasetReader(str(shards / "train-*.tar"), remote=RemoteOptions(cache_dir=cache))
     again = pickle.loads(pickle.dumps(reader))
     assert again[50] == reader[50]
     dataset = fpipe.torch.Dataset(Shuffler(reader, seed=1), transforms=key_of)
@@ -134,7 +137,7 @@ def test_pickles_into_dataloader_workers(shards, cache):
 
 
 def test_orderings_work_on_shards(shards, cache):
-    reader = WebDatasetReader(str(shards / "train-*.tar"), cache_dir=cache)
+    reader = WebDatasetReader(str(shards / "train-*.tar"), remote=RemoteOptions(cache_dir=cache))
     keys = [s["key"] for s in QuasiShuffler(reader, buf_size=16, chunk_size=4, seed=0)]
     assert sorted(keys) == sorted(reader.find_key(i) for i in range(len(reader)))
 
@@ -159,11 +162,11 @@ def test_long_names_pax_headers_and_skipped_members(tmp_path, cache):
         folder = tarfile.TarInfo("folder")
         folder.type = tarfile.DIRTYPE
         tar.addfile(folder)
-    reader = TarReader(path, cache_dir=cache)
+    reader = TarReader(path, remote=RemoteOptions(cache_dir=cache))
     assert list(reader) == [{"key": long, "txt": b"long"}, {"key": "ü/ß", "txt": b"pax"}]
     gnu = tmp_path / "gnu.tar"
     _tar(gnu, [(long + ".txt", b"long")])
-    assert TarReader(gnu, cache_dir=cache)[0] == {"key": long, "txt": b"long"}
+    assert TarReader(gnu, remote=RemoteOptions(cache_dir=cache))[0] == {"key": long, "txt": b"long"}
 
 
 # --- damage ----------------------------------------------------------------------------------
@@ -179,7 +182,7 @@ def test_truncated_tar_keeps_the_samples_before_and_names_the_cut_one(tmp_path, 
     # cut inside the data of sample 3's second member
     cut_at = data.index(b"\x03" * 700) + 1536 + 100
     path.write_bytes(data[:cut_at])
-    reader = TarReader(path, cache_dir=cache)
+    reader = TarReader(path, remote=RemoteOptions(cache_dir=cache))
     assert len(reader) == 4 and [s["key"] for s in reader.iter(0, 3)] == ["000", "001", "002"]
     cut = r"cut\.tar: sample 3 at byte \d+: truncated: member '003\.cls'"
     with pytest.raises(FormatError, match=cut) as error:
@@ -198,7 +201,7 @@ def test_tar_cut_between_samples_loses_no_whole_sample(tmp_path, cache):
     data = path.read_bytes()
     start_of_two = data.index(b"002.jpg")
     path.write_bytes(data[:start_of_two + 300])  # inside sample 2's first header
-    reader = TarReader(path, cache_dir=cache)
+    reader = TarReader(path, remote=RemoteOptions(cache_dir=cache))
     assert [s["key"] for s in reader.iter(0, 2)] == ["000", "001"] and len(reader) == 3
     with pytest.raises(FormatError, match="sample 2 .*truncated"):
         reader[2]
@@ -211,7 +214,7 @@ def test_corrupt_header_is_an_error_for_the_sample_it_may_cut(tmp_path, cache):
     header = data.index(b"002.jpg")
     data[header + 130] ^= 0x55  # the size field: the checksum no longer matches
     path.write_bytes(bytes(data))
-    reader = TarReader(path, cache_dir=cache)
+    reader = TarReader(path, remote=RemoteOptions(cache_dir=cache))
     assert reader[0]["key"] == "000"
     with pytest.raises(FormatError, match="sample 1 .*checksum"):
         reader[1]
@@ -220,7 +223,7 @@ def test_corrupt_header_is_an_error_for_the_sample_it_may_cut(tmp_path, cache):
 def test_missing_field_names_file_sample_and_field(tmp_path, cache):
     path = tmp_path / "fields.tar"
     _tar(path, [("a.jpg", b"1"), ("a.cls", b"0"), ("b.jpg", b"2"), ("c.jpg", b"3"), ("c.cls", b"1")])
-    reader = TarReader(path, fields=["jpg", "cls"], cache_dir=cache)
+    reader = TarReader(path, fields=["jpg", "cls"], remote=RemoteOptions(cache_dir=cache))
     assert reader[0] == {"key": "a", "jpg": b"1", "cls": b"0"}
     missing = r"fields\.tar: sample 1 at byte \d+: sample 'b' has no field 'cls'"
     with pytest.raises(FormatError, match=missing):
@@ -232,13 +235,13 @@ def test_duplicate_member_is_an_error(tmp_path, cache):
     path = tmp_path / "dup.tar"
     _tar(path, [("a.jpg", b"1"), ("a.jpg", b"2")])
     with pytest.raises(FormatError, match="sample 0 .*a.jpg is twice"):
-        TarReader(path, cache_dir=cache)[0]
+        TarReader(path, remote=RemoteOptions(cache_dir=cache))[0]
 
 
 def test_on_error_skip_goes_past_the_bad_sample(tmp_path, cache):
     path = tmp_path / "fields.tar"
     _tar(path, [("a.jpg", b"1"), ("a.cls", b"0"), ("b.jpg", b"2"), ("c.jpg", b"3"), ("c.cls", b"1")])
-    reader = TarReader(path, fields=["jpg", "cls"], cache_dir=cache)
+    reader = TarReader(path, fields=["jpg", "cls"], remote=RemoteOptions(cache_dir=cache))
     skip = fpipe.torch.Samples(on_error="skip")
     mapped = fpipe.torch.Dataset(reader, transforms=key_of, samples=skip)
     assert [k for batch in torch.utils.data.DataLoader(mapped, batch_size=3) for k in batch] == ["a", "c"]
@@ -248,13 +251,13 @@ def test_on_error_skip_goes_past_the_bad_sample(tmp_path, cache):
 
 def test_not_a_file_and_no_match(tmp_path, cache):
     with pytest.raises(IsADirectoryError):
-        TarReader(tmp_path, cache_dir=cache)
+        TarReader(tmp_path, remote=RemoteOptions(cache_dir=cache))
     with pytest.raises(FileNotFoundError):
-        WebDatasetReader(str(tmp_path / "none-*.tar"), cache_dir=cache)
+        WebDatasetReader(str(tmp_path / "none-*.tar"), remote=RemoteOptions(cache_dir=cache))
     with pytest.raises(FileNotFoundError):
-        WebDatasetReader(str(tmp_path / "none-{0..2}.tar"), cache_dir=cache)
-    with pytest.raises(ValueError, match="only apply to URLs"):
-        TarReader(os.devnull, block_size=10)
+        WebDatasetReader(str(tmp_path / "none-{0..2}.tar"), remote=RemoteOptions(cache_dir=cache))
+    with pytest.raises(ValueError, match="only applies to URLs"):
+        TarReader(os.devnull, remote=RemoteOptions(block_size=10))
 
 
 def test_a_shard_cut_at_a_member_boundary_does_not_pass_for_whole(tmp_path, cache):
@@ -262,7 +265,7 @@ def test_a_shard_cut_at_a_member_boundary_does_not_pass_for_whole(tmp_path, cach
     _tar(path, [("a.jpg", b"1" * 600), ("a.cls", b"0"), ("b.jpg", b"2" * 600), ("b.cls", b"1")])
     data = path.read_bytes()
     path.write_bytes(data[:data.index(b"b.cls")])  # b.jpg whole, b.cls and the end blocks gone
-    reader = TarReader(path, cache_dir=cache)
+    reader = TarReader(path, remote=RemoteOptions(cache_dir=cache))
     assert reader[0] == {"key": "a", "jpg": b"1" * 600, "cls": b"0"}
     with pytest.raises(FormatError, match="sample 1 .*without its end-of-archive blocks"):
         reader[1]
@@ -276,15 +279,15 @@ def test_export_refuses_a_sample_with_nothing_but_its_key(tmp_path):
 
 
 def test_a_damaged_index_in_the_cache_is_built_again(shards, cache):
-    reader = TarReader(shards / "train-002.tar", cache_dir=cache)
+    reader = TarReader(shards / "train-002.tar", remote=RemoteOptions(cache_dir=cache))
     (stored,) = (cache / "indexes").iterdir()
     data = bytearray(stored.read_bytes())
     data[-8:] = (2**40).to_bytes(8, "little")  # the last damage entry: a sample far away
     stored.write_bytes(bytes(data))
-    again = TarReader(shards / "train-002.tar", cache_dir=cache)
+    again = TarReader(shards / "train-002.tar", remote=RemoteOptions(cache_dir=cache))
     assert list(again) == list(reader)
     stored.write_bytes(b"FPIPEIDX" + bytes(20))
-    assert TarReader(shards / "train-002.tar", cache_dir=cache)[-1] == reader[-1]
+    assert TarReader(shards / "train-002.tar", remote=RemoteOptions(cache_dir=cache))[-1] == reader[-1]
 
 
 # --- tiny members kept in the index ----------------------------------------------------------
@@ -306,7 +309,7 @@ def _count_reads(reader):
 
 
 def test_a_sample_of_an_image_and_tiny_members_costs_one_read(shards, cache):
-    reader = TarReader(shards / "train-000.tar", cache_dir=cache)
+    reader = TarReader(shards / "train-000.tar", remote=RemoteOptions(cache_dir=cache))
     theirs = [_ours(s) for s in webdataset.WebDataset(str(shards / "train-000.tar"), shardshuffle=False)]
     counted = _count_reads(reader)
     ours = [reader[i] for i in range(PER_SHARD)]
@@ -324,7 +327,7 @@ def test_the_bytes_kept_in_the_index_are_bounded(tmp_path, cache, monkeypatch):
                for ext, data in (("cls", b"%d" % i), ("txt", bytes(64)), ("big", bytes(65)))]
     _tar(path, members)
     monkeypatch.setattr(module, "_INLINE_LIMIT", 3 * 65)  # room for three samples' tiny members
-    reader = TarReader(path, cache_dir=cache)
+    reader = TarReader(path, remote=RemoteOptions(cache_dir=cache))
     counted = _count_reads(reader)
     samples = [reader[i] for i in range(10)]
     assert samples == [{"key": f"{i:03d}", "cls": b"%d" % i, "txt": bytes(64), "big": bytes(65)}
@@ -342,7 +345,7 @@ def _stored_index(cache):
 
 @pytest.mark.parametrize("damage", ["older", "past the blob", "too big"])
 def test_an_index_whose_kept_members_do_not_fit_is_built_again(shards, cache, damage):
-    reader = TarReader(shards / "train-002.tar", cache_dir=cache)
+    reader = TarReader(shards / "train-002.tar", remote=RemoteOptions(cache_dir=cache))
     stored, index, index_bytes = _stored_index(cache)
     kept = np.flatnonzero(index["inline_at"] >= 0)
     if damage == "older":  # an index of an fpipe that kept no member in it
@@ -352,7 +355,7 @@ def test_an_index_whose_kept_members_do_not_fit_is_built_again(shards, cache, da
     else:
         index["sizes"][kept[0]] = 65
     stored.write_bytes(index_bytes(index))
-    again = TarReader(shards / "train-002.tar", cache_dir=cache)
+    again = TarReader(shards / "train-002.tar", remote=RemoteOptions(cache_dir=cache))
     assert list(again) == list(reader) and [again[i] for i in range(PER_SHARD)] == list(reader)
     assert (again._inline_at >= 0).sum() == len(kept)
 
@@ -385,13 +388,17 @@ def test_a_shard_copied_over_keeping_size_and_times_gets_a_new_index(tmp_path, c
         monkeypatch.setattr(foreign, "_stat_file", lambda path: types.SimpleNamespace(
             **{name: getattr(real(path), name) for name in ("st_size", "st_mtime_ns", "st_ino")},
             st_ctime_ns=0))
-    assert TarReader(shard, cache_dir=cache)[1] == {"key": "a2", "jpg": b"a2" * 50, "cls": b"2"}
+    assert TarReader(shard,
+                     remote=RemoteOptions(cache_dir=cache))[1] == {"key": "a2", "jpg": b"a2" * 50,
+                                          "cls": b"2"}
     inode, times = shard.stat().st_ino, (shard.stat().st_atime_ns, shard.stat().st_mtime_ns)
     shutil.copyfile(other, shard)  # as cp -p does: the same file, its times put back
     os.utime(shard, ns=times)
     assert shard.stat().st_ino == inode
     name, label = new[1]
-    assert TarReader(shard, cache_dir=cache)[1] == {"key": name, "jpg": name.encode() * 50, "cls": label}
+    assert TarReader(shard,
+                     remote=RemoteOptions(cache_dir=cache))[1] == {"key": name, "jpg": name.encode() * 50,
+                                          "cls": label}
 
 
 @pytest.mark.parametrize("data", [b"my notes\nline two\n" * 40, b"short notes\n"])
@@ -399,7 +406,7 @@ def test_a_file_that_is_not_a_tar_raises_format_error_naming_it(tmp_path, cache,
     path = tmp_path / "notes.tar"
     path.write_bytes(data)
     with pytest.raises(FormatError, match=r"notes\.tar: byte 0: (not a tar file|truncated)") as error:
-        TarReader(path, cache_dir=cache)
+        TarReader(path, remote=RemoteOptions(cache_dir=cache))
     assert error.value.path == str(path)
 
 
@@ -410,7 +417,7 @@ def test_a_zeroed_header_is_damage_not_the_end_of_the_shard(tmp_path, cache):
     header = data.index(b"002.cls") // 512 * 512
     data[header:header + 512] = bytes(512)  # sample 2 loses its label, and 3 would be lost
     path.write_bytes(bytes(data))
-    reader = TarReader(path, cache_dir=cache)
+    reader = TarReader(path, remote=RemoteOptions(cache_dir=cache))
     assert [reader[i]["key"] for i in range(2)] == ["000", "001"]
     with pytest.raises(FormatError, match=r"zeroed\.tar: sample 2 .*a zero block at byte \d+ with more"):
         reader[2]
@@ -431,13 +438,13 @@ def test_a_member_type_without_data_skips_nothing_and_a_sparse_one_is_refused(
     path.write_bytes(bytes(data))
     if data_follows is None:
         with pytest.raises(FormatError, match="a sparse file"):
-            TarReader(path, cache_dir=cache)[0]
+            TarReader(path, remote=RemoteOptions(cache_dir=cache))[0]
         return
     with tarfile.open(path) as tar:
         theirs = [m.name for m in tar if m.isreg()]
     assert theirs == ["000.jpg"]  # its data block, read as a header, ends the archive
     with pytest.raises(FormatError, match="sample 0 .*checksum"):
-        TarReader(path, cache_dir=cache)[0]
+        TarReader(path, remote=RemoteOptions(cache_dir=cache))[0]
 
 
 def _pax_header(records: bytes) -> bytes:
@@ -462,6 +469,6 @@ def test_pax_headers_that_tarfile_would_read_otherwise_are_damage(tmp_path, cach
     second = b"" if "two" not in reason else _pax_header(b"18 path=first.jpg\n")
     end = data.index(bytes(1024), data.index(b"000.cls") // 512 * 512 + 1024)
     path.write_bytes(data[:end] + second + _pax_header(records) + member + bytes(1024))
-    reader = TarReader(path, cache_dir=cache)
+    reader = TarReader(path, remote=RemoteOptions(cache_dir=cache))
     with pytest.raises(FormatError, match=f"pax\\.tar: sample 0 .*{reason}"):
         list(reader)
