@@ -30,8 +30,9 @@ from fpipe.cli._common import (
 )
 from fpipe.dataset._staging import dataset_files, refuse_inputs, staged_datasets
 from fpipe.errors import FpipeError
-from fpipe.formats import _sources
-from fpipe.formats._sources import FORMAT_NAMES, FORMATS, source_files
+from fpipe.formats._sources import FORMAT_NAMES, FORMATS, MixedSources, source_files
+from fpipe.formats._sources import open_source as open_any_source
+from fpipe.formats._sources import source_format as any_source_format
 
 __all__ = ["FORMATS", "open_source", "source_files", "source_format", "write_from_format"]
 
@@ -40,15 +41,15 @@ def source_format(sources: Sequence[str]) -> str | None:
     """The format of the SOURCE arguments (see :func:`fpipe.formats._sources.source_format`);
     sources in several formats are a usage error."""
     try:
-        return _sources.source_format(sources)
-    except _sources.MixedSources as error:
+        return any_source_format(sources)
+    except MixedSources as error:
         raise UsageError(str(error)) from None
 
 
 def open_source(kind: str, sources: Sequence[str]) -> Any:
     """The reader of ``sources`` in format ``kind``; packed datasets are checked as every
     command checks a dataset it reads."""
-    return _sources.open_source(kind, sources, open_packed=open_dataset)
+    return open_any_source(kind, sources, open_packed=open_dataset)
 
 
 # options of ``fpipe write`` that only files (images) take

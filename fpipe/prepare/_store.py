@@ -1,0 +1,337 @@
+"""Where a prepared dataset lives, and its commit protocol: a local folder or a URL prefix.
+
+A partition ``p`` is written by an *attempt* (a worker's run of its task), with a token of its
+own, into a staging place of its own, and committed in one step:
+
+- locally, the attempt writes its shards and manifest into ``OUT/.attempts/part-PPPPPP.TOKEN/``
+  and renames that folder to ``OUT/part-PPPPPP/``; a rename onto a folder that exists fails,
+  so a second attempt finds the partition committed, deletes its own folder and leaves;
+- at a URL, the attempt uploads its shards under ``OUT/part-PPPPPP/a-TOKEN/`` and commits by
+  writing ``OUT/part-PPPPPP/manifest.json`` last, naming them; an attempt that finds a
+  manifest there (before it begins, before it commits, or when it reads its own back)
+  deletes its shards and leaves: the manifest names one attempt's complete shards.
+
+Whatever a dead attempt left (a staging folder, shards that no manifest names) is swept when
+the job ends, and nothing else.
+
+>>> import tempfile
+>>> store = open_store(tempfile.mkdtemp())
+>>> store.committed()
+[]
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+from fpipe.errors import FormatError, redacted_url
+from fpipe.prepare._manifest import MANIFEST, parse_manifest, partition_folder
+
+__all__ = ["INDEX", "LocalStore", "RemoteStore", "open_store"]
+
+#: The shard index of a prepared dataset, in its folder.
+INDEX = "dataset.shards"
+ATTEMPTS = ".attempts"
+_PARTITION = re.compile(r"part-(\d{6})")
+_STAGING = re.compile(r"part-\d{6}\.[0-9a-f]{12}")
+_ATTEMPT = re.compile(r"a-[0-9a-f]{12}")
+_CHUNK = 1 << 20
+
+
+def open_store(out: str, storage_options: dict | None = None) -> LocalStore | RemoteStore:
+    """The store of the prepared dataset ``out``: a local folder, or a URL prefix."""
+    if "://" in out:
+        return RemoteStore(out, storage_options)
+    return LocalStore(out)
+
+
+def new_token() -> str:
+    """A fresh attempt's token: 12 hexadecimal digits."""
+    return uuid.uuid4().hex[:12]
+
+
+def _md5_listed(md5_text: str, name: str, where: str) -> str:
+    """The MD5 that a dataset's ``.md5`` file lists for its data file ``name``."""
+    for line in md5_text.splitlines():
+        digest, _, listed = line.partition("  ")
+        if listed.strip() == name:
+            return digest.strip()
+    raise FormatError(f"{where}: the .md5 file lists no checksum of {name}")
+
+
+class LocalStore:
+    """A prepared dataset in the local folder ``out`` (see the module)."""
+
+    def __init__(self, out: str | os.PathLike) -> None:
+        self.root = Path(out).absolute()
+        self.shown = str(self.root)
+
+    def prepare(self) -> None:
+        """Create the folder of the dataset (and its parents) if it is missing."""
+        if self.root.exists() and not self.root.is_dir():
+            raise NotADirectoryError(f"{self.root} is a file; out is the folder of the prepared "
+                                     "dataset")
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def location(self, name: str) -> str:
+        """The path of ``name`` (relative, ``/``-separated) in the dataset."""
+        return str(self.root.joinpath(*name.split("/")))
+
+    def committed(self) -> list[int]:
+        """The committed partitions, in order."""
+        if not self.root.is_dir():
+            return []
+        found = (_PARTITION.fullmatch(name) for name in os.listdir(self.root))
+        return sorted(int(match[1]) for match in found if match
+                      and (self.root / match[0] / MANIFEST).is_file())
+
+    def read_manifest(self, partition: int) -> dict | None:
+        """The checked manifest of ``partition``, or None if it is not committed."""
+        path = self.root / partition_folder(partition) / MANIFEST
+        try:
+            text = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        return parse_manifest(text, str(path), partition)
+
+    def begin(self, partition: int) -> LocalAttempt:
+        """A new attempt at ``partition``, with its own staging folder."""
+        staging = self.root / ATTEMPTS / f"{partition_folder(partition)}.{new_token()}"
+        staging.mkdir(parents=True)
+        return LocalAttempt(self, partition, staging)
+
+    def sweep(self) -> int:
+        """Remove the staging folders of attempts (call it when no attempt runs any more);
+        the number removed."""
+        folder = self.root / ATTEMPTS
+        if not folder.is_dir():
+            return 0
+        removed = 0
+        for name in os.listdir(folder):
+            if _STAGING.fullmatch(name):
+                shutil.rmtree(folder / name, ignore_errors=True)
+                removed += 1
+        try:
+            folder.rmdir()
+        except OSError:  # something else is in there: not ours to remove
+            pass
+        return removed
+
+    def remove_all(self) -> None:
+        """Remove every partition, attempt and the shard index (to start over)."""
+        for partition in self._partition_folders():
+            shutil.rmtree(partition)
+        self.sweep()
+        (self.root / INDEX).unlink(missing_ok=True)
+
+    def _partition_folders(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return [self.root / name for name in os.listdir(self.root) if _PARTITION.fullmatch(name)]
+
+    def write_index(self, names: list[str], counts: list[int]) -> None:
+        """Write the shard index (beside it, then renamed)."""
+        from fpipe.dataset.sharded import shard_index_text
+
+        staged = self.root / f".{INDEX}.{new_token()}"
+        staged.write_text(shard_index_text(names, counts), encoding="utf-8")
+        os.replace(staged, self.root / INDEX)
+
+    def read_bytes(self, name: str) -> bytes:
+        """The bytes of file ``name`` in the dataset."""
+        return Path(self.location(name)).read_bytes()
+
+    def size(self, name: str) -> int | None:
+        """The size of file ``name`` in the dataset, None if it is missing."""
+        try:
+            return os.path.getsize(self.location(name))
+        except FileNotFoundError:
+            return None
+
+    def md5(self, name: str) -> str:
+        """The MD5 of the bytes of file ``name``, read in chunks."""
+        digest = hashlib.md5(usedforsecurity=False)
+        with open(self.location(name), "rb") as file:
+            for chunk in iter(lambda: file.read(_CHUNK), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+
+class LocalAttempt:
+    """An attempt at one partition of a :class:`LocalStore`: its shards go to its staging
+    folder; :meth:`commit` renames the folder into place."""
+
+    storage_options = None
+
+    def __init__(self, store: LocalStore, partition: int, staging: Path) -> None:
+        self.store, self.partition, self.staging = store, partition, staging
+        self.token = staging.name.rsplit(".", 1)[1]
+
+    def shard(self, number: int) -> tuple[str, str]:
+        """The name of shard ``number`` in the manifest, and where the writer writes it."""
+        name = f"{number:05d}.msgpack"
+        return name, str(self.staging / name)
+
+    def stats(self, name: str) -> tuple[int, str]:
+        """The size and MD5 of the written shard ``name`` (its ``.md5`` lists the MD5)."""
+        path = self.staging / name
+        md5 = _md5_listed(Path(f"{path}.md5").read_text(encoding="utf-8"), name, str(path))
+        return path.stat().st_size, md5
+
+    def commit(self, manifest: str) -> bool:
+        """Commit the partition with ``manifest``, in one rename; False if another attempt
+        committed it first (this one's files are deleted then)."""
+        (self.staging / MANIFEST).write_text(manifest, encoding="utf-8")
+        target = self.store.root / partition_folder(self.partition)
+        try:
+            os.rename(self.staging, target)
+        except OSError as error:
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            self.abandon()
+            return False
+        return True
+
+    def abandon(self) -> None:
+        """Delete what this attempt wrote."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+class RemoteStore:
+    """A prepared dataset under the URL prefix ``out`` (see the module)."""
+
+    def __init__(self, out: str, storage_options: dict | None = None) -> None:
+        from fpipe.remote.urls import filesystem
+
+        self.url, self.storage_options = out.rstrip("/"), storage_options
+        self.shown = redacted_url(self.url)
+        self.fs, self.root = filesystem(self.url, storage_options)
+        self.root = self.root.rstrip("/")
+
+    def prepare(self) -> None:
+        """Nothing to create: objects need no folder."""
+
+    def location(self, name: str) -> str:
+        """The URL of ``name`` (relative, ``/``-separated) in the dataset."""
+        return f"{self.url}/{name}"
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def committed(self) -> list[int]:
+        """The committed partitions, in order."""
+        found = self.fs.glob(self._path(f"part-*/{MANIFEST}"))
+        matches = (_PARTITION.fullmatch(path.rstrip("/").split("/")[-2]) for path in found)
+        return sorted(int(match[1]) for match in matches if match)
+
+    def read_manifest(self, partition: int) -> dict | None:
+        """The checked manifest of ``partition``, or None if it is not committed."""
+        name = f"{partition_folder(partition)}/{MANIFEST}"
+        try:
+            text = self.fs.cat_file(self._path(name))
+        except FileNotFoundError:
+            return None
+        return parse_manifest(text, redacted_url(self.location(name)), partition)
+
+    def begin(self, partition: int) -> RemoteAttempt:
+        """A new attempt at ``partition``, with its own prefix."""
+        return RemoteAttempt(self, partition, new_token())
+
+    def sweep(self) -> int:
+        """Remove the shards of attempts that no manifest names (call it when no attempt runs
+        any more); the number of attempts removed."""
+        removed = 0
+        for folder in self.fs.glob(self._path("part-*")):
+            match = _PARTITION.fullmatch(folder.rstrip("/").split("/")[-1])
+            if not match:
+                continue
+            manifest = self.read_manifest(int(match[1]))
+            kept = manifest["attempt"] if manifest else None
+            for entry in self.fs.ls(folder, detail=False):
+                name = entry.rstrip("/").split("/")[-1]
+                if _ATTEMPT.fullmatch(name) and name != f"a-{kept}":
+                    self.fs.rm(entry, recursive=True)
+                    removed += 1
+        return removed
+
+    def remove_all(self) -> None:
+        """Remove every partition, attempt and the shard index (to start over)."""
+        for folder in self.fs.glob(self._path("part-*")):
+            if _PARTITION.fullmatch(folder.rstrip("/").split("/")[-1]):
+                self.fs.rm(folder, recursive=True)
+        if self.fs.exists(self._path(INDEX)):
+            self.fs.rm(self._path(INDEX))
+
+    def write_index(self, names: list[str], counts: list[int]) -> None:
+        """Upload the shard index (one object, written whole)."""
+        from fpipe.dataset.sharded import shard_index_text
+
+        self.fs.pipe_file(self._path(INDEX), shard_index_text(names, counts).encode())
+
+    def read_bytes(self, name: str) -> bytes:
+        """The bytes of object ``name`` in the dataset."""
+        return self.fs.cat_file(self._path(name))
+
+    def size(self, name: str) -> int | None:
+        """The size of object ``name``, None if it is missing."""
+        try:
+            return int(self.fs.size(self._path(name)))
+        except FileNotFoundError:
+            return None
+
+    def md5(self, name: str) -> str:
+        """The MD5 of the bytes of object ``name``, read in chunks."""
+        digest = hashlib.md5(usedforsecurity=False)
+        with self.fs.open(self._path(name), "rb") as file:
+            for chunk in iter(lambda: file.read(_CHUNK), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+
+class RemoteAttempt:
+    """An attempt at one partition of a :class:`RemoteStore`: its shards go under its own
+    prefix; :meth:`commit` writes the manifest last."""
+
+    def __init__(self, store: RemoteStore, partition: int, token: str) -> None:
+        self.store, self.partition, self.token = store, partition, token
+        self.storage_options = store.storage_options
+        self.folder = f"{partition_folder(partition)}/a-{token}"
+
+    def shard(self, number: int) -> tuple[str, str]:
+        """The name of shard ``number`` in the manifest, and the URL the writer writes."""
+        name = f"a-{self.token}/{number:05d}.msgpack"
+        return name, self.store.location(f"{partition_folder(self.partition)}/{name}")
+
+    def stats(self, name: str) -> tuple[int, str]:
+        """The size and MD5 of the uploaded shard ``name`` (its ``.md5`` lists the MD5)."""
+        relative = f"{partition_folder(self.partition)}/{name}"
+        md5_text = self.store.read_bytes(f"{relative}.md5").decode("utf-8")
+        md5 = _md5_listed(md5_text, name.split("/")[-1], redacted_url(self.store.location(relative)))
+        return int(self.store.size(relative) or 0), md5
+
+    def commit(self, manifest: str) -> bool:
+        """Commit the partition by writing ``manifest`` last; False if another attempt
+        committed it (this one's shards are deleted then)."""
+        if self.store.read_manifest(self.partition) is None:
+            name = f"{partition_folder(self.partition)}/{MANIFEST}"
+            self.store.fs.pipe_file(self.store._path(name), manifest.encode("utf-8"))
+            found = self.store.read_manifest(self.partition)
+            if found is not None and found["attempt"] == self.token:
+                return True
+        self.abandon()
+        return False
+
+    def abandon(self) -> None:
+        """Delete what this attempt uploaded."""
+        path = self.store._path(self.folder)
+        try:
+            self.store.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
