@@ -103,7 +103,14 @@ class LocalStore:
     def begin(self, partition: int) -> LocalAttempt:
         """A new attempt at ``partition``, with its own staging folder."""
         staging = self.root / ATTEMPTS / f"{partition_folder(partition)}.{new_token()}"
-        staging.mkdir(parents=True)
+        for _ in range(3):  # an attempt that ends may remove the empty .attempts meanwhile
+            try:
+                staging.mkdir(parents=True)
+                break
+            except FileNotFoundError:
+                continue
+        else:
+            staging.mkdir(parents=True)
         return LocalAttempt(self, partition, staging)
 
     def sweep(self) -> int:
@@ -168,6 +175,9 @@ class LocalAttempt:
     folder; :meth:`commit` renames the folder into place."""
 
     storage_options = None
+    #: The attempt that a manifest names: none, locally (the folder renamed into place holds
+    #: the shards), so that a partition's files are the same bytes whichever attempt wrote them.
+    recorded = ""
 
     def __init__(self, store: LocalStore, partition: int, staging: Path) -> None:
         self.store, self.partition, self.staging = store, partition, staging
@@ -196,11 +206,19 @@ class LocalAttempt:
                 raise
             self.abandon()
             return False
+        try:
+            self.staging.parent.rmdir()
+        except OSError:  # other attempts are in there
+            pass
         return True
 
     def abandon(self) -> None:
-        """Delete what this attempt wrote."""
+        """Delete what this attempt wrote (and ``.attempts``, once empty)."""
         shutil.rmtree(self.staging, ignore_errors=True)
+        try:
+            self.staging.parent.rmdir()
+        except OSError:  # other attempts are in there
+            pass
 
 
 class RemoteStore:
@@ -301,6 +319,7 @@ class RemoteAttempt:
     def __init__(self, store: RemoteStore, partition: int, token: str) -> None:
         self.store, self.partition, self.token = store, partition, token
         self.storage_options = store.storage_options
+        self.recorded = token  # the manifest names the attempt whose shards it lists
         self.folder = f"{partition_folder(partition)}/a-{token}"
 
     def shard(self, number: int) -> tuple[str, str]:

@@ -261,7 +261,7 @@ def write_partition(job: Job, partition: int) -> dict:
     attempt = store.begin(partition)
     try:
         shards = _write_shards(job, partition, attempt)
-        text = manifest_text(partition, attempt.token, shards, job.fingerprint(partition))
+        text = manifest_text(partition, attempt.recorded, shards, job.fingerprint(partition))
         written = attempt.commit(text)
     except BaseException:
         attempt.abandon()
