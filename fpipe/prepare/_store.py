@@ -29,6 +29,7 @@ import re
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 from fpipe.errors import FormatError, redacted_url
 from fpipe.prepare._manifest import MANIFEST, parse_manifest, partition_folder
@@ -274,8 +275,10 @@ class RemoteStore:
             for entry in self.fs.ls(folder, detail=False):
                 name = entry.rstrip("/").split("/")[-1]
                 if _ATTEMPT.fullmatch(name) and name != f"a-{kept}":
-                    self.fs.rm(entry, recursive=True)
-                    removed += 1
+                    left = [info for info in self.fs.find(entry, detail=True).values()
+                            if info.get("type") != "directory"]  # a store may keep folders
+                    _remove_quietly(self.fs, entry)
+                    removed += bool(left)
         return removed
 
     def remove_all(self) -> None:
@@ -348,9 +351,20 @@ class RemoteAttempt:
 
     def abandon(self) -> None:
         """Delete what this attempt uploaded."""
-        path = self.store._path(self.folder)
+        _remove_quietly(self.store.fs, self.store._path(self.folder))
+
+
+def _remove_quietly(fs: Any, path: str) -> None:
+    """Remove ``path`` and what is under it, if anything is: the objects, then the folder
+    that a store like SeaweedFS keeps when its objects are gone."""
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass
+    fs.invalidate_cache(path)
+    if fs.exists(path):
         try:
-            self.store.fs.rm(path, recursive=True)
-        except FileNotFoundError:
+            fs.rm(path)
+        except (FileNotFoundError, IsADirectoryError):
             pass
 

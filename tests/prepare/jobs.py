@@ -84,3 +84,13 @@ def identities(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``folder``: its inode and modification time (ns)."""
     return {str(path.relative_to(folder)): (path.stat().st_ino, path.stat().st_mtime_ns)
             for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def run_stopping_job(out: str, folder: str, at: int, partitions: int) -> None:
+    """The job a client process runs (and is killed in): in this process, partition by
+    partition, stopping at partition ``at``."""
+    from fpipe.prepare import from_generator, write_dataset
+
+    write_dataset(from_generator(Stopping(folder, at), range(partitions)), out, noisy,
+                  shard_size=15, n_workers=1)
+
