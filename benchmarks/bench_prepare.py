@@ -133,6 +133,7 @@ _opened: dict = {}
           "flip -> shards; 2 local processes", reference="-", target="-", kind="value")
 def _d1_alone():
     out = _fresh("d1f")
+    photos_path()  # made (and cached) before the timing
     try:
         started = time.perf_counter()
         report = _local_run(out / "out", n_workers=2)

@@ -101,6 +101,10 @@ class LocalStore:
             return None
         return parse_manifest(text, str(path), partition)
 
+    def read_manifests(self, partitions: list[int]) -> dict[int, dict | None]:
+        """The checked manifests of ``partitions``, in their order (None: not committed)."""
+        return {partition: self.read_manifest(partition) for partition in partitions}
+
     def begin(self, partition: int) -> LocalAttempt:
         """A new attempt at ``partition``, with its own staging folder."""
         staging = self.root / ATTEMPTS / f"{partition_folder(partition)}.{new_token()}"
@@ -257,6 +261,21 @@ class RemoteStore:
         except FileNotFoundError:
             return None
         return parse_manifest(text, redacted_url(self.location(name)), partition)
+
+    def read_manifests(self, partitions: list[int]) -> dict[int, dict | None]:
+        """The checked manifests of ``partitions``, in their order (None: not committed),
+        fetched concurrently."""
+        names = {partition: f"{partition_folder(partition)}/{MANIFEST}" for partition in partitions}
+        if not names:
+            return {}
+        try:
+            found = self.fs.cat([self._path(name) for name in names.values()], on_error="omit")
+        except FileNotFoundError:  # fsspec may refuse a list with a missing path: one by one
+            return {partition: self.read_manifest(partition) for partition in partitions}
+        fetched = {path.rstrip("/").split("/")[-2]: text for path, text in found.items()}
+        return {partition: None if name.split("/")[0] not in fetched else
+                parse_manifest(fetched[name.split("/")[0]], redacted_url(self.location(name)), partition)
+                for partition, name in names.items()}
 
     def begin(self, partition: int) -> RemoteAttempt:
         """A new attempt at ``partition``, with its own prefix."""

@@ -46,6 +46,17 @@ class Partitions(Sequence):
         what = f"{self.kind} files" if self.generate is None else describe_callable(self.generate)
         return f"Partitions({len(self)} partitions of {what})"
 
+    def only(self, index: int) -> Partitions:
+        """These partitions with the argument of partition ``index`` alone: what a task
+        carries to its worker (not every partition's argument).
+
+        >>> from_generator(range, [3, 4, 5]).only(2).arguments
+        {2: 5}
+        """
+        one = Partitions([], self.generate, self.kind)
+        one.arguments = {index: self.arguments[index]}  # type: ignore[assignment]
+        return one
+
     @property
     def origin(self) -> str:
         """What makes the samples, for the fingerprint: the generator, or the sources' format."""

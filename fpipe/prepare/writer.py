@@ -26,6 +26,7 @@ manifests.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -103,6 +104,10 @@ class Job:
 
     def fingerprint(self, partition: int) -> dict:
         return {**self.settings, "argument": self.partitions.argument(partition)}
+
+    def only(self, partition: int) -> Job:
+        """This job with partition ``partition``'s argument alone (what its task carries)."""
+        return dataclasses.replace(self, partitions=self.partitions.only(partition))
 
 
 def write_dataset(partitions: Partitions | Sequence[str] | str, out: str | os.PathLike,
@@ -216,8 +221,7 @@ def _check_committed(store: LocalStore | RemoteStore, job: Job, restart: bool) -
                               f"{len(job.partitions)} partitions; pass restart=True "
                               "(fpipe write --restart) to start over")
     changed = []
-    for partition in committed:
-        manifest = store.read_manifest(partition)
+    for partition, manifest in store.read_manifests(committed).items():
         if manifest is not None:
             what = differences(manifest["fingerprint"], job.fingerprint(partition))
             if what:
@@ -235,8 +239,7 @@ def _index_entries(store: LocalStore | RemoteStore, count: int
                    ) -> tuple[list[str], list[int], list[int]]:
     """The shards of every committed manifest, in partition order: names, counts, sizes."""
     names, counts, sizes = [], [], []
-    for partition in range(count):
-        manifest = store.read_manifest(partition)
+    for partition, manifest in store.read_manifests(list(range(count))).items():
         if manifest is None:
             raise FpipeError(f"{store.shown}: partition {partition} is not committed after its "
                              "task ended; run the same call again to finish it")
@@ -338,7 +341,7 @@ def _run_locally(job: Job, todo: list[int], done: Callable[[dict], None], n_work
         if executor is None:  # no worker processes here (a daemon process): run them here
             _run_locally(job, todo, done, 1)
             return
-        futures = {executor.submit(write_partition, job, p): p for p in todo}
+        futures = {executor.submit(write_partition, job.only(p), p): p for p in todo}
         todo = []
         try:
             for future in as_completed(futures):
@@ -365,7 +368,7 @@ def _run_on_dask(job: Job, todo: list[int], done: Callable[[dict], None], cluste
 
     client = Client(cluster) if isinstance(cluster, str) else cluster
     token = os.urandom(6).hex()
-    futures = [client.submit(write_partition, job, p, key=f"fpipe-prepare-{token}-{p:06d}",
+    futures = [client.submit(write_partition, job.only(p), p, key=f"fpipe-prepare-{token}-{p:06d}",
                              pure=False) for p in todo]
     try:
         for future in as_completed(futures):
