@@ -232,11 +232,21 @@ class _WorkerKiller(threading.Thread):
         for fraction in self.fractions:
             while _committed(self.out) < fraction * PARTITIONS and not self.done.is_set():
                 time.sleep(0.01)
-            workers = [child for child in psutil.Process().children(recursive=True)
-                       if "loky" in " ".join(child.cmdline()) or "joblib" in " ".join(child.cmdline())]
+            workers = [child.pid for child in psutil.Process().children(recursive=True)
+                       if "popen_loky" in " ".join(_command(child))]  # not its resource tracker
             if workers and not self.done.is_set():
-                os.kill(workers[0].pid, signal.SIGKILL)
+                os.kill(workers[0], signal.SIGKILL)
                 self.killed += 1
+
+
+def _command(process) -> list[str]:
+    """The command line of ``process``; none for one that has ended meanwhile."""
+    import psutil
+
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return []
 
 
 @workload("D3", description="D1 with one worker SIGKILLed at 30 % and at 60 %",
