@@ -339,8 +339,8 @@ def _d5():
     from .s3server import SeaweedS3
 
     folder = _fresh("d5")
-    server = SeaweedS3(folder / "seaweed")
     (folder / "seaweed").mkdir()
+    server = SeaweedS3(folder / "seaweed")
     server.start()
     fs = s3fs.S3FileSystem(**server.storage_options, skip_instance_cache=True)
     fs.mkdir("prepared")
