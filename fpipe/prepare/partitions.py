@@ -12,6 +12,7 @@ takes, one file a partition (:func:`from_sources`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -134,4 +135,11 @@ def from_sources(sources: str | Sequence[str]) -> Partitions:
     kind, files = split_by_file(list(sources))
     if not files:
         raise FileNotFoundError(f"no file matches the sources {list(sources)!r:.200}")
+    seen: dict[str, int] = {}
+    for number, path in enumerate(files):
+        real = os.path.realpath(path) if "://" not in path else path
+        if real in seen:
+            raise ValueError(f"{path} is partition {seen[real]} and partition {number}: a "
+                             "file's samples would be written twice; give each file once")
+        seen[real] = number
     return Partitions(files, None, kind)

@@ -135,7 +135,8 @@ def write_dataset(partitions: Partitions | Sequence[str] | str, out: str | os.Pa
 
     Run again after any failure, the same call skips the committed partitions, and the result
     is the same bytes; with other settings it raises :class:`SettingsChanged` naming what
-    changed, unless ``restart=True``, which deletes the prepared partitions first.
+    changed, unless ``restart=True``, which deletes the prepared partitions first. The same
+    call with the partitions extended appends the new ones (the committed ones are kept).
     ``progress`` prints the partitions done, samples/s and the time left on stderr.
 
     >>> import tempfile

@@ -297,3 +297,31 @@ def test_out_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "out").write_text("a file")
     with pytest.raises(NotADirectoryError, match="out is the folder"):
         write_dataset(from_generator(jobs.rows, [0]), tmp_path / "out", n_workers=1)
+
+
+def test_a_job_extended_by_new_partitions_appends_them_and_keeps_the_others(tmp_path):
+    write_dataset(from_generator(jobs.rows, range(2)), tmp_path / "out", jobs.noisy, n_workers=1)
+    before = identities(tmp_path / "out")
+    report = write_dataset(from_generator(jobs.rows, range(4)), tmp_path / "out", jobs.noisy,
+                           n_workers=2)
+    assert (report.written, report.skipped, report.samples) == (2, 2, 4 * SAMPLES)
+    after = identities(tmp_path / "out")
+    kept = {name: identity for name, identity in before.items() if name.startswith("part-")}
+    assert {name: after[name] for name in kept} == kept
+    write_dataset(from_generator(jobs.rows, range(4)), tmp_path / "whole", jobs.noisy, n_workers=1)
+    assert tree(tmp_path / "out") == tree(tmp_path / "whole")
+
+
+def test_new_partitions_given_without_the_old_ones_are_refused(tmp_path):
+    write_dataset(from_generator(jobs.rows, range(2)), tmp_path / "out", n_workers=1)
+    with pytest.raises(SettingsChanged, match=r"argument \(was '0', now '2'\) in partition 0"):
+        write_dataset(from_generator(jobs.rows, [2, 3]), tmp_path / "out", n_workers=1)
+
+
+def test_a_source_file_given_twice_is_refused(tmp_path):
+    from fpipe.formats import TFRecordWriter
+
+    with TFRecordWriter(tmp_path / "a.tfrecord") as writer:
+        writer.write({"x": [1]})
+    with pytest.raises(ValueError, match=r"a.tfrecord is partition 0 and partition 1"):
+        from_sources([str(tmp_path / "a.tfrecord"), str(tmp_path / "." / "a.tfrecord")])
