@@ -293,8 +293,8 @@ def _write_shards(job: Job, partition: int, attempt: Any) -> list[dict]:
             shards.append(_closed_shard(writer, name, attempt))
             writer = None
     finally:
-        if writer is not None:
-            writer.abandon() if hasattr(writer, "abandon") else writer.close()
+        if writer is not None:  # a failed partition: its attempt's files go anyway
+            writer.abandon()
     return shards
 
 
