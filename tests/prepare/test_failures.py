@@ -115,3 +115,27 @@ def test_the_client_killed_half_way_then_the_same_call_finishes_the_job(tmp_path
     assert untouched and {name: after[name] for name in untouched} == untouched
     assert not (out / ".attempts").exists()
     assert tree(out) == _uninterrupted(tmp_path, tmp_path / "one")
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_client_abandons_its_attempt_and_the_same_call_finishes(tmp_path):
+    out = tmp_path / "out"
+    root = str(Path(__file__).resolve().parents[2])
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    call = (f"from tests.prepare.jobs import run_stopping_job; "
+            f"run_stopping_job({str(out)!r}, {str(tmp_path)!r}, {AT}, {PARTITIONS})")
+    client = subprocess.Popen([sys.executable, "-c", call], env=environment, cwd=root,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert jobs.wait_for_stop(tmp_path, AT) == client.pid
+        client.send_signal(signal.SIGINT)
+        _, stderr = client.communicate(timeout=60)
+    finally:
+        client.kill()
+    assert "KeyboardInterrupt" in stderr
+    assert sorted(os.listdir(out)) == [f"part-{p:06d}" for p in range(AT)]  # nothing staged left
+    report = write_dataset(from_generator(jobs.Stopping(str(tmp_path), AT), range(PARTITIONS)),
+                           out, jobs.noisy, shard_size=15, n_workers=1)
+    assert (report.written, report.skipped, report.swept) == (PARTITIONS - AT, AT, 0)
+    assert tree(out) == _uninterrupted(tmp_path, tmp_path / "one")
