@@ -27,6 +27,7 @@ import hashlib
 import os
 import re
 import shutil
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -226,16 +227,43 @@ class LocalAttempt:
             pass
 
 
+#: Tries of a manifest's or the index's request at a URL, and the first pause between them
+#: (then four times longer each time): throttling (429, 503, SlowDown) and 5xx answers heal.
+TRIES, BACKOFF = 4, 0.1
+
+
 class RemoteStore:
-    """A prepared dataset under the URL prefix ``out`` (see the module)."""
+    """A prepared dataset under the URL prefix ``out`` (see the module). The requests for
+    manifests, listings and the index are tried again after a failure that may heal."""
 
     def __init__(self, out: str, storage_options: dict | None = None) -> None:
+        from fpipe.errors import Secrets
         from fpipe.remote.urls import filesystem
 
         self.url, self.storage_options = out.rstrip("/"), storage_options
         self.shown = redacted_url(self.url)
+        self._secrets = Secrets(self.url, storage_options)
         self.fs, self.root = filesystem(self.url, storage_options)
         self.root = self.root.rstrip("/")
+
+    def _retried(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``, tried again (:data:`TRIES` in all) after a failure that
+        may heal; a :class:`~fpipe.remote.RemoteError` that shows no secret when it does not.
+        A missing object is no failure: FileNotFoundError passes."""
+        from fpipe.remote.urls import Refused, RemoteError, failure
+
+        for tried in range(TRIES):
+            try:
+                return call(*args, **kwargs)
+            except FileNotFoundError:
+                raise
+            except Exception as error:  # each storage library has its own errors
+                meaning = failure(error, self.url, self._secrets)
+                if isinstance(meaning, Refused) or tried + 1 == TRIES:
+                    after = "" if isinstance(meaning, Refused) else f" after {TRIES} attempts"
+                    raise RemoteError(self.url, None, None, f"{meaning}{after}") from None
+                time.sleep(BACKOFF * 4 ** tried)
+        raise AssertionError("unreachable")
 
     def prepare(self) -> None:
         """Nothing to create: objects need no folder."""
@@ -249,7 +277,7 @@ class RemoteStore:
 
     def committed(self) -> list[int]:
         """The committed partitions, in order."""
-        found = self.fs.glob(self._path(f"part-*/{MANIFEST}"))
+        found = self._retried(self.fs.glob, self._path(f"part-*/{MANIFEST}"))
         matches = (_PARTITION.fullmatch(path.rstrip("/").split("/")[-2]) for path in found)
         return sorted(int(match[1]) for match in matches if match)
 
@@ -257,7 +285,7 @@ class RemoteStore:
         """The checked manifest of ``partition``, or None if it is not committed."""
         name = f"{partition_folder(partition)}/{MANIFEST}"
         try:
-            text = self.fs.cat_file(self._path(name))
+            text = self._retried(self.fs.cat_file, self._path(name))
         except FileNotFoundError:
             return None
         return parse_manifest(text, redacted_url(self.location(name)), partition)
@@ -269,7 +297,8 @@ class RemoteStore:
         if not names:
             return {}
         try:
-            found = self.fs.cat([self._path(name) for name in names.values()], on_error="omit")
+            found = self._retried(self.fs.cat, [self._path(name) for name in names.values()],
+                                  on_error="omit")
         except FileNotFoundError:  # fsspec may refuse a list with a missing path: one by one
             return {partition: self.read_manifest(partition) for partition in partitions}
         fetched = {path.rstrip("/").split("/")[-2]: text for path, text in found.items()}
@@ -312,7 +341,7 @@ class RemoteStore:
         """Upload the shard index (one object, written whole)."""
         from fpipe.dataset.sharded import shard_index_text
 
-        self.fs.pipe_file(self._path(INDEX), shard_index_text(names, counts).encode())
+        self._retried(self.fs.pipe_file, self._path(INDEX), shard_index_text(names, counts).encode())
 
     def read_bytes(self, name: str) -> bytes:
         """The bytes of object ``name`` in the dataset."""
@@ -361,7 +390,8 @@ class RemoteAttempt:
         committed it (this one's shards are deleted then)."""
         if self.store.read_manifest(self.partition) is None:
             name = f"{partition_folder(self.partition)}/{MANIFEST}"
-            self.store.fs.pipe_file(self.store._path(name), manifest.encode("utf-8"))
+            self.store._retried(self.store.fs.pipe_file, self.store._path(name),
+                                manifest.encode("utf-8"))
             found = self.store.read_manifest(self.partition)
             if found is not None and found["attempt"] == self.token:
                 return True
