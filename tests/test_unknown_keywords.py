@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fpipe
+import fpipe.prepare
 import fpipe.sets
 import fpipe.torch
 from fpipe.dataset import FileWriter, MsgpackReader, RawWriter, ShardedWriter, pack_sample
@@ -117,7 +118,7 @@ def test_a_sampler_refuses_a_keyword_its_draw_lacks():
 PUBLIC_MODULES = ("fpipe", "fpipe.dataset", "fpipe.formats", "fpipe.orderings", "fpipe.stream",
                   "fpipe.infinite", "fpipe.functional", "fpipe.random", "fpipe.sharding",
                   "fpipe.skipping", "fpipe.errors", "fpipe.files", "fpipe.remote", "fpipe.torch",
-                  "fpipe.image", "fpipe.sets", "fpipe.storage")
+                  "fpipe.image", "fpipe.sets", "fpipe.storage", "fpipe.prepare")
 
 
 def _public_callables() -> dict:
@@ -156,6 +157,7 @@ NOT_CALLED = {
     "fpipe.Stage",
     "fpipe.Stream",
     "fpipe.sets.KnownDataset",
+    "fpipe.prepare.SettingsChanged",  # Exception's constructor
 }
 
 
@@ -197,6 +199,10 @@ def _call(*args, **kwargs) -> tuple:
     return args, kwargs
 
 
+def _rows(n):
+    return ({"key": str(i)} for i in range(n))
+
+
 def _stream():
     return fpipe.as_stream(range(3))
 
@@ -204,6 +210,13 @@ def _stream():
 # Required arguments, from the inputs (f) and a folder for outputs (out): enough to make the call
 # valid without the misspelled keyword (the test binds them to the signature).
 ARGUMENTS = {
+    "fpipe.prepare.Partitions": lambda f, out: _call([1], _rows),
+    "fpipe.prepare.PrepareReport": lambda f, out: _call("x.shards", 1, 1, 0, 3, 30, 0.1),
+    "fpipe.prepare.from_generator": lambda f, out: _call(_rows, [1, 2]),
+    "fpipe.prepare.from_sources": lambda f, out: _call(str(f.tfrecord)),
+    "fpipe.prepare.verify_dataset": lambda f, out: _call(out / "prepared"),
+    "fpipe.prepare.write_dataset": lambda f, out: _call(fpipe.prepare.from_generator(_rows, [2]),
+                                                        out / "prepared"),
     "fpipe.formats.ArrowFileReader": lambda f, out: _call(f.arrow),
     "fpipe.dataset.BlockShuffler": lambda f, out: _call(MsgpackReader(f.msgpack)),
     "fpipe.dataset.BloomFilter": lambda f, out: _call(10, 0.01),

@@ -1,6 +1,9 @@
-"""Datasets in other training formats on the command line: which format a SOURCE is in
-(WebDataset tar shards, Parquet or Arrow files and Hugging Face folders, TFRecord files, and
-packed fpipe datasets too), its reader, and ``fpipe write`` from it into a packed dataset.
+"""Datasets in other training formats on the command line: ``fpipe write`` from WebDataset tar
+shards, Parquet or Arrow files and Hugging Face folders, TFRecord files, and packed fpipe
+datasets into a packed dataset. Which format a SOURCE is in, and its reader, are
+:mod:`fpipe.formats._sources`' (``fpipe.prepare`` splits the same sources into partitions);
+here a mix of formats is a usage error, and packed datasets are opened with the command's
+checks.
 
 >>> source_format(["shards-{000..009}.tar"]), source_format(["data/*.parquet"])
 ('webdataset', 'parquet')
@@ -11,8 +14,6 @@ True
 from __future__ import annotations
 
 import argparse
-import os
-import struct
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -22,153 +23,39 @@ from fpipe.cli._common import (
     UsageError,
     chosen_seed,
     human_bytes,
+    open_dataset,
     refuse_options,
     say,
     shows_progress,
 )
 from fpipe.dataset._staging import dataset_files, refuse_inputs, staged_datasets
 from fpipe.errors import FpipeError
+from fpipe.formats._sources import FORMAT_NAMES, FORMATS, MixedSources, source_files
+from fpipe.formats._sources import open_source as open_any_source
+from fpipe.formats._sources import source_format as any_source_format
 
 __all__ = ["FORMATS", "open_source", "source_files", "source_format", "write_from_format"]
 
-#: The formats, by the suffixes that name their files.
-FORMATS = {"webdataset": (".tar",), "parquet": (".parquet", ".arrow", ".feather", ".ipc"),
-           "tfrecord": (".tfrecord", ".tfrecords", ".tfr"), "packed": (".msgpack",)}
-_NAMES = {"webdataset": "WebDataset shards", "parquet": "Parquet/Arrow files",
-          "tfrecord": "TFRecord files", "packed": "packed fpipe datasets"}
+
+def source_format(sources: Sequence[str]) -> str | None:
+    """The format of the SOURCE arguments (see :func:`fpipe.formats._sources.source_format`);
+    sources in several formats are a usage error."""
+    try:
+        return any_source_format(sources)
+    except MixedSources as error:
+        raise UsageError(str(error)) from None
+
+
+def open_source(kind: str, sources: Sequence[str]) -> Any:
+    """The reader of ``sources`` in format ``kind``; packed datasets are checked as every
+    command checks a dataset it reads."""
+    return open_any_source(kind, sources, open_packed=open_dataset)
+
+
 # options of ``fpipe write`` that only files (images) take
 _FILE_OPTIONS = ("field", "resize", "encode", "quality", "separator", "include", "exclude",
                  "classes", "strict", "check", "skip_bad", "origin", "download",
                  "base_url", "splits")
-
-
-def _format_of_name(name: str) -> str | None:
-    lowered = name.lower().rstrip("/")
-    for kind, suffixes in FORMATS.items():
-        if lowered.endswith(suffixes):
-            return kind
-    return None
-
-
-def _sniffed(path: str) -> str | None:
-    """The format of a file whose name does not say it, from its first bytes: a TFRecord
-    record header (length and its CRC), a Parquet or Arrow magic, a tar header; a packed
-    dataset by its ``.offsets`` file."""
-    from fpipe.files import DatasetFiles
-    from fpipe.formats._crc32c import masked_crc32c
-
-    if DatasetFiles(path).offsets.is_file():
-        return "packed"
-    try:
-        with open(path, "rb") as file:
-            head = file.read(512)
-    except OSError:
-        return None
-    if head[:4] == b"PAR1" or head[:6] == b"ARROW1":
-        return "parquet"
-    if len(head) >= 12 and masked_crc32c(head[:8]) == struct.unpack_from("<I", head, 8)[0]:
-        return "tfrecord"
-    if len(head) == 512 and head[257:262] == b"ustar":
-        return "webdataset"
-    return None
-
-
-def _format_of(source: str) -> str | None:
-    if "://" in source:  # by the path: a query (a presigned URL's signature) says nothing
-        from fpipe.remote.urls import split_query
-
-        return _format_of_name(split_query(source)[0])
-    if os.path.isdir(source):
-        folder = Path(source)
-        if (folder / "state.json").is_file() and any(folder.glob("*.arrow")):
-            return "parquet"
-        return "parquet" if _only_parquet(folder) else None
-    named = _format_of_name(source)
-    if named is not None or not os.path.isfile(source):
-        return named
-    return _sniffed(source)
-
-
-def _only_parquet(folder: Path) -> bool:
-    """Whether ``folder`` holds files, all of them (hidden ones aside) Parquet or Arrow files
-    by their names; the look stops at the first that is not (a folder of a million images
-    is not listed)."""
-    found = False
-    for path in folder.rglob("*"):
-        if not path.name.startswith(".") and path.is_file():
-            if _format_of_name(path.name) != "parquet":
-                return False
-            found = True
-    return found
-
-
-def source_format(sources: Sequence[str]) -> str | None:
-    """``"webdataset"``, ``"parquet"`` or ``"tfrecord"`` when the SOURCE arguments name files
-    of that format (by suffix; a file without a known suffix by its first bytes; a folder of
-    Parquet/Arrow files or a Hugging Face ``save_to_disk`` folder), None for anything else.
-    Sources in several formats are a usage error."""
-    kinds = [_format_of(source) for source in sources]
-    if all(kind is None for kind in kinds):
-        return None
-    if len(set(kinds)) > 1:
-        named = ", ".join(f"{source} ({kind or 'not one of them'})" for source, kind in zip(sources, kinds))
-        raise UsageError(f"the sources must all be WebDataset, Parquet/Arrow or TFRecord files of "
-                         f"one format; got {named}")
-    return kinds[0]
-
-
-def source_files(sources: Sequence[str]) -> Iterator[str]:
-    """The local files that the SOURCE arguments name (patterns expanded, folders listed),
-    which an output must not replace."""
-    from fpipe.formats._foreign import expand_shards
-
-    for source in sources:
-        if "://" in source:
-            continue
-        if os.path.isdir(source):
-            yield from (str(path) for path in Path(source).rglob("*") if path.is_file())
-        else:
-            yield from (path for path in expand_shards(source, must_exist=False)
-                        if os.path.isfile(path))
-
-
-def open_source(kind: str, sources: Sequence[str]) -> Any:
-    """The reader of ``sources`` in format ``kind`` (see :func:`source_format`)."""
-    from fpipe.formats import ParquetReader, TFRecordReader, WebDatasetReader
-
-    _refuse_pending_exports(sources)
-    readers = {"webdataset": WebDatasetReader, "parquet": ParquetReader, "tfrecord": TFRecordReader,
-               "packed": _packed_datasets}
-    return readers[kind](list(sources))
-
-
-def _refuse_pending_exports(sources: Sequence[str]) -> None:
-    """Refuse shards of a pattern whose export was killed while it renamed them into place
-    (they are of two exports until the next export to the pattern finishes that commit)."""
-    import glob
-
-    from fpipe.formats._foreign import EXPORT_JOURNAL, pending_export
-
-    journals: dict[str, bool] = {}
-    for path in source_files(sources):
-        folder = os.path.dirname(os.path.abspath(path))
-        if folder not in journals:
-            journals[folder] = bool(glob.glob(os.path.join(glob.escape(folder), ".fpipe-*",
-                                                           EXPORT_JOURNAL)))
-        reason = pending_export(path) if journals[folder] else None
-        if reason is not None:
-            raise FpipeError(f"{path}: {reason}")
-
-
-def _packed_datasets(sources: list[str]) -> Any:
-    """The packed datasets that ``sources`` name (paths, URLs, glob or brace patterns) read
-    as one: each sample with its key, to write again (shuffled, merged, or simply copied)."""
-    from fpipe.cli._common import open_dataset
-    from fpipe.dataset import ShardedReader
-    from fpipe.formats._foreign import expand_shards
-
-    readers = [open_dataset(path) for path in expand_shards(sources)]
-    return readers[0] if len(readers) == 1 else ShardedReader(readers)
 
 
 def _carry_classes(sources: Sequence[str], target: Path) -> None:
@@ -190,7 +77,7 @@ def write_from_format(kind: str, args: argparse.Namespace) -> int:
     """``fpipe write SOURCE... OUT`` for sources in another format: every sample, in order (or
     shuffled by ``--seed``), read in bounded memory and written with its key."""
     refuse_options({f"--{name.replace('_', '-')}": getattr(args, name, None)
-                    for name in _FILE_OPTIONS}, f"with {_NAMES[kind]}, whose samples are "
+                    for name in _FILE_OPTIONS}, f"with {FORMAT_NAMES[kind]}, whose samples are "
                    "written as they are read")
     if args.append and args.overwrite:
         raise UsageError("--append adds to OUT, -y/--overwrite replaces it: pass one of them")
@@ -209,7 +96,7 @@ def write_from_format(kind: str, args: argparse.Namespace) -> int:
             if kind == "packed":
                 _carry_classes(args.source, staged)
     say(args, f"{'appended' if args.append else 'wrote'} {len(reader)} samples from "
-              f"{_NAMES[kind]} ({len(args.source)} source(s)) to {out} "
+              f"{FORMAT_NAMES[kind]} ({len(args.source)} source(s)) to {out} "
               f"({human_bytes(out.stat().st_size)})")
     return 0
 

@@ -29,6 +29,7 @@ from fpipe.cli._index_checks import (
     offset_problems,
     read_index,
 )
+from fpipe.cli._prepare import is_prepared, verify_prepared
 from fpipe.dataset import index_keys, legacy_index_batches, md5_file, rebuild_index, unpack_sample
 from fpipe.dataset._indexing import IndexBuilder
 from fpipe.dataset._staging import finish_commit, staging_folder
@@ -61,7 +62,11 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
         "  fpipe verify train.msgpack val.msgpack\n  fpipe verify big.msgpack --quick",
         _run_verify)
     verify.add_argument("datasets", nargs="+", metavar="DATASET",
-                        help="dataset files (X.msgpack), or URLs (fetched to a temporary folder)")
+                        help="dataset files (X.msgpack), or URLs (fetched to a temporary "
+                             "folder), or the folder or URL of a dataset that 'fpipe write "
+                             "--processes/--cluster' prepared (each shard checked against its "
+                             "partition's manifest: size, MD5, samples; the index against the "
+                             "manifests)")
     verify.add_argument("--quick", action="store_true",
                         help="check checksums and the index, not every sample")
     verify.add_argument("--images", action="store_true",
@@ -123,6 +128,13 @@ def _run_verify(args: argparse.Namespace) -> int:
         refuse_options({"--images": args.images}, "with --quick, which reads no sample")
     failed = False
     for dataset in args.datasets:
+        if is_prepared(dataset):
+            problems = verify_prepared(dataset, args)
+            if problems:
+                failed = True
+                print(f"{redacted_url(dataset)}: {len(problems)} problem(s)")
+                print("\n".join(f"  {problem}" for problem in problems))
+            continue
         problems, images, checked = _check_any(dataset, args)
         if problems or images:
             failed = True

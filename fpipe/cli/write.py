@@ -40,6 +40,12 @@ from fpipe.cli._inputs import (
     list_source,
 )
 from fpipe.cli._labels import check_matchable, class_file, class_lists
+from fpipe.cli._prepare import (
+    add_prepare_options,
+    prepares,
+    refuse_prepare_options,
+    write_prepared,
+)
 from fpipe.dataset._staging import dataset_files, refuse_inputs, staged_datasets
 from fpipe.errors import FpipeError
 
@@ -100,7 +106,9 @@ _EXAMPLE = """\
   fpipe write more-photos/ photos.msgpack --append
   fpipe write cifar10 data/cifar10 --download
   fpipe write 'shards-{000..099}.tar' train.msgpack
-  fpipe write data/*.parquet train.msgpack"""
+  fpipe write data/*.parquet train.msgpack
+  fpipe write 'shards-{000..999}.tar' prepared/ --processes 8
+  fpipe write 'shards-{000..999}.tar' s3://bucket/train --cluster tcp://scheduler:8786"""
 
 _FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
 _NAMED_LABELS = 5  # label names shown in one message
@@ -133,6 +141,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or summary")
     # how many damaged images to name (None: each); not an option: fpipe demo names a few
     parser.set_defaults(named_images=None)
+    add_prepare_options(parser.add_argument_group(
+        "preparing by partitions (sources in another format, one file a partition)"))
     _add_file_options(parser.add_argument_group("files (folders, patterns, list files)"))
     _add_known_options(parser.add_argument_group("well-known datasets"))
 
@@ -186,6 +196,9 @@ def _add_known_options(group: argparse._ArgumentGroup) -> None:
 def _run_write(args: argparse.Namespace) -> int:
     from fpipe import sets
 
+    if prepares(args):
+        return write_prepared(args)
+    refuse_prepare_options(args)
     if not args.shuffle:
         refuse_options({"--seed": args.seed}, "without --shuffle")
     kind = source_format(args.source)

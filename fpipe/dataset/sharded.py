@@ -342,10 +342,21 @@ def write_shard_index(shards: Iterable[PathLike], index: PathLike) -> None:
     _write_index(index, names, counts)
 
 
-def _write_index(index: Path, names: list[str], counts: list[int]) -> None:
+def shard_index_text(names: list[str], counts: list[int]) -> str:
+    """The JSON of the shard index of shards ``names`` (relative to its folder) holding
+    ``counts`` samples (see the module). Not in ``__all__``: for writers of shards that are
+    not local files (:mod:`fpipe.prepare` uploads it).
+
+    >>> shard_index_text(["a-0.msgpack"], [2])
+    '{"format": "fpipe-shards", "version": 1, "shards": ["a-0.msgpack"], "samples": [2]}\\n'
+    """
     content = {"format": _FORMAT, "version": _VERSION, "shards": names, "samples": counts}
+    return json.dumps(content, ensure_ascii=False) + "\n"
+
+
+def _write_index(index: Path, names: list[str], counts: list[int]) -> None:
     staged = index.with_name(f".{index.name}.{os.getpid()}")
-    staged.write_text(json.dumps(content, ensure_ascii=False) + "\n", encoding="utf-8")
+    staged.write_text(shard_index_text(names, counts), encoding="utf-8")
     os.replace(staged, index)
 
 

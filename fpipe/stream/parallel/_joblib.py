@@ -171,6 +171,15 @@ def _loky_executor(n_workers: int) -> Any:
     return getattr(parallel._backend, "_workers", None)
 
 
+def shared_executor(n_workers: int) -> Any:
+    """joblib's shared loky executor with ``n_workers`` workers, configured as the process
+    stages' (for coarse tasks outside any stage: the partitions of :mod:`fpipe.prepare`);
+    None where joblib runs no worker processes here (it warned why)."""
+    if _runs_here():
+        return None
+    return _loky_executor(n_workers)
+
+
 def _forget_parent_pool() -> None:
     """In a forked child: none of the parent's threads runs here, and the parent's executor
     and workers are not the child's. Start afresh: the locks, the pools' runs, and joblib's

@@ -1,0 +1,103 @@
+"""fpipe write SOURCE... OUT --processes N / --cluster ADDRESS / --restart, and fpipe verify of
+a prepared dataset."""
+
+from __future__ import annotations
+
+import pytest
+
+from fpipe.cli import main
+from fpipe.dataset import MsgpackReader, ShardedReader
+from fpipe.formats import TFRecordWriter
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for part in range(3):
+        with TFRecordWriter(tmp_path / f"r-{part}.tfrecord") as writer:
+            for i in range(30):
+                writer.write({"x": [part * 100 + i]})
+    return str(tmp_path / "r-*.tfrecord")
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    status = main([str(arg) for arg in argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_write_with_processes_prepares_resumes_and_reports(records, tmp_path, capsys):
+    status, out, err = _run(capsys, "write", records, "out", "--processes", "2", "--shard-size", "20")
+    assert status == 0, err
+    assert out.startswith(f"prepared {tmp_path / 'out' / 'dataset.shards'}: 3 partitions "
+                          "(3 written, 0 already committed), 90 samples")
+    assert err.count("fpipe prepare: ") == 3 and "3/3 partitions, 90 samples" in err
+    assert "samples/s, ETA 0:00:00" in err
+    assert main(["write", records, "whole.msgpack", "-q"]) == 0
+    prepared = list(ShardedReader(str(tmp_path / "out" / "dataset.shards")))
+    assert [s["x"] for s in prepared] == [s["x"] for s in MsgpackReader(tmp_path / "whole.msgpack")]
+    status, out, _ = _run(capsys, "write", records, "out", "--processes", "2", "--shard-size", "20")
+    assert status == 0 and "(0 written, 3 already committed)" in out
+    status, out, err = _run(capsys, "verify", "out")
+    assert status == 0 and out.startswith("out: ok (3 partitions, 6 shards, 90 samples")
+
+
+def test_a_rerun_with_another_shard_size_is_refused_until_restart(records, capsys):
+    assert _run(capsys, "write", records, "out", "--processes", "1", "-q")[0] == 0
+    status, out, err = _run(capsys, "write", records, "out", "--processes", "1", "--shard-size", "7")
+    assert status == 1 and "shard_size (was 10000, now 7)" in err and "--restart" in err
+    status, out, err = _run(capsys, "write", records, "out", "--processes", "1", "--shard-size", "7",
+                            "--restart", "-q")
+    assert (status, out) == (0, "")
+
+
+def test_verify_names_a_damaged_shard_of_a_prepared_dataset(records, tmp_path, capsys):
+    assert _run(capsys, "write", records, "out", "--processes", "1", "-q")[0] == 0
+    shard = tmp_path / "out" / "part-000002" / "00000.msgpack"
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\x00")
+    status, out, _ = _run(capsys, "verify", "out")
+    assert status == 1 and "out: 1 problem(s)" in out and f"{shard}: its MD5 is" in out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--restart"], "--restart has no effect without --processes or --cluster"),
+    (["--shard-size", "5"], "--shard-size has no effect without --processes or --cluster"),
+    (["--processes", "2", "--shuffle"], "--shuffle has no effect with --processes or --cluster"),
+    (["--processes", "2", "--workers", "2"], "--workers has no effect with --processes"),
+    (["--processes", "2", "--append"], "--append has no effect with --processes"),
+])
+def test_options_that_do_not_go_together_are_usage_errors(records, tmp_path, capsys, argv, says):
+    status, _, err = _run(capsys, "write", records, "out", *argv)
+    assert status == 2 and says in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_processes_and_cluster_together_are_a_usage_error(records, capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["write", records, "out", "--processes", "2", "--cluster", "tcp://127.0.0.1:1"])
+    assert raised.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_processes_with_files_that_cannot_be_split_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.jpg").write_bytes(b"\xff\xd8")
+    status, _, err = _run(capsys, "write", "photos", "out", "--processes", "2")
+    assert status == 2 and "prepare datasets from WebDataset, Parquet/Arrow, TFRecord" in err
+
+
+@pytest.mark.slow
+def test_write_on_a_cluster_by_its_address(records, tmp_path, capsys):
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                      dashboard_address=None) as cluster:
+        status, out, err = _run(capsys, "write", records, "out", "--cluster",
+                                cluster.scheduler_address, "--shard-size", "20")
+    assert status == 0, err
+    assert "3 partitions (3 written, 0 already committed), 90 samples" in out
+    assert _run(capsys, "write", records, "local", "--processes", "1", "--shard-size", "20", "-q")[0] == 0
+    from .jobs import tree
+
+    assert tree(tmp_path / "out") == tree(tmp_path / "local")
