@@ -13,6 +13,7 @@ from fpipe.errors import FormatError
 from fpipe.prepare import from_generator, verify_dataset, write_dataset
 from fpipe.prepare._manifest import manifest_text
 from fpipe.prepare.writer import _checked_job, _write_shards, write_partition
+from fpipe.remote import RemoteOptions
 
 from . import jobs
 
@@ -51,7 +52,7 @@ def test_a_dataset_prepared_into_object_storage_reads_as_the_local_one(s3, tmp_p
                            storage_options=s3.storage_options)
     write_dataset(partitions, tmp_path / "local", jobs.noisy, shard_size=15, n_workers=1)
     assert report.index == f"{url}/dataset.shards" and report.samples == 3 * jobs.SAMPLES
-    remote = list(ShardedReader(report.index, storage_options=s3.storage_options))
+    remote = list(ShardedReader(report.index, remote=RemoteOptions(storage_options=s3.storage_options)))
     assert remote == list(ShardedReader(str(tmp_path / "local" / "dataset.shards")))
     fs = _fs(s3)
     remote_manifests = _manifests(lambda p: fs.cat(f"prep/whole/part-{p:06d}/manifest.json"))
