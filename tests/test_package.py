@@ -354,3 +354,13 @@ def test_nothing_outside_the_stream_core_touches_a_streams_private_attributes():
                       if isinstance(node, ast.Attribute) and node.attr in private
                       and not (isinstance(node.value, ast.Name) and node.value.id == "self")]
     assert offenders == []
+
+
+def test_no_two_classes_of_fpipe_share_a_name():
+    # two KeyIndex and two Plan classes once made a reader of one module misread another's
+    homes: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                homes.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
+    assert {name: where for name, where in homes.items() if len(where) > 1} == {}

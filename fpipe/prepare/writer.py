@@ -152,7 +152,7 @@ def write_dataset(partitions: Partitions | Sequence[str] | str, out: str | os.Pa
     store.prepare()
     committed = _check_committed(store, job, restart)
     todo = [p for p in range(len(job.partitions)) if p not in committed]
-    bar = _Progress(len(job.partitions), len(committed), progress)
+    bar = _JobProgress(len(job.partitions), len(committed), progress)
     backend(job, todo, bar.done)
     names, counts, sizes = _index_entries(store, len(job.partitions))
     store.write_index(names, counts)
@@ -382,7 +382,7 @@ def _run_on_dask(job: Job, todo: list[int], done: Callable[[dict], None], cluste
             client.close()
 
 
-class _Progress:
+class _JobProgress:
     """The partitions done, samples/s and the time left, a line each on stderr."""
 
     def __init__(self, total: int, committed: int, shown: bool) -> None:

@@ -112,7 +112,7 @@ _SKIP = object()  # what _apply_or_skip returns for a skipped sample
 _PASS_STATE = "IterableDatasetPass"
 
 
-class _Shard(NamedTuple):
+class _WorkerPass(NamedTuple):
     """What a worker reads in a pass: the positions, how many of them a resumed pass skips,
     and how many batches of them the DataLoader had (0 if the pass is whole or empty)."""
 
@@ -643,7 +643,7 @@ class IterableDataset(DatasetBase, torch.utils.data.IterableDataset):
     def _may_skip(self) -> bool:
         return self.on_error != "raise" and self._transform is not None
 
-    def _replayed(self, shard: _Shard, epoch: int, resume: Resume) -> Iterator[tuple[int, Any]]:
+    def _replayed(self, shard: _WorkerPass, epoch: int, resume: Resume) -> Iterator[tuple[int, Any]]:
         """The rest of a resumed shard whose samples may fail: which ones fail is known only by
         transforming them, so the batches the DataLoader had are made again and dropped."""
         outputs = self._stream(shard.window, epoch, 0)
@@ -881,14 +881,14 @@ it, or load a state of epoch 2
                     done += 1
                     yield done, index, sample
 
-    def _shard(self, epoch: int, resume: Resume | None, worker: int, workers: int) -> _Shard:
+    def _shard(self, epoch: int, resume: Resume | None, worker: int, workers: int) -> _WorkerPass:
         """The positions that worker ``worker`` reads in a pass, and how many it skips.
 
         A DataLoader begins every pass with worker 0, so in a resumed pass the workers trade
         shards in turn: worker 0 takes the shard whose batch comes next, and the others
         follow in the original order."""
         if resume is None:
-            return _Shard(self._window(epoch, worker, workers), 0)
+            return _WorkerPass(self._window(epoch, worker, workers), 0)
         batches, size, drop_last, _ = resume
         lengths = [len(self._window(epoch, w, workers)) for w in range(workers)]
         counts = [n // size if drop_last else -(-n // size) for n in lengths]
@@ -896,7 +896,7 @@ it, or load a state of epoch 2
         shard = (first + worker) % workers
         window = self._window(epoch, shard, workers)
         # every batch of every shard made: an empty pass, whatever failed in it
-        return _Shard(window, min(lengths[shard], size * made[shard]),
+        return _WorkerPass(window, min(lengths[shard], size * made[shard]),
                       0 if made == counts else made[shard])
 
     def _window(self, epoch: int, worker: int, workers: int) -> range:
