@@ -21,6 +21,7 @@ the same number of batches. This is the only fpipe module that imports torch.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import weakref
@@ -902,8 +903,9 @@ it, or load a state of epoch 2
                 if output is not _SKIP:
                     yield done, output
             return
-        stage = parallel_threads(self._apply_triple, epoch, n_workers=self.threads,
-                                 buffer_size="auto" if self.threads == "auto" else 2)
+        stage = parallel_threads(functools.partial(self._apply_triple, epoch=epoch),
+                                 n_workers=self.threads,
+                                 buffer_chunks="auto" if self.threads == "auto" else 2)
         with stage(triples) as outputs:
             for done, output in outputs:
                 if output is not _SKIP:

@@ -2,6 +2,7 @@
 batches in the workers; map(..., in_workers=True) runs in the workers of the process stage after
 it. Fused or not, the output is the same: items, batches, order, errors."""
 
+import functools
 import os
 
 import numpy as np
@@ -26,8 +27,9 @@ from .fusion_work import (
 )
 
 
-def loky(func, *args, **kwargs):
-    return fp.processes(func, *args, n_workers=2, **kwargs)
+def loky(func, **options):
+    """The process stage of ``func`` on two loky workers."""
+    return fp.processes(func, n_workers=2, **options)
 
 
 def serial(items, func, combiner, size, drop_last=False, seed=None, **options):
@@ -98,7 +100,8 @@ def test_fused_batches_cross_in_shared_memory_as_one_piece():
 @pytest.mark.parametrize("bad", [0, 3, 4, 9, 22])
 def test_an_item_that_fails_ends_the_same_batches_with_the_same_error(bad):
     items = range(23)
-    stream = pipe(items, loky(bad_at, bad), fp.batch(4), fp.stream.map(fp.combine_to_arrays))
+    stream = pipe(items, loky(functools.partial(bad_at, bad=bad)), fp.batch(4),
+                  fp.stream.map(fp.combine_to_arrays))
     got, error = outcome(stream)
     expected, expected_error = outcome(pipe(items, fp.stream.map(bad_at, bad), fp.batch(4),
                                             fp.stream.map(fp.combine_to_arrays)))
