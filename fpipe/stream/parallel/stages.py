@@ -43,9 +43,8 @@ from fpipe.random import Seed, optional_entropy
 from fpipe.skipping import OnError, SkipLog, check_max_errors, check_on_error
 from fpipe.stream.core import Stage, Stream, as_stream
 from fpipe.stream.parallel._background import Background, Inline, Run, Sizer
-from fpipe.stream.parallel._joblib import ShippedCall, process_pool
+from fpipe.stream.parallel._joblib import ShippedCall, ShippedItems, process_pool
 from fpipe.stream.parallel._messages import Message
-from fpipe.stream.parallel._pickling import ShippedItems
 from fpipe.stream.parallel._shm import Transport, end_run
 from fpipe.stream.parallel._shm import available as shared_memory_available
 from fpipe.stream.parallel._tuner import MOST_THREADS, Limits, Tuner, default_cpu_budget, measured
