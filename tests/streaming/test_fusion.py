@@ -110,6 +110,22 @@ def test_an_item_that_fails_ends_the_same_batches_with_the_same_error(bad):
     assert "fused" in plan_text(stream)
 
 
+@pytest.mark.parametrize("bad", [20, 21])
+def test_an_item_of_a_short_last_batch_that_drop_last_leaves_out_still_raises(bad):
+    # the consumer's map raises at the item before batch() drops the short batch: so do the
+    # workers (hypothesis found it: items [0], batch(2, drop_last=True))
+    items = range(22)
+    stream = pipe(items, loky(functools.partial(bad_at, bad=bad)), fp.batch(4, drop_last=True),
+                  fp.stream.map(fp.combine_to_arrays))
+    got, error = outcome(stream)
+    expected, expected_error = outcome(pipe(items, fp.stream.map(bad_at, bad),
+                                            fp.batch(4, drop_last=True),
+                                            fp.stream.map(fp.combine_to_arrays)))
+    assert_same_batches(got, expected) and len(got) == 5
+    assert error == expected_error and "bad item" in error[1]
+    assert "fused" in plan_text(stream) and "batch(4, drop_last=True)" in plan_text(stream)
+
+
 def test_a_combiner_that_fails_ends_the_same_batches_with_the_same_error():
     stream = pipe(range(12), loky(ragged), fp.batch(4), fp.stream.map(fp.combine_to_arrays))
     got, error = outcome(stream)

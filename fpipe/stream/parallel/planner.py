@@ -43,6 +43,7 @@ from typing import Any
 from fpipe.functional import func_name
 from fpipe.stream.batching import (
     Batched,
+    batch,
     combine_batches,
     combine_dicts,
     combine_pad,
@@ -109,7 +110,9 @@ def _fused(stage: Stage, call: Any, batched: Stream, start: int) -> tuple[Stream
     if reason is not None:
         return None, f"not fused: {reason}"
     size = batched.stage.size
-    grouped = batched.stage.apply(producer.upstream)
+    # the groups keep a short last one even with drop_last: its items still run (an error of
+    # theirs is raised, as in the consumer), and the workers then leave the short batch out
+    grouped = Batched(producer.upstream, batched.name, batch(size))
     fused_call = BatchCall(producer.call, producer.start, size, batched.stage.drop_last, call,
                            start)
     name = f"{batched.upstream.name} + {stage!r}"
