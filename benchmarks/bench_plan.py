@@ -1,5 +1,5 @@
 """Workloads of the planner (O1-O4): fusion of the natural idiom, n_workers="auto" and
-buffer_size="auto" against the best fixed setting, a slow consumer's CPU time, and a memory
+buffer_chunks="auto" against the best fixed setting, a slow consumer's CPU time, and a memory
 budget's peak.
 
 * O1, O1d, O1f, O1u: ``processes(augment), batch(32), map(combine_to_arrays)`` (the planner
@@ -13,7 +13,7 @@ budget's peak.
   the hand-fused form's resizing that much cheaper (over seeds 0-39 the two kinds of draw
   come out even: 1.005 +- 0.026).
 * O2p, O2n, O2l, O2i: ``"auto"`` against the best of a grid of fixed settings
-  (``n_workers`` in 1, 2, 3, 4, 8, 16, 32; ``buffer_size`` in 1, 2, 4, 8), each measured on
+  (``n_workers`` in 1, 2, 3, 4, 8, 16, 32; ``buffer_chunks`` in 1, 2, 4, 8), each measured on
   500 items, the best then timed against ``"auto"`` alternately on 2,000-item epochs, with a
   new auto stage each epoch (its tuner starts cold). The value is the ratio of their rates;
   each run also prints how far into the epoch ``"auto"`` had reached 0.9x the best rate for
@@ -228,12 +228,12 @@ def _rate(epoch: Callable[[int], list], items: int) -> tuple[float, list]:
 def _best_fixed(build: Callable) -> tuple[dict, float]:
     rates = {}
     for workers, buffer in itertools.product(GRID_WORKERS, GRID_BUFFERS):
-        setting = {"n_workers": workers, "buffer_size": buffer}
+        setting = {"n_workers": workers, "buffer_chunks": buffer}
         epoch = build(**setting)
         epoch(min(PROBE, 64))  # warm: a process stage's pool resized, a thread's started
         rates[(workers, buffer)] = _rate(epoch, PROBE)[0]
     best = max(rates, key=rates.get)
-    return {"n_workers": best[0], "buffer_size": best[1]}, rates[best]
+    return {"n_workers": best[0], "buffer_chunks": best[1]}, rates[best]
 
 
 def _reached(stamps: list, rate: float) -> float:
@@ -251,7 +251,7 @@ def _auto_against_best(name: str, build: Callable) -> Value:
     timings: dict[str, list] = {"auto": [], "best": []}
     reached = []
     for repetition in range(REPETITIONS + 1):  # the first is a warm-up
-        auto_rate, stamps = _rate(build(n_workers="auto", buffer_size="auto"), EPOCH)
+        auto_rate, stamps = _rate(build(n_workers="auto", buffer_chunks="auto"), EPOCH)
         best_rate, _ = _rate(fixed, EPOCH)
         if repetition:
             timings["auto"].append(auto_rate)
@@ -266,7 +266,7 @@ def _auto_against_best(name: str, build: Callable) -> Value:
 
 
 @workload("O2p", description="processes, pure-Python work of about 1 ms per item (P2-like), "
-          "n_workers and buffer_size 'auto'", reference="the best fixed setting of the grid",
+          "n_workers and buffer_chunks 'auto'", reference="the best fixed setting of the grid",
           target=">= 0.9", kind="value")
 def auto_python() -> Value:
     return _auto_against_best("O2p", _item_pipeline(fp.processes, PythonItem()))
@@ -408,10 +408,11 @@ class _Peak:
 
 
 @workload("O4", description="items of 64 MiB made in processes(n_workers='auto', "
-          "buffer_size='auto', memory_budget=512 MiB): peak PSS of the process tree above its "
+          "buffer_chunks='auto', memory_budget=512 MiB): peak PSS of the process tree above its "
           "idle baseline, MiB", reference="-", target="<= 512", kind="value")
 def memory_budget_peak() -> Value:
-    stage = fp.processes(big_item, n_workers="auto", buffer_size="auto", memory_budget=O4_BUDGET)
+    stage = fp.processes(big_item, n_workers="auto", buffer_chunks="auto",
+                         options=fp.ParallelOptions(memory_budget=O4_BUDGET))
     _drain(stage(range(2)))  # the workers start
     time.sleep(1.0)
     baseline = _tree_pss()

@@ -60,6 +60,7 @@ from fpipe.random import current_rng, item_rng, using_rng  # noqa: E402
 from fpipe.sharding import shard  # noqa: E402
 from fpipe.stream import (  # noqa: E402
     ExpirationPool,
+    ParallelOptions,
     Stage,
     Stream,
     as_stream,
@@ -89,7 +90,7 @@ from fpipe.stream import (  # noqa: E402
 # The everyday names: dpipe's names are all here, datadings' are in fpipe.storage and fpipe.torch.
 __all__ = [
     "ExpirationPool", "FileWriter", "FormatError", "FpipeError", "IndexShuffler", "Infinite",
-    "Iterator", "ListReader", "Loky", "MsgpackReader", "ParquetReader", "ShardedReader",
+    "Iterator", "ListReader", "Loky", "MsgpackReader", "ParallelOptions", "ParquetReader", "ShardedReader",
     "ShardedWriter", "Shuffler", "Stage", "Stream", "TFRecordReader", "Threads",
     "WebDatasetReader", "WorkerError", "__version__", "apply_at", "as_stream", "batch",
     "batch_by_tokens", "bucket_by_length", "combine_batches", "combine_dicts", "combine_pad",

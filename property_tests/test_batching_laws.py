@@ -1,5 +1,7 @@
 """Laws of batching and combining: sizes, maximal predicate batches, round trips, pad geometry."""
 
+import functools
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -94,7 +96,8 @@ def test_fused_batches_are_the_batches_and_errors_of_the_stages_one_after_anothe
     combine = getattr(fp, combiner)
     after = [fp.batch(size, drop_last=drop_last), fp.stream.map(combine)]
     fused = pipe(items, fp.stream.map(_item, bad, in_workers=fold),
-                 fp.processes(fp.identity, n_workers=2, backend="threading", chunk_size=5),
+                 fp.processes(fp.identity, n_workers=2, backend="threading",
+                              options=fp.ParallelOptions(chunk_size=5)),
                  *after)
     reference = pipe(items, fp.stream.map(_item, bad), *after)
     assert _outcome(fused) == _outcome(reference)
@@ -116,7 +119,8 @@ def test_maps_folded_after_a_fused_combiner_give_the_batches_and_errors_of_the_s
     from toolz import pipe
 
     def stages(folded):
-        return [fp.processes(_item, bad_items, n_workers=2, backend="threading", chunk_size=5),
+        return [fp.processes(functools.partial(_item, bad=bad_items), n_workers=2,
+                             backend="threading", options=fp.ParallelOptions(chunk_size=5)),
                 fp.batch(size), fp.stream.map(fp.combine_pad),
                 fp.stream.map(_batch_checked, bad_batches, in_workers=folded)]
     fused = pipe(items, *stages(True))

@@ -40,7 +40,8 @@ def _build(chain, background, regrouping=None):
         stages += [fp.batch(regrouping), fp.unbatch()]
     for spec in background:
         stages.append(fp.prefetch(spec[1]) if spec[0] == "prefetch" else fp.threads(
-            add_three, n_workers=spec[1], buffer_size=spec[2], chunk_size=spec[3]))
+            add_three, n_workers=spec[1], buffer_chunks=spec[2],
+            options=fp.ParallelOptions(chunk_size=spec[3])))
         chain = [*chain, ("map", add_three)] if spec[0] == "threads" else chain
     return stages, chain
 
@@ -56,7 +57,8 @@ def test_ordered_stages_conserve_the_stream_in_order(items, chain, background):
 @given(stream_items, st.integers(1, 4), chunk_sizes)
 @settings(max_examples=25)
 def test_unordered_threads_conserve_the_multiset(items, n_workers, chunk_size):
-    stage = fp.threads(add_three, n_workers=n_workers, ordered=False, chunk_size=chunk_size)
+    stage = fp.threads(add_three, n_workers=n_workers, ordered=False,
+                       options=fp.ParallelOptions(chunk_size=chunk_size))
     assert Counter(stage(items)) == Counter(x + 3 for x in items)
 
 
@@ -93,10 +95,12 @@ def test_next_and_pull_can_be_mixed(items, use_next):
 @settings(max_examples=5, deadline=None)
 def test_seeded_stages_give_the_same_output_for_any_workers_and_backend(items, seed, ordered):
     reference = list(fp.stream.map(noisy, seed=seed)(items))
-    stages = [fp.threads(noisy, n_workers=n, seed=seed, ordered=ordered, chunk_size=3)
+    stages = [fp.threads(noisy, n_workers=n, seed=seed, ordered=ordered,
+                         options=fp.ParallelOptions(chunk_size=3))
               for n in (1, 2, 4)]
     stages += [fp.processes(noisy, n_workers=n, backend=backend, seed=seed, ordered=ordered,
-                            chunk_size=5) for backend in ("threading", "loky") for n in (1, 2, 4)]
+                            options=fp.ParallelOptions(chunk_size=5))
+               for backend in ("threading", "loky") for n in (1, 2, 4)]
     for stage in stages:
         out = list(stage(items))
         assert (out if ordered else sorted(out)) == (reference if ordered else sorted(reference))
@@ -125,8 +129,9 @@ def test_seeded_stages_give_the_same_output_whatever_the_tuner_chooses(items, se
     per_worker = 2 if kind == "processes" else 1
     settings = [_tuner.Setting(w, b, per_worker * w + b) for w, b in choices]
     factory = fp.processes if kind == "processes" else fp.threads
-    stage = factory(noisy, n_workers="auto", buffer_size="auto", seed=seed, chunk_size=3,
-                    **({"cpu_budget": 2} if kind == "processes" else {}))
+    budget = {"cpu_budget": 2} if kind == "processes" else {}
+    stage = factory(noisy, n_workers="auto", buffer_chunks="auto", seed=seed,
+                    options=fp.ParallelOptions(chunk_size=3, **budget))
     after = [fp.batch(4), fp.stream.map(fp.combine_batches)] if fused else []
     expected = list(pipe(reference, *after))
     with mock.patch.multiple(_tuner, WINDOW_SECONDS=0.0, WINDOW_CHUNKS=1), \
@@ -160,7 +165,8 @@ def test_a_stage_built_at_epoch_e_draws_what_one_stage_object_draws_in_its_epoch
     def build(**options):
         if kind == "map":
             return fp.stream.map(noisy, seed=seed, **options)
-        return fp.threads(noisy, n_workers=2, chunk_size=2, seed=seed, **options)
+        return fp.threads(noisy, n_workers=2, seed=seed,
+                          options=fp.ParallelOptions(chunk_size=2), **options)
 
     reused = build()
     outputs = [list(reused(items)) for _ in range(epoch + 1)]
@@ -180,8 +186,9 @@ def test_skipping_keeps_exactly_the_good_items_in_order_and_counts_the_rest(
     else:
         factory = fp.threads if kind == "threads" else fp.processes
         options = {} if kind == "threads" else {"backend": "threading"}
-        stage = factory(fails_on_multiples_of_seven, n_workers=n_workers, chunk_size=chunk_size,
-                        on_error="skip", **options)
+        stage = factory(fails_on_multiples_of_seven, n_workers=n_workers,
+                        options=fp.ParallelOptions(chunk_size=chunk_size), on_error="skip",
+                        **options)
     with stage(items) as stream:
         assert list(stream) == [x + 3 for x in items if x % 7]
         row = fp.stats(stream)[-1]

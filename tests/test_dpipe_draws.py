@@ -113,7 +113,8 @@ def test_global_samplers_in_a_seeded_stage_reproduce_and_leave_the_global_state(
     transform = fpipe.sample_args(add, s=sampler)
     before = np.random.get_state()[1].copy()
     one = list(fpipe.stream.map(transform, seed=0)(range(8)))
-    two = list(fpipe.threads(transform, n_workers=2, chunk_size=1, seed=0)(range(8)))
+    two = list(fpipe.threads(transform, n_workers=2, options=fpipe.ParallelOptions(chunk_size=1),
+                             seed=0)(range(8)))
     np.testing.assert_array_equal(np.array(one), np.array(two))
     assert np.array_equal(np.random.get_state()[1], before)
     assert not np.array_equal(np.array(one), np.array(list(fpipe.stream.map(transform, seed=1)(range(8)))))

@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -127,12 +128,13 @@ def _packed_in_workers(reader: Any, args: argparse.Namespace) -> Iterator[tuple[
     """``(key, packed sample)`` of every sample, in the order of :func:`_pairs`: read, decoded
     and packed by ``--workers`` processes, ``WORKER_CHUNK`` positions a task. Closing the
     iterator stops the workers."""
-    from fpipe.stream import processes
+    from fpipe.stream import ParallelOptions, processes
 
     source = _ordered(reader, args)
     spans = ((start, min(start + WORKER_CHUNK, len(source)))
              for start in range(0, len(source), WORKER_CHUNK))
-    chunks = processes(_packed_span, source, n_workers=args.workers, chunk_size=1)(spans)
+    chunks = processes(functools.partial(_packed_span, source=source), n_workers=args.workers,
+                       options=ParallelOptions(chunk_size=1))(spans)
     try:
         for chunk in chunks:
             yield from chunk

@@ -54,12 +54,11 @@ from fpipe.stream import (
     explain,
     map,
     prefetch,
-    processes,
     stats,
-    threads,
     transform_stream,
     unbatch,
 )
+from fpipe.stream.parallel.stages import ParallelOptions, process_stage, thread_stage
 from fpipe.stream.simple import check_call
 
 __all__ = ["Infinite", "Iterator", "Loky", "Threads"]
@@ -116,10 +115,20 @@ def _error_options(on_error: Any, max_errors: Any) -> dict:
 
 
 def _budget_options(cpu_budget: Any, memory_budget: Any) -> dict:
-    """The budgets of a stage class that were given, for the stage and its repr."""
+    """The budgets of a stage class that were given, for its repr."""
     return {name: value for name, value in (("cpu_budget", cpu_budget),
                                             ("memory_budget", memory_budget))
             if value is not None}
+
+
+def _parallel_options(budgets: dict) -> ParallelOptions | None:
+    """The options of the thread or process stage that a stage class stands for."""
+    return ParallelOptions(**budgets) if budgets else None
+
+
+def _check_buffer_size(buffer_size: Any) -> None:
+    """dpipe's ``buffer_size``, checked under its own name (the stages call it ``buffer_chunks``)."""
+    check_auto("buffer_size", buffer_size, lambda size: check_integer("buffer_size", size, 1))
 
 
 def _is_count(value: Any) -> bool:
@@ -164,9 +173,11 @@ class Threads(_Adapter):
         budgets = _budget_options(cpu_budget, memory_budget)
         options = {"n_workers": n_workers, "buffer_size": buffer_size,
                    **_error_options(on_error, max_errors), **budgets}
-        stage = _make_stage(threads, func, args, kwargs, n_workers=n_workers,
-                            buffer_size=_thread_buffer(n_workers, buffer_size),
-                            on_error=on_error, max_errors=max_errors, **budgets)
+        _check_buffer_size(buffer_size)
+        stage = thread_stage(func, args, kwargs, n_workers=n_workers,
+                             buffer_chunks=_thread_buffer(n_workers, buffer_size),
+                             on_error=on_error, max_errors=max_errors,
+                             options=_parallel_options(budgets))
         super().__init__([stage], (func, *args), {**options, **kwargs})
 
 
@@ -203,9 +214,11 @@ class Loky(_Adapter):
         budgets = _budget_options(cpu_budget, memory_budget)
         options = {"n_workers": n_workers, "buffer_size": buffer_size,
                    **_error_options(on_error, max_errors), **budgets}
-        stage = _make_stage(processes, func, args, kwargs, backend="loky",
-                            n_workers=_loky_workers(n_workers), buffer_size=buffer_size,
-                            on_error=on_error, max_errors=max_errors, **budgets)
+        _check_buffer_size(buffer_size)
+        stage = process_stage(func, args, kwargs, backend="loky",
+                              n_workers=_loky_workers(n_workers), buffer_chunks=buffer_size,
+                              on_error=on_error, max_errors=max_errors,
+                              options=_parallel_options(budgets))
         super().__init__([stage], (func, *args), {**options, **kwargs})
 
 
@@ -251,15 +264,17 @@ class Iterator(_Adapter):
         options = {"n_workers": n_workers, "buffer_size": buffer_size, **budgets}
         # here, for both ways to run: with several workers the chunks' threads cannot see them
         check_call("Iterator", transform, args, kwargs, first="stream", workers=True)
-        check_auto("buffer_size", buffer_size, lambda size: check_integer("buffer_size", size, 1))
+        _check_buffer_size(buffer_size)
         if check_auto("n_workers", n_workers,
                       lambda count: check_integer("n_workers", count, 1)) == 1:
             _check_no_budgets(budgets)
             stages = [_make_stage(transform_stream, transform, args, kwargs)]
         else:
             stages = [batch(_ITERATOR_CHUNK),
-                      threads(_ChunkCall(transform, args, kwargs), n_workers=n_workers,
-                              buffer_size=_thread_buffer(n_workers, buffer_size), **budgets),
+                      thread_stage(_ChunkCall(transform, args, kwargs), (), {},
+                                   n_workers=n_workers,
+                                   buffer_chunks=_thread_buffer(n_workers, buffer_size),
+                                   options=_parallel_options(budgets)),
                       unbatch()]
         super().__init__(stages, (transform, *args), {**options, **kwargs})
 

@@ -1,5 +1,6 @@
-"""The stream core: :class:`Stream`, :class:`Stage`, the meter, and the stream kinds that the
-stage modules build on (:func:`as_stream`, :func:`generator_stream`, :func:`mapped_stream`).
+"""The stream core: :class:`Stream`, :class:`Stage`, and the stream kinds that the stage
+modules build on (:func:`as_stream`, :func:`generator_stream`, :func:`mapped_stream`). What a
+stream measures for :func:`fpipe.stats` is kept by its meter (``fpipe.stream._meter``).
 
 A *stage* is built from its configuration and then applied to an iterable, so a pipeline is
 ``toolz.pipe(source, *stages)``. Applying a stage returns a :class:`Stream`: a lazy iterator
@@ -36,10 +37,10 @@ from typing import Any
 
 from fpipe.errors import CapturedError, check_bool, check_integer, check_state, close_after, state_header
 from fpipe.stateful import is_stateful
+from fpipe.stream._meter import Meter
 
 __all__ = ["Stage", "Stream", "as_stream"]
 
-_TIMED_EVERY = 16  # a stream times one pull in 16; that keeps stats under 5 % on cheap stages
 _READ_AHEAD = 64  # most items next() reads ahead of the consumer ...
 READ_SECONDS = 1e-4  # ... and only while they take less than this to make (batch too)
 _GENERATOR_SLICE = 1e-3  # a generator stage returns what it has after this long
@@ -111,8 +112,8 @@ class Stream(abc.ABC):
         self._read_size = 1
         self._error: BaseException | CapturedError | None = None  # raised at the next pull
         self._closed = False
-        self._meter = _Meter()
-        self._reader: _Meter | None = None  # the meter of the stream that reads this one
+        self._meter = Meter()
+        self._reader: Meter | None = None  # the meter of the stream that reads this one
         self._turn = threading.Lock()  # held by the thread that reads (several may)
         if upstream is not None:
             self.reads(upstream)
@@ -148,10 +149,8 @@ class Stream(abc.ABC):
         return items
 
     def _timed_pull(self, n: int, full: bool) -> list:
-        meter, start = self._meter, time.perf_counter()
-        if meter.started is None:
-            meter.started = start
-        meter.until_timed, meter.timing = _TIMED_EVERY, True
+        meter = self._meter
+        start = meter.begin(time.perf_counter())
         try:
             items = self._pull_full(n) if full else self._pull(n)
         except BaseException as error:
@@ -159,9 +158,7 @@ class Stream(abc.ABC):
             raise
         finally:
             meter.timing = False
-        meter.seconds += time.perf_counter() - start
-        meter.timed += 1
-        meter.items += len(items)
+        meter.end(start, len(items), time.perf_counter())
         return items
 
     def _fail(self, error: BaseException) -> None:
@@ -431,35 +428,13 @@ class Stream(abc.ABC):
     def measure(self, now: float) -> tuple[int, float]:
         """The items this stream has delivered and the seconds since its first pull, at
         ``time.perf_counter()`` value ``now`` (0.0 before the first pull)."""
-        meter = self._meter
-        return meter.items, now - meter.started if meter.started is not None else 0.0
+        return self._meter.measure(now)
 
     def shares(self, wall: float) -> tuple[float, float, float]:
         """The shares of ``wall`` seconds that this stream spent working, waiting for its
-        input, and waiting for its consumer; estimated from the sampled pulls."""
-        # between pulls, the stream waits for its consumer
-        meter = self._meter
-        scale = meter.scale()
-        busy, waited = (meter.seconds - meter.waited) * scale, meter.waited * scale
-        return busy / wall, waited / wall, max(wall - busy - waited, 0.0) / wall
-
-
-class _Meter:
-    """What a stream measures: the items it delivers, and for one pull in 16, the time of
-    the pull and the part of it spent waiting for the upstream. (One class for every stream,
-    so that the attribute access of the hot path stays specialized.)"""
-
-    __slots__ = ("items", "seconds", "started", "timed", "timing", "until_timed", "waited")
-
-    def __init__(self) -> None:
-        self.items = self.timed = 0
-        self.until_timed = 1  # the first pull is timed
-        self.seconds = self.waited = 0.0
-        self.started, self.timing = None, False
-
-    def scale(self) -> float:
-        """Pulls per timed pull, to scale the sampled times up to all pulls."""
-        return (self.timed * _TIMED_EVERY - self.until_timed + 1) / self.timed if self.timed else 0.0
+        input, and waiting for its consumer; estimated from the sampled pulls (see
+        :mod:`fpipe.stream._meter`)."""
+        return self._meter.shares(wall)
 
 
 def next_chunk_size(items: int, seconds: float, target: float, cap: int) -> int:

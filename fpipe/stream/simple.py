@@ -9,6 +9,7 @@ They work in the consumer's thread, a chunk at a time.
 from __future__ import annotations
 
 import builtins
+import functools
 import inspect
 import operator
 import reprlib
@@ -128,8 +129,36 @@ def stop_error(func: Callable, item: Any, index: int) -> RuntimeError:
 
 
 def stage_repr(name: str, func: Callable, args: tuple, options: dict) -> str:
-    """The repr of a stage built by ``name(func, *args, **options)``; None options are left out."""
+    """The repr of a stage built by ``name(func, *args, **options)``; None options are left out,
+    and a ``functools.partial`` shows as the call that made it.
+
+    >>> stage_repr("threads", functools.partial(pow, exp=2), (), {"n_workers": 2, "seed": None})
+    'threads(partial(pow, exp=2), n_workers=2)'
+    """
+    if type(func) is functools.partial:
+        func = _Shown(shown_name(func))
     return call_repr(name, (func, *args), {k: v for k, v in options.items() if v is not None})
+
+
+def shown_name(func: Callable) -> str:
+    """What reprs and messages call ``func``: its name, or the call of a ``functools.partial``.
+
+    >>> shown_name(abs), shown_name(functools.partial(pow, exp=2))
+    ('abs', 'partial(pow, exp=2)')
+    """
+    if type(func) is functools.partial:
+        return call_repr("partial", (func.func, *func.args), func.keywords)
+    return func_name(func)
+
+
+class _Shown:
+    """A value whose repr is ``text``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 def check_call(name: str, func: Callable, args: tuple, kwargs: dict, first: str = "item",
@@ -153,16 +182,16 @@ arguments): the arguments after the function go to it; did you mean threads(len,
     try:
         signature.bind(None, *args, **kwargs)
     except TypeError as error:
-        name_of = func_name(func)
+        name_of = shown_name(func)
         call = call_repr(name_of, (first, *args), kwargs).replace(repr(first), first, 1)
         hint = ""
         if workers and args and isinstance(args[0], int) and not isinstance(args[0], bool):
             hint = f"; did you mean {name}({name_of}, n_workers={args[0]})?"
-        elif workers:
+        elif workers and (args or kwargs):
             hint = f" (the options of {name}, n_workers= and the others, are keyword arguments)"
+        after = ": the arguments after the function go to it" if args or kwargs else ""
         raise TypeError(f"{stage_repr(name, func, args, kwargs)}: {call} does not fit "
-                        f"{name_of}'s signature ({error}): the arguments after the function go "
-                        f"to it{hint}") from None
+                        f"{name_of}'s signature ({error}){after}{hint}") from None
 
 
 class _MapStage(Stage):

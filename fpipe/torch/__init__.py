@@ -28,6 +28,7 @@ for why.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import operator
 import weakref
@@ -936,8 +937,9 @@ it, or load a state of epoch 2
                 if output is not _SKIP:
                     yield done, output
             return
-        stage = parallel_threads(self._apply_triple, epoch, n_workers=self.n_threads,
-                                 buffer_size="auto" if self.n_threads == "auto" else 2)
+        stage = parallel_threads(functools.partial(self._apply_triple, epoch=epoch),
+                                 n_workers=self.n_threads,
+                                 buffer_chunks="auto" if self.n_threads == "auto" else 2)
         with stage(triples) as outputs:
             for done, output in outputs:
                 if output is not _SKIP:

@@ -39,7 +39,8 @@ def test_the_same_crops_in_map_threads_and_processes_of_any_size():
     assert _equal(list(pipe(IMAGES, fp.stream.map(crop, seed=0))), expected)
     assert _equal(list(pipe(IMAGES, fp.threads(crop, n_workers=2, seed=0))), expected)
     for workers in (1, 2):
-        with closing(fp.processes(crop, n_workers=workers, seed=0, chunk_size=3)) as stage:
+        with closing(fp.processes(crop, n_workers=workers, seed=0,
+                                  options=fp.ParallelOptions(chunk_size=3))) as stage:
             assert _equal(list(stage(IMAGES)), expected)
 
 

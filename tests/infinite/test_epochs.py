@@ -147,8 +147,8 @@ def test_sources_and_transformers_are_checked_at_construction():
 
 def test_threads_gives_each_worker_room_to_finish_ahead(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 4)
-    assert Threads(square, n_workers=2).stages[0].buffer_size == 1 + 2 * 2
-    assert Threads(square, n_workers=-1, buffer_size=3).stages[0].buffer_size == 3 + 2 * 4
+    assert Threads(square, n_workers=2).stages[0].buffer_chunks == 1 + 2 * 2
+    assert Threads(square, n_workers=-1, buffer_size=3).stages[0].buffer_chunks == 3 + 2 * 4
     with pytest.raises(ValueError, match="buffer_size must be >= 1; got buffer_size=0"):
         Threads(square, buffer_size=0)
     with pytest.raises(TypeError, match="n_workers must be an integer"):

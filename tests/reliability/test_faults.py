@@ -63,7 +63,7 @@ def _epoch_with_a_kill(stage) -> tuple[float, str, int]:
 
 @pytest.mark.parametrize("kills", _soak(3, 30))
 def test_a_worker_killed_mid_epoch_is_reported_and_the_next_epoch_runs(kills, record):
-    stage = fp.processes(tagged, n_workers=2, chunk_size=4)
+    stage = fp.processes(tagged, n_workers=2, options=fp.ParallelOptions(chunk_size=4))
     seconds = []
     for _ in range(kills):
         delay, message, victim = _epoch_with_a_kill(stage)
@@ -126,8 +126,8 @@ def pipeline(kind: str | None, bad: int) -> fp.Stream:
     return pipe(
         _items(bad if kind == "source" else None),
         fp.stream.map(work("map")),
-        fp.threads(work("threads"), n_workers=2, chunk_size=4),
-        fp.processes(work("processes"), n_workers=2, chunk_size=4),
+        fp.threads(work("threads"), n_workers=2, options=fp.ParallelOptions(chunk_size=4)),
+        fp.processes(work("processes"), n_workers=2, options=fp.ParallelOptions(chunk_size=4)),
         fp.stream.map(work("pool")),  # the pool's input fails while the pool holds items
         fp.stream.pool(pool_size=6, repetitions=1, seed=0),
         fp.batch(PredicateFailAt(bad) if kind == "batch predicate" else PredicateFailAt(-1)),

@@ -91,7 +91,7 @@ def cycle(number: int) -> None:
     """Build a pipeline of new stages (threads and processes), take five batches, close it.
     Every 25th cycle leaves the process stage's joblib generator to end when the dropped stage
     is garbage-collected; the others end it with ``stage.close()``."""
-    workers = fp.processes(small_item, n_workers=2, chunk_size=16)
+    workers = fp.processes(small_item, n_workers=2, options=fp.ParallelOptions(chunk_size=16))
     with pipe(range(10**6), fp.stream.map(int), fp.threads(abs, n_workers=2), fp.prefetch(16),
               workers, fp.batch(8), fp.stream.map(fp.combine_to_arrays)) as stream:
         batches = list(itertools.islice(stream, 5))

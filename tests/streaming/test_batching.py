@@ -23,7 +23,8 @@ def test_a_full_batch_is_released_without_waiting_for_the_next_item():
 
 
 def test_batches_gather_across_chunks_of_a_background_stage():
-    out = list(pipe(range(100), fp.threads(abs, n_workers=2, chunk_size=3), fp.batch(10)))
+    out = list(pipe(range(100), fp.threads(abs, n_workers=2, options=fp.ParallelOptions(chunk_size=3)),
+                    fp.batch(10)))
     assert out == [list(range(i, i + 10)) for i in range(0, 100, 10)]
 
 

@@ -19,7 +19,7 @@ def client():
 
 
 def test_the_pipeline_runs_unchanged_on_dask(client):
-    stage = fp.processes(noisy, n_workers=2, backend="dask", seed=3, chunk_size=8)
+    stage = fp.processes(noisy, n_workers=2, backend="dask", seed=3, options=fp.ParallelOptions(chunk_size=8))
     try:
         on_dask = list(pipe(range(200), stage, fp.batch(10)))
         again = list(pipe(range(200), stage, fp.batch(10)))  # a second epoch, same workers

@@ -20,12 +20,13 @@ def keep_below_five(x):
     return stop_at_five(x) >= 0
 
 
+FOUR = fp.ParallelOptions(chunk_size=4)
 PARALLEL = {
-    "threads": lambda: fp.threads(stop_at_five, n_workers=2, chunk_size=4),
-    "threads seeded": lambda: fp.threads(stop_at_five, n_workers=2, chunk_size=4, seed=0),
+    "threads": lambda: fp.threads(stop_at_five, n_workers=2, options=FOUR),
+    "threads seeded": lambda: fp.threads(stop_at_five, n_workers=2, options=FOUR, seed=0),
     "processes threading": lambda: fp.processes(stop_at_five, n_workers=2, backend="threading",
-                                                chunk_size=4),
-    "processes loky": lambda: fp.processes(stop_at_five, n_workers=2, chunk_size=4),
+                                                options=FOUR),
+    "processes loky": lambda: fp.processes(stop_at_five, n_workers=2, options=FOUR),
 }
 STOPPING = {
     "map": lambda: fp.stream.map(stop_at_five),

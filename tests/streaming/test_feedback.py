@@ -154,5 +154,6 @@ def test_a_background_stage_over_a_waiting_source_still_sends_chunks():
         return seen, max(sizes)
 
     assert slow_consumer_sizes(fp.prefetch(64))[0] == 2000
-    seen, biggest = slow_consumer_sizes(fp.threads(abs, n_workers=1, chunk_size=32))
+    seen, biggest = slow_consumer_sizes(fp.threads(abs, n_workers=1,
+                                                   options=fp.ParallelOptions(chunk_size=32)))
     assert seen == 2000 and biggest > 1

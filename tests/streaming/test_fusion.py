@@ -2,6 +2,7 @@
 batches in the workers; map(..., in_workers=True) runs in the workers of the process stage after
 it. Fused or not, the output is the same: items, batches, order, errors."""
 
+import functools
 import os
 
 import numpy as np
@@ -26,8 +27,9 @@ from .fusion_work import (
 )
 
 
-def loky(func, *args, **kwargs):
-    return fp.processes(func, *args, n_workers=2, **kwargs)
+def loky(func, **options):
+    """The process stage of ``func`` on two loky workers."""
+    return fp.processes(func, n_workers=2, **options)
 
 
 def serial(items, func, combiner, size, drop_last=False, seed=None, **options):
@@ -98,13 +100,30 @@ def test_fused_batches_cross_in_shared_memory_as_one_piece():
 @pytest.mark.parametrize("bad", [0, 3, 4, 9, 22])
 def test_an_item_that_fails_ends_the_same_batches_with_the_same_error(bad):
     items = range(23)
-    stream = pipe(items, loky(bad_at, bad), fp.batch(4), fp.stream.map(fp.combine_to_arrays))
+    stream = pipe(items, loky(functools.partial(bad_at, bad=bad)), fp.batch(4),
+                  fp.stream.map(fp.combine_to_arrays))
     got, error = outcome(stream)
     expected, expected_error = outcome(pipe(items, fp.stream.map(bad_at, bad), fp.batch(4),
                                             fp.stream.map(fp.combine_to_arrays)))
     assert_same_batches(got, expected)
     assert error == expected_error and "bad item" in error[1]
     assert "fused" in plan_text(stream)
+
+
+@pytest.mark.parametrize("bad", [20, 21])
+def test_an_item_of_a_short_last_batch_that_drop_last_leaves_out_still_raises(bad):
+    # the consumer's map raises at the item before batch() drops the short batch: so do the
+    # workers (hypothesis found it: items [0], batch(2, drop_last=True))
+    items = range(22)
+    stream = pipe(items, loky(functools.partial(bad_at, bad=bad)), fp.batch(4, drop_last=True),
+                  fp.stream.map(fp.combine_to_arrays))
+    got, error = outcome(stream)
+    expected, expected_error = outcome(pipe(items, fp.stream.map(bad_at, bad),
+                                            fp.batch(4, drop_last=True),
+                                            fp.stream.map(fp.combine_to_arrays)))
+    assert_same_batches(got, expected) and len(got) == 5
+    assert error == expected_error and "bad item" in error[1]
+    assert "fused" in plan_text(stream) and "batch(4, drop_last=True)" in plan_text(stream)
 
 
 def test_a_combiner_that_fails_ends_the_same_batches_with_the_same_error():

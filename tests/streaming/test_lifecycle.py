@@ -69,7 +69,7 @@ def test_exit_does_not_wait_for_a_long_task_in_a_worker_process():
         time.sleep(0.01 if x < 4 else 120)
         return x
 
-    stream = pipe(iter(range(100)), fp.processes(work, n_workers=2, chunk_size=1))
+    stream = pipe(iter(range(100)), fp.processes(work, n_workers=2, options=fp.ParallelOptions(chunk_size=1)))
     print([next(stream) for _ in range(3)], flush=True)
     """
     result = run(code, timeout=60)  # far less than the task would take

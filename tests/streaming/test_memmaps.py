@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 MAPPED = """
-import glob, os, tempfile, time
+import functools, glob, os, tempfile, time
 import numpy as np
 from toolz import pipe
 import fpipe as fp
@@ -56,7 +56,8 @@ def test_a_stream_of_large_items_keeps_nothing_in_shared_memory():
             return float(a[0])
 
         items = (np.full(MIB, i, np.float32) for i in range(40))  # 4 MiB each
-        firsts = list(pipe(items, fp.processes(first, n_workers=2, chunk_size=1)))
+        firsts = list(pipe(items, fp.processes(first, n_workers=2,
+                                                options=fp.ParallelOptions(chunk_size=1))))
         assert firsts == [i + 1.0 for i in range(40)], firsts
         print(os.getpid(), mapped_bytes())
         """)
@@ -74,7 +75,8 @@ def test_runs_whose_calls_hold_new_large_arrays_do_not_pile_up():
 
         for run in range(20):
             table = np.arange(MIB // 4, dtype=np.int64) + run
-            stage = fp.processes(look_up, table, n_workers=2, chunk_size=1)
+            stage = fp.processes(functools.partial(look_up, table=table), n_workers=2,
+                                 options=fp.ParallelOptions(chunk_size=1))
             assert list(pipe(range(8), stage)) == [i + run for i in range(8)]
         deadline = time.monotonic() + 60  # the workers' unmaps reach joblib's tracker
         while mapped_bytes() > 8 * 2 * MIB and time.monotonic() < deadline:

@@ -9,7 +9,7 @@ import pytest
 from toolz import pipe
 
 import fpipe
-from fpipe import Infinite, Loky, Threads, processes, stats, threads
+from fpipe import Infinite, Loky, ParallelOptions, Threads, processes, stats, threads
 from fpipe.dataset import MsgpackReader
 from fpipe.skipping import TooManyErrors
 from fpipe.stream import map
@@ -27,8 +27,9 @@ GOOD = [x for x in range(40) if x % 10 != 7]
 
 STAGES = {
     "map": lambda **options: map(tenth, **options),
-    "threads": lambda **options: threads(tenth, n_workers=2, chunk_size=3, **options),
-    "processes": lambda **options: processes(tenth, n_workers=2, chunk_size=3,
+    "threads": lambda **options: threads(tenth, n_workers=2, options=ParallelOptions(chunk_size=3),
+                                         **options),
+    "processes": lambda **options: processes(tenth, n_workers=2, options=ParallelOptions(chunk_size=3),
                                              backend="threading", **options),
     "Threads": lambda **options: Threads(tenth, n_workers=2, **options),
 }
@@ -90,7 +91,7 @@ def test_a_callable_that_raises_ends_the_stream_with_what_it_raised():
 
 def test_corrupt_images_through_processes_leave_the_good_ones_in_order(tmp_path):
     reader = write_images(tmp_path / "images.msgpack")
-    stage = processes(decode, n_workers=2, chunk_size=2, on_error="skip")
+    stage = processes(decode, n_workers=2, options=ParallelOptions(chunk_size=2), on_error="skip")
     try:
         with pipe(reader, stage) as stream:
             assert [s["label"] for s in stream] == [i for i in range(20) if i not in BAD]

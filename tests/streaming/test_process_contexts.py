@@ -132,13 +132,14 @@ def test_a_child_of_a_plain_fork_gets_its_own_pool_too():
 
 
 THREAD = """
-import sys, threading
+import functools, sys, threading
 from toolz import pipe
 import fpipe as fp
 from tests.streaming.helpers import slow_double
 
 def train(shape, started):
-    stage = fp.processes(slow_double, 0.05, n_workers=2, buffer_size=8)  # chunks wait in loky
+    # chunks wait in loky
+    stage = fp.processes(functools.partial(slow_double, seconds=0.05), n_workers=2, buffer_chunks=8)
     if shape == "alone":
         items = pipe(range(100), stage)
     elif shape == "prefetched":  # a daemon thread of fpipe's reads the process stage
@@ -170,11 +171,13 @@ def test_a_user_thread_finishes_its_process_stage_after_the_main_thread_returns(
 
 
 BEFORE_THE_FIRST_RESULT = """
+import functools
 import sys
 import fpipe as fp
 from tests.streaming.helpers import announced_sleep
 
-for item in fp.processes(announced_sleep, 30.0, sys.argv[1], n_workers=2)(range(10)):
+work = functools.partial(announced_sleep, seconds=30.0, flag=sys.argv[1])
+for item in fp.processes(work, n_workers=2)(range(10)):
     print(item)
 """
 
@@ -222,13 +225,14 @@ def test_an_error_in_handing_a_chunk_to_the_pool_reaches_the_consumer(monkeypatc
 
 
 RESIZED = """
-import threading, warnings
+import functools, threading, warnings
 import fpipe as fp
 from tests.streaming.helpers import slow_double
 
 def consume(n_workers, barrier, out):
     barrier.wait()
-    out[n_workers] = list(fp.processes(slow_double, 0.002, n_workers=n_workers)(range(100)))
+    work = functools.partial(slow_double, seconds=0.002)
+    out[n_workers] = list(fp.processes(work, n_workers=n_workers)(range(100)))
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

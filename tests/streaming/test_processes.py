@@ -2,6 +2,7 @@
 leftovers, and leaks. Every loky stage here uses two workers, so joblib's one pool of workers
 is never resized."""
 
+import functools
 import gc
 import itertools
 import os
@@ -32,17 +33,18 @@ from .helpers import (
 )
 
 
-def loky(func, *args, **kwargs):
-    return fp.processes(func, *args, n_workers=2, **kwargs)
+def loky(func, **options):
+    """The process stage of ``func`` on two loky workers."""
+    return fp.processes(func, n_workers=2, **options)
 
 
 def test_results_keep_the_input_order_and_lambdas_work():
     assert list(loky(lambda x: x * 3)(range(500))) == [3 * x for x in range(500)]
-    assert list(loky(slow_double, 0.0)(range(5))) == [0, 2, 4, 6, 8]
+    assert list(loky(functools.partial(slow_double, seconds=0.0))(range(5))) == [0, 2, 4, 6, 8]
 
 
 def test_unordered_results_are_every_result_once():
-    out = list(loky(jitter, ordered=False, chunk_size=2)(range(40)))
+    out = list(loky(jitter, ordered=False, options=fp.ParallelOptions(chunk_size=2))(range(40)))
     assert Counter(out) == Counter(range(40))
 
 
@@ -61,7 +63,7 @@ def _items_and_last_counts(calls: list) -> tuple[Counter, dict]:
 
 
 def test_a_worker_keeps_the_function_for_the_run_and_gets_a_fresh_one_next_run():
-    stage = loky(Tally(), chunk_size=4)
+    stage = loky(Tally(), options=fp.ParallelOptions(chunk_size=4))
     for _ in range(2):  # each run starts from the consumer's copy again
         calls = list(stage(range(200)))
         items, last_counts = _items_and_last_counts(calls)
@@ -71,14 +73,14 @@ def test_a_worker_keeps_the_function_for_the_run_and_gets_a_fresh_one_next_run()
 
 
 def test_a_function_with_a_large_array_gets_it_memory_mapped_and_is_kept_too():
-    calls = list(loky(TallyWithTable(), chunk_size=4)(range(100)))
+    calls = list(loky(TallyWithTable(), options=fp.ParallelOptions(chunk_size=4))(range(100)))
     assert all(mapped for _, _, mapped in calls)  # joblib's memory map, not 2 MB a chunk
     items, last_counts = _items_and_last_counts(calls)
     assert last_counts == items
 
 
 def test_an_early_close_keeps_the_workers_and_leaves_no_leftovers():
-    stage = loky(slow_double, 0.001)
+    stage = loky(functools.partial(slow_double, seconds=0.001))
     assert list(loky(pid)(range(100)))  # the workers are started
     # the workers that exist now, not the ones that ran those tasks: one may have run them all
     workers = {child.pid for child in psutil.Process().children(recursive=True)}
@@ -103,17 +105,18 @@ def test_two_runs_of_one_stage_at_once_get_their_own_results():
 @pytest.mark.parametrize("n_workers", [1, 2])
 def test_seeded_results_do_not_depend_on_workers_or_backend(backend, n_workers):
     reference = list(fp.stream.map(noisy, seed=5)(range(60)))
-    stage = fp.processes(noisy, n_workers=n_workers, backend=backend, seed=5, chunk_size=7)
+    stage = fp.processes(noisy, n_workers=n_workers, backend=backend, seed=5,
+                         options=fp.ParallelOptions(chunk_size=7))
     assert list(stage(range(60))) == reference
     unordered = fp.processes(noisy, n_workers=n_workers, backend=backend, seed=5,
-                             ordered=False, chunk_size=3)
+                             ordered=False, options=fp.ParallelOptions(chunk_size=3))
     assert sorted(unordered(range(60))) == sorted(reference)
 
 
 def test_a_worker_error_arrives_whole_after_the_items_before_it():
     got = []
     with pytest.raises(KeyError, match="bad item 7") as raised:
-        for x in loky(fail_at, chunk_size=2)(range(30)):
+        for x in loky(fail_at, options=fp.ParallelOptions(chunk_size=2))(range(30)):
             got.append(x)
     assert got == list(range(7))
     assert "in fail_at" in str(raised.value.__cause__)  # the worker's traceback
@@ -134,7 +137,7 @@ def test_a_worker_traceback_shows_the_file_line_and_source_of_a_function_sent_by
 def test_a_result_that_does_not_pickle_ends_the_results_after_those_before_it():
     got = []
     with pytest.raises(TypeError, match="result for item 20 .*does not pickle.*lock"):
-        for x in loky(lock_at, chunk_size=64)(range(100)):
+        for x in loky(lock_at, options=fp.ParallelOptions(chunk_size=64))(range(100)):
             got.append(x)
     assert got == list(range(20))
 
@@ -223,7 +226,8 @@ def test_a_closed_run_drops_the_tasks_that_no_worker_took(tmp_path):
     # more in its queue: closing the run after the first result cancels the rest, so a stage
     # that starts next has the workers at once instead of after the forgotten work
     log = tmp_path / "done"
-    stage = loky(logged_sleep, log, buffer_size=20, chunk_size=1)
+    stage = loky(functools.partial(logged_sleep, log=log), buffer_chunks=20,
+                 options=fp.ParallelOptions(chunk_size=1))
     stream = stage(range(10**6))
     next(stream)
     stream.close()
@@ -242,7 +246,7 @@ def test_a_slow_consumer_is_not_flooded():
             counter[0] = i + 1
             yield i
 
-    stream = loky(double, buffer_size=1, chunk_size=4)(source())
+    stream = loky(double, buffer_chunks=1, options=fp.ParallelOptions(chunk_size=4))(source())
     taken = len(stream.pull(1))
     time.sleep(0.3)
     assert counter[0] - taken <= (2 * 2 + 1) * 4  # (2 n_workers + buffer_size) chunks

@@ -4,6 +4,7 @@ argument and on backends whose workers may be elsewhere; faults leave no segment
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import signal
@@ -42,7 +43,8 @@ def own_names() -> list[str]:
 
 def test_large_arrays_come_back_as_views_and_equal_the_pipes():
     shared = list(fp.processes(picture, n_workers=2)(range(100)))
-    piped = list(fp.processes(picture, n_workers=2, shared_memory=False)(range(100)))
+    piped = list(fp.processes(picture, n_workers=2,
+                              options=fp.ParallelOptions(shared_memory=False))(range(100)))
     assert all(_shm.is_shared(image) for image, _ in shared)
     assert not any(_shm.is_shared(image) for image, _ in piped)
     assert not any(_shm.is_shared(fields["tiny"]) for _, fields in shared)
@@ -68,7 +70,7 @@ def test_the_threading_backend_hands_over_the_objects_themselves():
 
 
 def test_a_small_budget_falls_back_to_the_pipe_with_one_warning():
-    stage = fp.processes(picture_batch, n_workers=2, shared_memory_budget=1 << 20)
+    stage = fp.processes(picture_batch, n_workers=2, options=fp.ParallelOptions(shared_memory_budget=1 << 20))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         batches = list(pipe(range(320), fp.batch(32), stage))
@@ -122,11 +124,12 @@ def _tensor(i: int):
 def test_bad_shared_memory_arguments_are_refused_at_construction(options, error):
     name = next(iter(options))
     with pytest.raises(error, match=name):
-        fp.processes(picture, n_workers=2, **options)
+        fp.ParallelOptions(**options)
 
 
 def test_the_repr_names_a_switched_off_transport():
-    assert "shared_memory=False" in repr(fp.processes(picture, shared_memory=False))
+    switched_off = fp.processes(picture, options=fp.ParallelOptions(shared_memory=False))
+    assert "options=ParallelOptions(shared_memory=False)" in repr(switched_off)
     assert "shared_memory" not in repr(fp.processes(picture))
 
 
@@ -192,8 +195,8 @@ def _wait_unmapped(processes: list[int], slabs: set[str]) -> None:
 
 def test_slabs_fit_their_results_and_are_let_go_of_when_the_run_ends():
     nbytes = 20 << 20
-    stage = fp.processes(large, nbytes, n_workers=2, chunk_size=1,
-                         shared_memory_budget=400 << 20)
+    stage = fp.processes(functools.partial(large, nbytes=nbytes), n_workers=2,
+                         options=fp.ParallelOptions(chunk_size=1, shared_memory_budget=400 << 20))
     # the slabs of this run: earlier tests' arrays that are still alive keep theirs mapped
     before = set(_mapped_slabs(os.getpid(), os.getpid()))
     with stage(range(8)) as stream:

@@ -1,5 +1,7 @@
 """The stream protocol and the stages that run in the consumer's thread."""
 
+import functools
+import inspect
 import itertools
 import pickle
 
@@ -175,16 +177,28 @@ def load(path):
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: fp.threads(load, 2), r"threads\(load, 2\): load\(item, 2\) does not fit load's "
-                                  r"signature \(too many positional arguments\): .* did you mean "
-                                  r"threads\(load, n_workers=2\)\?"),
+    (lambda: fp.threads(load, 2), r"threads\(load, 2\): threads takes the function alone: give "
+                                  r"it its arguments with functools.partial\(load, 2\), or did "
+                                  r"you mean threads\(load, n_workers=2\)\?"),
     (lambda: fp.processes(load, 4), r"did you mean processes\(load, n_workers=4\)\?"),
+    (lambda: fp.threads(functools.partial(load, 2)), r"threads\(partial\(load, 2\)\): "
+                                                     r"partial\(load, 2\)\(item\) does not fit "
+                                                     r"partial\(load, 2\)'s signature \(too many "
+                                                     r"positional arguments\)$"),
     (lambda: fp.Threads(load, 2), r"did you mean threads\(load, n_workers=2\)\?"),
     (lambda: fp.stream.map(load, 2), r"map\(load, 2\): load\(item, 2\) does not fit"),
-    (lambda: fp.threads(load, size=3), r"load\(item, size=3\) does not fit load's signature "
-                                       r"\(got an unexpected keyword argument 'size'\)"),
-    (lambda: fp.processes(load, "x"), r"the options of processes, n_workers= and the others, "
-                                      r"are keyword arguments"),
+    (lambda: fp.threads(load, size=3), r"threads\(\) got an unexpected keyword argument 'size': "
+                                       r"its options are n_workers, .*; the function's own "
+                                       r"keywords go in with functools.partial\(func, size=...\)"),
+    (lambda: fp.processes(load, "x"), r"processes takes the function alone: give it its "
+                                      r"arguments with functools.partial\(load, 'x'\)$"),
+    (lambda: fp.threads(load, shared_memory=False), r"threads\(\) got an unexpected keyword "
+                                                    r"argument 'shared_memory': pass "
+                                                    r"options=ParallelOptions\(shared_memory=False\)"),
+    (lambda: fp.processes(load, buffer_size=4), r"'buffer_size': pass buffer_chunks=4 \(the "
+                                                r"same count, in chunks\)"),
+    (lambda: fp.threads(load, options=fp.ParallelOptions(shared_memory=False)),
+     r"shared_memory of ParallelOptions are options of processes"),
     (lambda: fp.transform_stream(load, 1), r"load\(stream, 1\) does not fit"),
 ])
 def test_arguments_that_the_function_cannot_take_are_rejected_at_construction(make, message):
@@ -199,7 +213,7 @@ def test_arguments_the_function_takes_and_functions_without_signatures_pass():
         def __call__(self, x, factor=2):
             return x * factor
 
-    assert list(fp.threads(pow, 2)(range(3))) == [0, 1, 4]
+    assert list(fp.threads(functools.partial(pow, exp=2))(range(3))) == [0, 1, 4]
     assert list(fp.stream.map(Scaled(), factor=3)([1])) == [3]
     assert list(fp.stream.map(np.sqrt)([4.0])) == [2.0]  # a ufunc has no signature to check
 
@@ -283,3 +297,26 @@ def test_the_dpipe_classes_still_pass_epoch_to_the_function():
         return (x, epoch)
 
     assert list(fp.Threads(tagged, epoch=5)([1, 2])) == [(1, 5), (2, 5)]
+
+
+def _size(func) -> tuple[int, list[str]]:
+    """The parameters of ``func`` but ``*args`` and ``**kwargs``, and the names of those two."""
+    parameters = inspect.signature(func).parameters.values()
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return (sum(p.kind not in variadic for p in parameters),
+            [p.name for p in parameters if p.kind in variadic])
+
+
+def test_the_public_callables_of_the_stream_package_take_at_most_ten_parameters():
+    sizes = {name: _size(getattr(fp.stream, name)) for name in fp.stream.__all__
+             if callable(getattr(fp.stream, name))}
+    assert {name: size for name, size in sizes.items() if size[0] > 10} == {}
+    # the background stages take their function alone: its arguments go in with partial
+    assert sizes["threads"][1] == sizes["processes"][1] == []
+
+
+def test_dpipe_stage_classes_keep_their_signatures():
+    for cls in (fp.Threads, fp.Loky, fp.Iterator):
+        parameters = inspect.signature(cls).parameters
+        assert list(parameters)[1:3] == ["args", "n_workers"] and "buffer_size" in parameters
+        assert list(parameters)[-1] == "kwargs"

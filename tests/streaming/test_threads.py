@@ -1,5 +1,6 @@
 """prefetch and threads: order, seeds, errors, back-pressure, closing and leaks."""
 
+import functools
 import itertools
 import threading
 import time
@@ -20,7 +21,7 @@ def counting_source(counter):
 
 
 @pytest.mark.parametrize("stage", [fp.prefetch(5), fp.threads(double, n_workers=3),
-                                   fp.threads(jitter, n_workers=4, chunk_size=1)])
+                                   fp.threads(jitter, n_workers=4, options=fp.ParallelOptions(chunk_size=1))])
 def test_background_stages_keep_the_input_order(stage):
     out = list(stage(range(300)))
     expected = [2 * x for x in range(300)] if "double" in repr(stage) else list(range(300))
@@ -28,21 +29,22 @@ def test_background_stages_keep_the_input_order(stage):
 
 
 def test_unordered_threads_yield_every_result_once():
-    stage = fp.threads(jitter, n_workers=4, ordered=False, chunk_size=1)
+    stage = fp.threads(jitter, n_workers=4, ordered=False, options=fp.ParallelOptions(chunk_size=1))
     out = list(stage(range(200)))
     assert Counter(out) == Counter(range(200))
 
 
-def test_threads_pass_extra_arguments():
-    assert list(fp.threads(slow_double, 0.0, n_workers=2)(range(4))) == [0, 2, 4, 6]
-    assert list(fp.threads(slow_double, seconds=0.0)(range(3))) == [0, 2, 4]
+def test_threads_take_a_partial_with_extra_arguments():
+    assert list(fp.threads(functools.partial(slow_double, seconds=0.0), n_workers=2)(range(4))) \
+        == [0, 2, 4, 6]
 
 
 @pytest.mark.parametrize("n_workers", [1, 2, 4])
 @pytest.mark.parametrize("ordered", [True, False])
 def test_seeded_threads_draw_the_same_for_any_number_of_workers(n_workers, ordered):
     reference = list(fp.stream.map(noisy, seed=7)(range(40)))
-    stage = fp.threads(noisy, n_workers=n_workers, ordered=ordered, seed=7, chunk_size=3)
+    stage = fp.threads(noisy, n_workers=n_workers, ordered=ordered, seed=7,
+                       options=fp.ParallelOptions(chunk_size=3))
     out = list(stage(range(40)))
     assert sorted(out) == sorted(reference)
     if ordered:
@@ -90,8 +92,8 @@ def test_no_thread_leaks_after_100_cycles():
 
 
 @pytest.mark.parametrize("options", [{"n_workers": 2},
-                                     {"n_workers": "auto", "buffer_size": "auto",
-                                      "memory_budget": 1 << 24}])
+                                     {"n_workers": "auto", "buffer_chunks": "auto",
+                                      "options": fp.ParallelOptions(memory_budget=1 << 24)}])
 def test_a_forgotten_stream_is_stopped_when_collected(options):
     before = set(fpipe_threads())
     stream = pipe(itertools.count(), fp.threads(double, **options))
@@ -104,8 +106,9 @@ def test_a_forgotten_stream_is_stopped_when_collected(options):
     assert set(fpipe_threads()) == before
 
 
-@pytest.mark.parametrize("stage", [fp.threads(fail_at, n_workers=3, chunk_size=2),
-                                   fp.threads(fail_at, n_workers=2, ordered=False, chunk_size=1)])
+@pytest.mark.parametrize("stage", [fp.threads(fail_at, n_workers=3, options=fp.ParallelOptions(chunk_size=2)),
+                                   fp.threads(fail_at, n_workers=2, ordered=False,
+                                              options=fp.ParallelOptions(chunk_size=1))])
 def test_a_worker_error_arrives_whole_after_the_items_before_it(stage):
     got = []
     with pytest.raises(KeyError, match="bad item 7") as raised:
@@ -137,7 +140,7 @@ def test_errors_release_the_threads():
 
 
 def test_an_error_reaches_an_idle_consumer_without_a_hang():
-    stream = fp.threads(fail_at, 0)(itertools.count())
+    stream = fp.threads(functools.partial(fail_at, bad=0))(itertools.count())
     done = threading.Event()
 
     def consume():
@@ -152,7 +155,8 @@ def test_an_error_reaches_an_idle_consumer_without_a_hang():
 @pytest.mark.parametrize("make, bound", [
     (lambda: fp.prefetch(10), 10),
     # (n_workers + buffer_size) chunks of at most chunk_size items
-    (lambda: fp.threads(double, n_workers=2, buffer_size=1, chunk_size=4), (2 + 1) * 4),
+    (lambda: fp.threads(double, n_workers=2, buffer_chunks=1, options=fp.ParallelOptions(chunk_size=4)),
+     (2 + 1) * 4),
 ])
 def test_back_pressure_bounds_what_is_read_ahead(make, bound):
     counter = [0]
@@ -166,8 +170,8 @@ def test_back_pressure_bounds_what_is_read_ahead(make, bound):
 @pytest.mark.parametrize("make, message", [
     (lambda: fp.threads(double, n_workers=0), "n_workers must be >= 1 or -1; got n_workers=0"),
     (lambda: fp.threads(double, n_workers=1.5), "n_workers must be an integer"),
-    (lambda: fp.threads(double, buffer_size=0), "buffer_size must be >= 1; got buffer_size=0"),
-    (lambda: fp.threads(double, chunk_size=0), "chunk_size must be >= 1"),
+    (lambda: fp.threads(double, buffer_chunks=0), "buffer_chunks must be >= 1; got buffer_chunks=0"),
+    (lambda: fp.threads(double, options=fp.ParallelOptions(chunk_size=0)), "chunk_size must be >= 1"),
     (lambda: fp.threads(double, ordered="yes"), "ordered must be True or False"),
     (lambda: fp.threads("f"), "func must be callable"),
 ])

@@ -1,7 +1,9 @@
-"""n_workers="auto", buffer_size="auto", cpu_budget and memory_budget: the tuner's decisions on
+"""n_workers="auto", buffer_chunks="auto", cpu_budget and memory_budget: the tuner's decisions on
 windows of measurements made up here (no clock is read), the stages that run them, and the
 argument checks."""
 
+import functools
+import re
 import sys
 import threading
 import types
@@ -114,14 +116,16 @@ def _eight_mib(i):
 
 
 def test_the_plan_names_a_byte_budget_in_binary_units_and_counts_in_the_singular():
-    stage = fp.threads(_eight_mib, n_workers="auto", memory_budget=64 << 20)
+    stage = fp.threads(_eight_mib, n_workers="auto", options=fp.ParallelOptions(memory_budget=64 << 20))
     with stage(range(40)) as stream:
         total = sum(int(array[0]) for array in stream)
         setting = fp.explain(stream)[-1]
         text = str(fp.explain(stream))
-    assert total == 780 and setting.chunk == 1
-    assert text.splitlines()[1] == "threads(_eight_mib, n_workers='auto', memory_budget=64 MiB)"
-    assert ", chunks of at most 1 item\n" in text + "\n" and "1 items" not in text
+    assert total == 780 and setting.chunk_size == 1
+    assert text.splitlines()[1] == ("threads(_eight_mib, n_workers='auto', "
+                                    "options=ParallelOptions(memory_budget=64 MiB))")
+    # a count of one in the singular ("131.1 items/s" is a rate, not a count)
+    assert ", chunks of at most 1 item\n" in text + "\n" and not re.search(r"(?<![\d.])1 items", text)
     assert f"room for {setting.slots} chunk{'' if setting.slots == 1 else 's'} " in text
 
 
@@ -174,8 +178,9 @@ def test_a_stage_resized_while_it_runs_keeps_every_item_in_order(factory):
     settings = [Setting(w, b, w * (2 if factory is fp.processes else 1) + b)
                 for w, b in [(2, 1), (1, 1), (2, 4), (1, 2), (2, 2)] * 4]
     with every_chunk(), mock.patch.object(Tuner, "decide", scripted(settings)):
-        stage = factory(double, n_workers="auto", buffer_size="auto", chunk_size=2,
-                        **({"cpu_budget": 2} if factory is fp.processes else {}))
+        budget = {"cpu_budget": 2} if factory is fp.processes else {}
+        stage = factory(double, n_workers="auto", buffer_chunks="auto",
+                        options=fp.ParallelOptions(chunk_size=2, **budget))
         with stage(range(300)) as stream:
             assert list(stream) == [2 * x for x in range(300)]
             assert stream.watch.tuner.decisions > 5
@@ -190,7 +195,8 @@ def test_threads_come_and_go_as_the_tuner_says():
         return x
 
     with every_chunk(), mock.patch.object(Tuner, "decide", scripted(settings)):
-        with fp.threads(work, n_workers="auto", chunk_size=1)(range(400)) as stream:
+        with fp.threads(work, n_workers="auto",
+                        options=fp.ParallelOptions(chunk_size=1))(range(400)) as stream:
             assert list(stream) == list(range(400))
     assert max(seen) == 6 and seen[-1] <= 2
 
@@ -204,7 +210,7 @@ def test_a_memory_budget_bounds_what_a_thread_stage_holds():
             held[1] = max(held[1], held[0])
         return np.full(4 * mib, x % 256, np.uint8)
 
-    stage = fp.threads(make, n_workers=4, buffer_size=4, memory_budget=48 * mib)
+    stage = fp.threads(make, n_workers=4, buffer_chunks=4, options=fp.ParallelOptions(memory_budget=48 * mib))
     with stage(range(60)) as stream:
         for array in stream:
             with lock:
@@ -216,10 +222,10 @@ def test_a_memory_budget_bounds_what_a_thread_stage_holds():
 
 
 def test_explain_shows_the_tuners_choice_and_its_measurements():
-    with fp.threads(double, n_workers="auto", buffer_size="auto")(range(2000)) as stream:
+    with fp.threads(double, n_workers="auto", buffer_chunks="auto")(range(2000)) as stream:
         assert len(list(stream)) == 2000
         text = str(fp.explain(stream))
-    assert "threads(double, n_workers='auto', buffer_size='auto')" in text
+    assert "threads(double, n_workers='auto', buffer_chunks='auto')" in text
     assert "(auto: " in text and "measured: " in text and "items/s to the consumer" in text
 
 
@@ -235,15 +241,26 @@ def test_explain_shows_the_tuners_choice_and_its_measurements():
 ])
 @pytest.mark.parametrize("factory", [fp.threads, fp.processes, fp.Threads, fp.Loky])
 def test_settings_and_budgets_are_checked_when_the_stage_is_built(factory, options, error, message):
+    def build():
+        if factory not in (fp.threads, fp.processes):
+            return factory(double, **options)
+        # fpipe's own stages: buffer_chunks, and the budgets in their options
+        keywords = {"buffer_chunks" if name == "buffer_size" else name: value
+                    for name, value in options.items() if not name.endswith("_budget")}
+        budgets = {name: value for name, value in options.items() if name.endswith("_budget")}
+        return factory(double, **keywords, options=fp.ParallelOptions(**budgets))
+
+    if factory in (fp.threads, fp.processes):
+        message = message.replace("buffer_size", "buffer_chunks")
     with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
-        factory(double, **options)
+        build()
 
 
 def test_auto_settings_and_budgets_show_in_the_repr():
-    stage = fp.processes(double, n_workers="auto", buffer_size="auto", cpu_budget=1.5,
-                         memory_budget=1 << 30)
-    assert repr(stage) == ("processes(double, n_workers='auto', buffer_size='auto', "
-                           "cpu_budget=1.5, memory_budget=1 GiB)")
+    stage = fp.processes(double, n_workers="auto", buffer_chunks="auto",
+                         options=fp.ParallelOptions(cpu_budget=1.5, memory_budget=1 << 30))
+    assert repr(stage) == ("processes(double, n_workers='auto', buffer_chunks='auto', "
+                           "options=ParallelOptions(cpu_budget=1.5, memory_budget=1 GiB))")
 
 
 def test_the_stage_classes_of_infinite_take_the_same():
@@ -267,8 +284,8 @@ def test_infinites_iterator_takes_the_same():
         batches = list(batch_iter())
         text = str(batch_iter.explain())
     assert [x for batch in batches for x in batch] == [2 * x for x in range(300)]
-    assert ("threads(doubled_all (per chunk), n_workers='auto', buffer_size='auto', "
-            "cpu_budget=1.5, memory_budget=64 MiB)") in text
+    assert ("threads(doubled_all (per chunk), n_workers='auto', buffer_chunks='auto', "
+            "options=ParallelOptions(cpu_budget=1.5, memory_budget=64 MiB))") in text
     assert "(auto: " in text
 
 
@@ -297,7 +314,8 @@ def test_in_a_dataloader_worker_the_cores_are_shared_between_the_workers(monkeyp
 
 def test_a_process_stage_within_a_memory_budget_sends_results_in_shared_memory(recwarn):
     mib = 1 << 20
-    stage = fp.processes(large, 8 * mib, n_workers=2, buffer_size=4, memory_budget=96 * mib)
+    stage = fp.processes(functools.partial(large, nbytes=8 * mib), n_workers=2, buffer_chunks=4,
+                         options=fp.ParallelOptions(memory_budget=96 * mib))
     with stage(range(30)) as stream:
         shared = [is_shared(array) for array in stream]
     # the first results make the slabs (with a copy); none goes through the pipe for want of
@@ -307,4 +325,4 @@ def test_a_process_stage_within_a_memory_budget_sends_results_in_shared_memory(r
     setting = fp.explain(stream)[-1]
     # an item counts 16 MiB (8 MiB, and again on its way); besides the chunks held, the budget
     # keeps room for the consumer's and a free slab per worker (2 items): 4 chunks of one
-    assert (setting.slots, setting.chunk) == (4, 1)
+    assert (setting.slots, setting.chunk_size) == (4, 1)

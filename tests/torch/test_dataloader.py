@@ -246,10 +246,11 @@ class _TunedPipeline(torch.utils.data.IterableDataset):
         self.samples = IterableDataset(reader)
 
     def __iter__(self):
+        bounded = fpipe.ParallelOptions(memory_budget=1 << 24)
         stream = toolz.pipe(self.samples, fpipe.threads(triple, n_workers="auto",
-                                                        buffer_size="auto",
-                                                        memory_budget=1 << 24),
-                            fpipe.processes(abs, n_workers="auto", cpu_budget=1))
+                                                        buffer_chunks="auto", options=bounded),
+                            fpipe.processes(abs, n_workers="auto",
+                                            options=fpipe.ParallelOptions(cpu_budget=1)))
         with stream:
             yield from stream
         yield {"cores": _tuner.default_cpu_budget()}

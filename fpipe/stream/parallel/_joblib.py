@@ -13,7 +13,7 @@ tasks straight to that executor; on any other backend it keeps one joblib genera
 stage. It also keeps the size of the loky pool, and the exit hook that lets the user's
 threads finish and then ends the stages' work before loky's executor stops. A run's function
 reaches each worker once (:class:`ShippedCall`); its items are pickled by fpipe, not
-memory-mapped (:mod:`._pickling`). Worker processes pickle their results
+memory-mapped (:class:`ShippedItems`). Worker processes pickle their results
 themselves (so that an item whose result does not pickle is found, and the items before it
 are delivered), send large arrays back through :mod:`._shm` (shared memory), keep the memory
 they free for their next task, and watch that their consumer is alive.
@@ -52,8 +52,7 @@ import numpy as np
 from fpipe.errors import CapturedError, capture
 from fpipe.stream.core import JOIN_SECONDS
 from fpipe.stream.parallel._messages import Message
-from fpipe.stream.parallel._pickling import ShippedItems, pickled_results
-from fpipe.stream.parallel._shm import Transport, lending, sweep, watch_owner
+from fpipe.stream.parallel._shm import Transport, encode, lending, sweep, watch_owner
 from fpipe.stream.parallel._tuner import measured
 from fpipe.stream.simple import ItemCall
 
@@ -205,6 +204,82 @@ def _forget_parent_pool() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_parent_pool)
+
+
+# --- what crosses to and from the workers: a task's items and a chunk's results, pickled by
+# fpipe (with the item whose result does not pickle named), and a run's call ---------------
+
+
+class ShippedItems:
+    """A task's items as they travel to a worker: pickled by fpipe, not by loky. loky's
+    pickler memory-maps each numpy array of more than 1 MiB into a file under ``/dev/shm``,
+    which joblib removes only when a ``Parallel`` call ends; a stage makes no such call, so
+    each large item stayed in memory until the interpreter exited (400 items of 4 MiB kept
+    1.6 GB there, and loky warned of "leaked" files at exit)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __reduce__(self):
+        # the arrays' bytes go beside the pickle, as buffers that loky's pickler copies into
+        # its stream once (not into these bytes first), and that the arrays then view
+        buffers: list[pickle.PickleBuffer] = []
+        return _loaded, (dumps(self.items, buffers), buffers)
+
+
+def _loaded(pickled: bytes, buffers: list) -> list:
+    return pickle.loads(pickled, buffers=buffers)
+
+
+def pickled_results(outputs: list, error: CapturedError | None, index: int,
+                    transport: Transport | None) -> tuple[bytes, CapturedError | None, str | None]:
+    """``outputs`` pickled (their large arrays in shared memory, with ``transport``), the
+    error, and why shared memory was not used. An output that does not pickle ends them: the
+    outputs before it are sent, with a ``TypeError`` that names its item."""
+    try:
+        sent, reason = _encoded(outputs, transport)
+        return sent, error, reason
+    except Exception as failure:  # whatever pickling raises
+        bad = next((i for i, output in enumerate(outputs) if not _pickles(output)), 0)
+        sent, reason = _encoded(outputs[:bad], transport)
+        return sent, _unpicklable(outputs[bad], index + bad, failure), reason
+
+
+def _encoded(outputs: list, transport: Transport | None) -> tuple[bytes, str | None]:
+    return (dumps(outputs), None) if transport is None else encode(transport, outputs, dumps)
+
+
+def dumps(value: Any, buffers: list[pickle.PickleBuffer] | None = None) -> bytes:
+    """``value`` pickled, as loky would (cloudpickle, where plain pickle cannot); with
+    ``buffers``, its arrays' bytes are appended there instead (pickle's protocol 5)."""
+    callback = None if buffers is None else buffers.append
+    try:
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL, buffer_callback=callback)
+    except Exception:  # a lambda, a class made at run time...
+        import cloudpickle
+
+        if buffers is not None:
+            buffers.clear()  # those of the failed attempt
+        return cloudpickle.dumps(value, pickle.HIGHEST_PROTOCOL, buffer_callback=callback)
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        dumps(value)
+    except Exception:
+        return False
+    return True
+
+
+def _unpicklable(output: Any, item: int, failure: Exception) -> CapturedError:
+    try:
+        raise TypeError(f"processes(): the result for item {item} (of type "
+                        f"{type(output).__name__}) does not pickle, so it cannot leave the "
+                        f"worker process: {failure}") from failure
+    except TypeError as error:
+        return capture(error)
 
 
 class ShippedCall:

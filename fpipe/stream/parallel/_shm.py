@@ -628,7 +628,8 @@ class _Reader:
         except FileNotFoundError:
             raise RuntimeError(f"the shared memory {path} of a worker's result is gone: was "
                                "it removed by hand, or does the worker run on another "
-                               "machine? (processes(..., shared_memory=False) uses the pipe)"
+                               "machine? (processes(..., options=ParallelOptions(shared_memory=False)) "
+                               "uses the pipe)"
                                ) from None
         try:
             mm = mmap.mmap(fd, os.fstat(fd).st_size, flags=_FLAGS)

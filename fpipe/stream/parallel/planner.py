@@ -17,16 +17,17 @@ A function of yours runs in the workers only when its map says ``in_workers=True
 after the batch may hold a GPU or a model, which the workers must not touch. Fused or not, a
 pipeline gives the same items in the same batches in the same order, with the same errors.
 
+>>> from functools import partial
 >>> from toolz import pipe
 >>> import fpipe
->>> stream = pipe(range(6), fpipe.processes(divmod, 4, backend="threading"), fpipe.batch(4),
-...               fpipe.stream.map(fpipe.combine_batches))
+>>> stream = pipe(range(1, 7), fpipe.processes(partial(divmod, 4), backend="threading"),
+...               fpipe.batch(4), fpipe.stream.map(fpipe.combine_batches))
 >>> list(stream)
-[((0, 0, 0, 0), (0, 1, 2, 3)), ((1, 1), (0, 1))]
+[((4, 2, 1, 1), (0, 0, 1, 0)), ((0, 0), (4, 4))]
 >>> print(explain(stream))  # doctest: +ELLIPSIS
 source(range)
 batch(4)
-processes(divmod, 4, n_workers=1, backend='threading') + map(combine_batches)
+processes(partial(divmod, 4), n_workers=1, backend='threading') + map(combine_batches)
     fused: the workers make whole batches of 4 and combine them with combine_batches
     workers 1 (fixed); room for 4 chunks (buffer 2)
     measured: ...
@@ -42,6 +43,7 @@ from typing import Any
 from fpipe.functional import func_name
 from fpipe.stream.batching import (
     Batched,
+    batch,
     combine_batches,
     combine_dicts,
     combine_pad,
@@ -108,7 +110,9 @@ def _fused(stage: Stage, call: Any, batched: Stream, start: int) -> tuple[Stream
     if reason is not None:
         return None, f"not fused: {reason}"
     size = batched.stage.size
-    grouped = batched.stage.apply(producer.upstream)
+    # the groups keep a short last one even with drop_last: its items still run (an error of
+    # theirs is raised, as in the consumer), and the workers then leave the short batch out
+    grouped = Batched(producer.upstream, batched.name, batch(size))
     fused_call = BatchCall(producer.call, producer.start, size, batched.stage.drop_last, call,
                            start)
     name = f"{batched.upstream.name} + {stage!r}"
@@ -227,11 +231,11 @@ def _why_not_folded(stage: Any) -> str | None:
 @dataclass(frozen=True)
 class StagePlan:
     """One stage of a :class:`Plan`: its name; what the planner did with it (``notes``); for
-    ``threads`` and ``processes``, the setting it runs with (``workers``, ``buffer``,
-    ``slots``: the chunks it may hold, ``chunk``: the most items in one, None when not
+    ``threads`` and ``processes``, the setting it runs with (``n_workers``, ``buffer_chunks``,
+    ``slots``: the chunks it may hold, ``chunk_size``: the most items in one, None when not
     bounded by memory), whether it is tuned, why the tuner chose so, and what it measured.
 
-    >>> stage = StagePlan("threads(abs, n_workers=2)", workers=2, buffer=2, slots=4,
+    >>> stage = StagePlan("threads(abs, n_workers=2)", n_workers=2, buffer_chunks=2, slots=4,
     ...                   reason="fixed")
     >>> print(Plan([stage]))
     threads(abs, n_workers=2)
@@ -240,10 +244,10 @@ class StagePlan:
 
     name: str
     notes: tuple[str, ...] = ()
-    workers: int | None = None
-    buffer: int | None = None
+    n_workers: int | None = None
+    buffer_chunks: int | None = None
     slots: int | None = None
-    chunk: int | None = None
+    chunk_size: int | None = None
     tuned: bool = False
     reason: str = ""
     measured: Any = None  # the tuner's Window: seconds, items, work, cpu, ...
@@ -251,11 +255,12 @@ class StagePlan:
 
     def lines(self) -> list[str]:
         lines = [self.name, *(f"    {note}" for note in self.notes)]
-        if self.workers is not None:
+        if self.n_workers is not None:
             how = f"auto: {self.reason}" if self.tuned else self.reason
-            chunk = f", chunks of at most {_count(self.chunk, self.unit)}" if self.chunk else ""
-            lines.append(f"    workers {self.workers} ({how}); room for "
-                         f"{_count(self.slots, 'chunk')} (buffer {self.buffer}){chunk}")
+            chunk = (f", chunks of at most {_count(self.chunk_size, self.unit)}"
+                     if self.chunk_size else "")
+            lines.append(f"    workers {self.n_workers} ({how}); room for "
+                         f"{_count(self.slots, 'chunk')} (buffer {self.buffer_chunks}){chunk}")
         if self.measured is not None:
             lines.append(f"    measured: {_measurements(self.measured, self.unit)}")
         return lines

@@ -5,6 +5,10 @@ room the stage has, an executor works on them, and the stream delivers the resul
 order (or as they complete). The run's machinery is the private ``_background``; this module
 holds the stages, their checks and their executors.
 
+The stages take their function alone (give it its arguments with ``functools.partial``) and
+their options as keywords; the rarely changed ones (chunk size, budgets, shared memory) come
+together in a :class:`ParallelOptions`.
+
 >>> from toolz import pipe
 >>> with pipe(range(-3, 4), prefetch(4), threads(abs, n_workers=2)) as stream:
 ...     list(stream)
@@ -14,6 +18,9 @@ holds the stages, their checks and their executors.
 from __future__ import annotations
 
 import abc
+import dataclasses
+import functools
+import inspect
 import math
 import os
 import queue
@@ -31,23 +38,142 @@ from fpipe.errors import (
     check_positive,
     check_workers,
 )
+from fpipe.functional import call_repr
 from fpipe.random import Seed, optional_entropy
 from fpipe.skipping import OnError, SkipLog, check_max_errors, check_on_error
 from fpipe.stream.core import Stage, Stream, as_stream
 from fpipe.stream.parallel._background import Background, Inline, Run, Sizer
-from fpipe.stream.parallel._joblib import ShippedCall, process_pool
+from fpipe.stream.parallel._joblib import ShippedCall, ShippedItems, process_pool
 from fpipe.stream.parallel._messages import Message
-from fpipe.stream.parallel._pickling import ShippedItems
 from fpipe.stream.parallel._shm import Transport, end_run
 from fpipe.stream.parallel._shm import available as shared_memory_available
 from fpipe.stream.parallel._tuner import MOST_THREADS, Limits, Tuner, default_cpu_budget, measured
 from fpipe.stream.parallel.planner import plan_parallel
-from fpipe.stream.simple import ItemCall, at_epoch, check_call, error_options, stage_repr
+from fpipe.stream.simple import (
+    ItemCall,
+    at_epoch,
+    check_call,
+    error_options,
+    shown_name,
+    stage_repr,
+)
 
-__all__ = ["prefetch", "processes", "threads"]
+__all__ = ["ParallelOptions", "prefetch", "processes", "threads"]
 
 _THREAD_CHUNK_SECONDS = 2e-3  # work per chunk handed to a thread ...
 _PROCESS_CHUNK_SECONDS = 2e-2  # ... or to a process, where a round trip costs about 0.3 ms
+_LEAST_MEMORY = 1 << 20  # bytes: a smaller budget is a mistake (a unit missed, say)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelOptions:
+    """The rarely changed options of :func:`threads` and :func:`processes`, as one value
+    (``options=``); each is checked when the value is made, and a misspelled one is a
+    ``TypeError`` that names it.
+
+    - ``chunk_size``: the most items in one chunk (None: 64 for threads, 256 for processes);
+    - ``cpu_budget``: the cores that ``n_workers="auto"`` may use (default: those this process
+      may use); it bounds nothing else, so it goes with ``"auto"`` alone;
+    - ``memory_budget``: the bytes the stage may hold, its chunks in work and those waiting;
+    - ``shared_memory``: whether the results of processes come back in shared memory;
+    - ``shared_memory_budget``: the bytes of shared memory each worker process may hold.
+
+    The last two are of :func:`processes` alone.
+
+    >>> options = ParallelOptions(chunk_size=8, memory_budget=2**30)
+    >>> options
+    ParallelOptions(chunk_size=8, memory_budget=1 GiB)
+    >>> with threads(abs, n_workers=2, options=options)(range(-2, 3)) as stream:
+    ...     list(stream)
+    [2, 1, 0, 1, 2]
+    """
+
+    chunk_size: int | None = None
+    cpu_budget: float | None = None
+    memory_budget: int | None = None
+    shared_memory: bool = True
+    shared_memory_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        checks = {"chunk_size": lambda value: check_integer("chunk_size", value, 1),
+                  "cpu_budget": lambda value: check_positive("cpu_budget", value),
+                  "memory_budget": lambda value: check_integer("memory_budget", value,
+                                                               _LEAST_MEMORY),
+                  "shared_memory_budget": lambda value: check_integer("shared_memory_budget",
+                                                                      value, 0)}
+        for name, check in checks.items():
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, check(value))
+        check_bool("shared_memory", self.shared_memory)
+
+    def changed(self) -> dict:
+        """The options that differ from their defaults, by name.
+
+        >>> ParallelOptions(shared_memory=False).changed()
+        {'shared_memory': False}
+        """
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                if getattr(self, field.name) != field.default}
+
+    def __repr__(self) -> str:
+        return call_repr("ParallelOptions", (), self.changed())
+
+
+def _checked_options(options: Any, kind: str) -> ParallelOptions:
+    if options is None:
+        return ParallelOptions()
+    if not isinstance(options, ParallelOptions):
+        raise TypeError(f"options must be a ParallelOptions; got options={options!r:.80}")
+    if kind == "threads":
+        process_only = {"shared_memory", "shared_memory_budget"} & options.changed().keys()
+        if process_only:
+            raise TypeError(f"{', '.join(sorted(process_only))} of ParallelOptions are options "
+                            f"of processes: threads share this process's memory already; "
+                            f"got options={options!r}")
+    return options
+
+
+# the keywords that threads() and processes() took once, and what replaces them
+_MOVED = {"buffer_size": "buffer_chunks={value!r} (the same count, in chunks)",
+          **{name: f"options=ParallelOptions({name}={{value!r}})"
+             for name in ("chunk_size", "cpu_budget", "memory_budget", "shared_memory",
+                          "shared_memory_budget")}}
+
+
+def _function_alone(stage_function: Callable) -> Callable:
+    """``stage_function`` (:func:`threads` or :func:`processes`), whose ``TypeError`` for an
+    argument it does not take says what to pass instead: the function's own arguments go in
+    with ``functools.partial``, and the options that moved have their new place."""
+    name = stage_function.__name__
+    options = [option for option in inspect.signature(stage_function).parameters
+               if option != "func"]
+
+    @functools.wraps(stage_function)
+    def checked(*args: Any, **kwargs: Any) -> Stage:
+        if len(args) > 1:
+            raise TypeError(_positional_message(name, args))
+        for key, value in kwargs.items():
+            if key in _MOVED:
+                raise TypeError(f"{name}() got an unexpected keyword argument {key!r}: pass "
+                                f"{_MOVED[key].format(value=value)}")
+            if key not in options and key != "func":
+                raise TypeError(f"{name}() got an unexpected keyword argument {key!r}: its "
+                                f"options are {', '.join(options)}; the function's own "
+                                f"keywords go in with functools.partial(func, {key}=...)")
+        return stage_function(*args, **kwargs)
+    return checked
+
+
+def _positional_message(name: str, args: tuple) -> str:
+    func, rest = args[0], args[1:]
+    func_text = shown_name(func) if callable(func) else repr(func)
+    hint = ""
+    if isinstance(rest[0], int) and not isinstance(rest[0], bool):
+        hint = f", or did you mean {name}({func_text}, n_workers={rest[0]})?"
+    given = ", ".join(repr(arg) for arg in rest)
+    return (f"{call_repr(name, args, {})}: {name} takes the function alone: give it its "
+            f"arguments with functools.partial({func_text}, {given}){hint}")
 
 
 class _PrefetchStage(Stage):
@@ -137,22 +263,23 @@ class _ParallelStage(Stage):
     """What :func:`threads` and :func:`processes` share: the checks, the repr, the runs."""
 
     kind, chunk_seconds, per_worker, measure_first = "", 0.0, 1, False
+    default_chunk_size = 64
     one_to_one = True
 
-    def __init__(self, func: Callable, args: tuple, kwargs: dict, n_workers: int | str,
-                 buffer_size: int | str, ordered: bool, seed: Seed | None, chunk_size: int, *,
+    def __init__(self, func: Callable, args: tuple, kwargs: dict, *, n_workers: int | str = 1,
+                 buffer_chunks: int | str = 2, ordered: bool = True, seed: Seed | None = None,
                  on_error: OnError = "raise", max_errors: int | None = None,
-                 cpu_budget: float | None = None, memory_budget: int | None = None) -> None:
+                 options: ParallelOptions | None = None) -> None:
         self.func, self.args, self.kwargs = check_callable("func", func), args, kwargs
         check_call(self.kind, func, args, kwargs, workers=True)
         self.ordered = check_bool("ordered", ordered)
         self.n_workers = check_auto("n_workers", n_workers, check_workers)
-        self.buffer_size = check_auto("buffer_size", buffer_size,
-                                      lambda size: check_integer("buffer_size", size, 1))
-        self.cpu_budget, self.memory_budget = _checked_budgets(self.n_workers, cpu_budget,
-                                                               memory_budget)
+        self.buffer_chunks = check_auto("buffer_chunks", buffer_chunks,
+                                        lambda size: check_integer("buffer_chunks", size, 1))
+        self.options = _checked_options(options, self.kind)
+        self.cpu_budget, self.memory_budget = _checked_budgets(self.n_workers, self.options)
         self.workers = self._most_workers()
-        self.chunk_size = check_integer("chunk_size", chunk_size, 1)
+        self.chunk_size = self.options.chunk_size or self.default_chunk_size
         self.seed = optional_entropy(seed)
         self.on_error, self.max_errors = check_on_error(on_error), check_max_errors(max_errors)
         self._sizer = Sizer(self.chunk_seconds, self.chunk_size,
@@ -199,7 +326,7 @@ class _ParallelStage(Stage):
     def _limits(self) -> Limits:
         auto = self.n_workers == "auto"
         return Limits(workers=None if auto else self.workers,
-                      buffer=None if self.buffer_size == "auto" else self.buffer_size,
+                      buffer=None if self.buffer_chunks == "auto" else self.buffer_chunks,
                       cpu=self.cpu_budget or default_cpu_budget(), memory=self.memory_budget,
                       most=self.workers, per_worker=self.per_worker, held=self._held())
 
@@ -215,31 +342,23 @@ class _ParallelStage(Stage):
 
     def _options(self) -> dict:
         return {"n_workers": self.n_workers,
-                "buffer_size": self.buffer_size if self.buffer_size == "auto" else None,
-                "cpu_budget": self.cpu_budget, "memory_budget": self.memory_budget,
+                "buffer_chunks": self.buffer_chunks if self.buffer_chunks == "auto" else None,
                 "ordered": None if self.ordered else False, "seed": self.seed,
-                **error_options(self)}
+                **error_options(self), "options": self.options if self.options.changed() else None}
 
     def __repr__(self) -> str:
         return stage_repr(self.kind, self.func, self.args, {**self._options(), **self.kwargs})
 
 
-def _checked_budgets(n_workers: int | str, cpu_budget: Any,
-                     memory_budget: Any) -> tuple[float | None, int | None]:
-    """``cpu_budget`` (cores) and ``memory_budget`` (bytes), once they are checked: a core
-    budget bounds ``n_workers="auto"`` and nothing else; a byte budget bounds any stage."""
-    if cpu_budget is not None:
-        cpu_budget = check_positive("cpu_budget", cpu_budget)
-        if n_workers != "auto":
-            raise ValueError(f"cpu_budget bounds the workers that n_workers='auto' chooses; "
-                             f"with n_workers={n_workers!r} it has nothing to bound: pass one "
-                             f"of the two; got cpu_budget={cpu_budget!r}")
-    if memory_budget is not None:
-        memory_budget = check_integer("memory_budget", memory_budget, _LEAST_MEMORY)
-    return cpu_budget, memory_budget
-
-
-_LEAST_MEMORY = 1 << 20  # bytes: a smaller budget is a mistake (a unit missed, say)
+def _checked_budgets(n_workers: int | str,
+                     options: ParallelOptions) -> tuple[float | None, int | None]:
+    """The budgets of ``options``, cores and bytes, once they fit ``n_workers``: a core budget
+    bounds ``n_workers="auto"`` and nothing else; a byte budget bounds any stage."""
+    if options.cpu_budget is not None and n_workers != "auto":
+        raise ValueError(f"cpu_budget bounds the workers that n_workers='auto' chooses; "
+                         f"with n_workers={n_workers!r} it has nothing to bound: pass one "
+                         f"of the two; got options={options!r}")
+    return options.cpu_budget, options.memory_budget
 
 
 class _ThreadStage(_ParallelStage):
@@ -249,29 +368,30 @@ class _ThreadStage(_ParallelStage):
         return _ThreadWorkers(call, workers)
 
 
-def threads(func: Callable, *args: Any, n_workers: int | str = 1, buffer_size: int | str = 2,
-            ordered: bool = True, seed: Seed | None = None, epoch: int = 0, chunk_size: int = 64,
+@_function_alone
+def threads(func: Callable, *, n_workers: int | str = 1, buffer_chunks: int | str = 2,
+            ordered: bool = True, seed: Seed | None = None, epoch: int = 0,
             on_error: OnError = "raise", max_errors: int | None = None,
-            cpu_budget: float | None = None, memory_budget: int | None = None,
-            **kwargs: Any) -> Stage:
-    """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` threads (-1:
-    one per core). Use it for work that releases the GIL (numpy, IO, decoding).
+            options: ParallelOptions | None = None) -> Stage:
+    """The stage that computes ``func(item)`` in ``n_workers`` threads (-1: one per core). Use
+    it for work that releases the GIL (numpy, IO, decoding).
 
     ``n_workers="auto"`` lets the stage choose, while it runs, as many threads as keep up with
-    its consumer, within ``cpu_budget`` cores (default: those this process may use) and at
-    most 64: work that waits for IO takes a fraction of a core per thread, so it gets more.
-    ``buffer_size="auto"`` grows the buffer while the consumer waits and the threads wait for
-    room. ``memory_budget`` (bytes) bounds what the stage holds, its chunks in work and those
-    waiting, with any setting. The docs' Tuning page says more; :func:`fpipe.explain` shows
-    the choices.
+    its consumer, within ``options.cpu_budget`` cores (default: those this process may use)
+    and at most 64: work that waits for IO takes a fraction of a core per thread, so it gets
+    more. ``buffer_chunks="auto"`` grows the buffer while the consumer waits and the threads
+    wait for room. ``options.memory_budget`` (bytes) bounds what the stage holds, its chunks in
+    work and those waiting, with any setting. The docs' Tuning page says more;
+    :func:`fpipe.explain` shows the choices.
 
-    Items travel to the threads in chunks of at most ``chunk_size`` (fewer while items are
-    slow, so the first results come quickly). At most ``n_workers + buffer_size`` chunks are in
-    the stage at once, so it reads at most that many chunks ahead of its consumer. Results keep
-    the input order unless ``ordered=False``. With ``seed``, each item's generator (from
-    ``(seed, epoch, index)``) is active while ``func`` runs, so the output does not depend on
-    ``n_workers`` or on the order of completion; ``epoch`` is the epoch of the first
-    application, as in :func:`fpipe.stream.map`.
+    Items travel to the threads in chunks of at most ``options.chunk_size`` (64 by default;
+    fewer while items are slow, so the first results come quickly). At most
+    ``n_workers + buffer_chunks`` chunks are in the stage at once, so it reads at most that
+    many chunks ahead of its consumer. Results keep the input order unless ``ordered=False``.
+    With ``seed``, each item's generator (from ``(seed, epoch, index)``) is active while
+    ``func`` runs, so the output does not depend on ``n_workers`` or on the order of
+    completion; ``epoch`` is the epoch of the first application, as in
+    :func:`fpipe.stream.map`.
 
     An exception in ``func`` reaches the consumer with its type, message and the worker's
     traceback, after the results of the items before it. With ``on_error="skip"`` (or a
@@ -279,18 +399,24 @@ def threads(func: Callable, *args: Any, n_workers: int | str = 1, buffer_size: i
     counted and recorded for :func:`fpipe.stats`; ``max_errors`` bounds how many may fail
     (see :mod:`fpipe.skipping`). Closing the stream stops and joins the threads.
 
-    The keyword arguments that are not options of the stage go to ``func``; they are checked
-    against its signature now, so a misspelled option (``n_worker=2``) is a ``TypeError`` that
-    names it, before any thread starts. A ``func`` that takes ``**kwargs`` takes any name: give
-    it its keywords with ``functools.partial``, and the stage only its options.
+    The stage takes ``func`` alone: give it its arguments with ``functools.partial``
+    (``threads(partial(load, root=path), n_workers=4)``). Any other keyword is a
+    ``TypeError`` that names it, before any thread starts.
 
     >>> with threads(abs, n_workers=2)(range(-3, 4)) as stream:
     ...     list(stream)
     [3, 2, 1, 0, 1, 2, 3]
     """
-    return at_epoch(_ThreadStage(func, args, kwargs, n_workers, buffer_size, ordered, seed,
-                                 chunk_size, on_error=on_error, max_errors=max_errors,
-                                 cpu_budget=cpu_budget, memory_budget=memory_budget), epoch)
+    return thread_stage(func, (), {}, n_workers=n_workers, buffer_chunks=buffer_chunks,
+                        ordered=ordered, seed=seed, epoch=epoch, on_error=on_error,
+                        max_errors=max_errors, options=options)
+
+
+def thread_stage(func: Callable, args: tuple, kwargs: dict, *, epoch: int = 0,
+                 **options: Any) -> Stage:
+    """:func:`threads` of ``func(item, *args, **kwargs)``: for dpipe's ``Threads`` and
+    ``Iterator``, which pass their arguments on to the function (not in ``__all__``)."""
+    return at_epoch(_ThreadStage(func, args, kwargs, **options), epoch)
 
 
 class _ProcessWorkers:
@@ -385,13 +511,13 @@ class _ProcessStage(_ParallelStage):
     kind, chunk_seconds, per_worker = "processes", _PROCESS_CHUNK_SECONDS, 2
     measure_first = True
 
-    def __init__(self, *args: Any, backend: Any, shared_memory: bool,
-                 shared_memory_budget: int | None, **on_error: Any) -> None:
-        super().__init__(*args, **on_error)
+    default_chunk_size = 256
+
+    def __init__(self, *args: Any, backend: Any = "loky", **options: Any) -> None:
+        super().__init__(*args, **options)
         self.backend = _check_backend(backend)
-        self.shared_memory = check_bool("shared_memory", shared_memory)
-        self.shared_memory_budget = (None if shared_memory_budget is None else
-                                     check_integer("shared_memory_budget", shared_memory_budget, 0))
+        self.shared_memory = self.options.shared_memory
+        self.shared_memory_budget = self.options.shared_memory_budget
         self._pool = process_pool(self.workers if self.n_workers == "auto" else self.n_workers,
                                   backend)
         # a stage that nobody can use again stops now: a forgotten stage's joblib generator
@@ -431,19 +557,17 @@ class _ProcessStage(_ParallelStage):
         self._pool.release()
 
     def _options(self) -> dict:
-        backend = None if self.backend == "loky" else self.backend
-        return {**super()._options(), "backend": backend,
-                "shared_memory": None if self.shared_memory else False,
-                "shared_memory_budget": self.shared_memory_budget}
+        n_workers, *rest = super()._options().items()
+        return dict([n_workers, ("backend", None if self.backend == "loky" else self.backend),
+                     *rest])
 
 
-def processes(func: Callable, *args: Any, n_workers: int | str = 1, backend: Any = "loky",
-              ordered: bool = True, seed: Seed | None = None, epoch: int = 0,
-              buffer_size: int | str = 2, chunk_size: int = 256, on_error: OnError = "raise",
-              max_errors: int | None = None, shared_memory: bool = True,
-              shared_memory_budget: int | None = None, cpu_budget: float | None = None,
-              memory_budget: int | None = None, **kwargs: Any) -> Stage:
-    """The stage that computes ``func(item, *args, **kwargs)`` in ``n_workers`` worker
+@_function_alone
+def processes(func: Callable, *, n_workers: int | str = 1, backend: Any = "loky",
+              buffer_chunks: int | str = 2, ordered: bool = True, seed: Seed | None = None,
+              epoch: int = 0, on_error: OnError = "raise", max_errors: int | None = None,
+              options: ParallelOptions | None = None) -> Stage:
+    """The stage that computes ``func(item)`` in ``n_workers`` worker
     processes (-1: one per core), on joblib. Use it for pure-Python work that holds the GIL.
 
     ``backend`` is passed to joblib: ``"loky"`` (the default), ``"threading"``, ``"dask"``
@@ -461,8 +585,8 @@ def processes(func: Callable, *args: Any, n_workers: int | str = 1, backend: Any
     every item array a worker gets is writable if it was writable here. Results are pickled
     in the worker: one that does not pickle ends the
     stream with a ``TypeError`` naming its item, after the items before it. Items travel
-    in chunks of at most ``chunk_size`` (about 20 ms of work each); at most
-    ``2 * n_workers + buffer_size`` chunks are in the stage at once (two per worker: one in
+    in chunks of at most ``options.chunk_size`` (256 by default; about 20 ms of work
+    each); at most ``2 * n_workers + buffer_chunks`` chunks are in the stage at once (two per worker: one in
     work, one waiting, as joblib sends a worker its next task only when one completes).
 
     The workers are started at the first ``next()`` and kept for every later run of this stage
@@ -484,11 +608,11 @@ def processes(func: Callable, *args: Any, n_workers: int | str = 1, backend: Any
     consumer gets arrays that view it, without a copy. A segment is reused within the run once
     every array of its chunk of results is garbage-collected, and given up when the run ends
     (its memory goes once no array views it). Each worker holds at most
-    ``shared_memory_budget`` bytes of segments (default: a quarter of ``/dev/shm`` shared
+    ``options.shared_memory_budget`` bytes of segments (default: a quarter of ``/dev/shm`` shared
     between the workers, at most 256 MiB each, as loky restarts a worker whose memory grew by
-    300 MB); past it, or when ``/dev/shm`` is full, results go through the pipe
-    with one ``RuntimeWarning``. ``shared_memory=False`` sends everything through the pipe, as
-    do the other backends (``dask``'s workers may be on other machines).
+    300 MB); past it, or when ``/dev/shm`` is full, results go through the pipe with one
+    ``RuntimeWarning``. ``options=ParallelOptions(shared_memory=False)`` sends everything
+    through the pipe, as do the other backends (``dask``'s workers may be on other machines).
 
     Inside a worker, :func:`fpipe.combine_to_arrays` stacks a batch straight into a slab, so a
     batch made in the workers crosses without any copy. Workers of this machine's pool keep
@@ -496,13 +620,13 @@ def processes(func: Callable, *args: Any, n_workers: int | str = 1, backend: Any
     from the heap, which gives memory back past 64 MiB free), as page-faulting every new batch
     in anew costs image pipelines a quarter of their time on virtual machines.
 
-    Order, seeds, ``epoch``, errors, ``on_error`` and the keywords that go to ``func`` behave
-    as in :func:`threads` (a callable ``on_error`` runs in the worker process, so it must
-    pickle). So do ``n_workers="auto"``,
-    ``buffer_size="auto"``, ``cpu_budget`` and ``memory_budget``, but ``"auto"`` chooses at most
-    one process per core of ``cpu_budget`` (the pool has that many; the stage runs as many
-    chunks at once as it chose), and with ``memory_budget`` each worker's shared memory is its
-    share of the budget.
+    Order, seeds, ``epoch``, errors, ``on_error`` and ``func``'s arguments (through
+    ``functools.partial``) behave as in :func:`threads` (a callable ``on_error`` runs in the
+    worker process, so it must pickle). So do ``n_workers="auto"``, ``buffer_chunks="auto"``
+    and the budgets of :class:`ParallelOptions`, but ``"auto"`` chooses at
+    most one process per core of ``cpu_budget`` (the pool has that many; the stage runs as
+    many chunks at once as it chose), and with ``memory_budget`` each worker's shared memory is
+    its share of the budget.
 
     Followed by :func:`fpipe.batch` of a size and one of fpipe's combiners
     (``map(combine_to_arrays)``, say), the stage makes whole batches in its workers, which
@@ -521,8 +645,13 @@ def processes(func: Callable, *args: Any, n_workers: int | str = 1, backend: Any
     ...     list(stream)
     [2, 1, 0, 1, 2]
     """
-    return at_epoch(_ProcessStage(func, args, kwargs, n_workers, buffer_size, ordered, seed,
-                                  chunk_size, backend=backend, on_error=on_error,
-                                  max_errors=max_errors, shared_memory=shared_memory,
-                                  shared_memory_budget=shared_memory_budget,
-                                  cpu_budget=cpu_budget, memory_budget=memory_budget), epoch)
+    return process_stage(func, (), {}, n_workers=n_workers, backend=backend,
+                         buffer_chunks=buffer_chunks, ordered=ordered, seed=seed, epoch=epoch,
+                         on_error=on_error, max_errors=max_errors, options=options)
+
+
+def process_stage(func: Callable, args: tuple, kwargs: dict, *, epoch: int = 0,
+                  **options: Any) -> Stage:
+    """:func:`processes` of ``func(item, *args, **kwargs)``: for dpipe's ``Loky``, which
+    passes its arguments on to the function (not in ``__all__``)."""
+    return at_epoch(_ProcessStage(func, args, kwargs, **options), epoch)
