@@ -11,6 +11,7 @@ False
 from __future__ import annotations
 
 import argparse
+import urllib.parse
 from pathlib import Path
 
 from fpipe.cli._common import UsageError, refuse_options, say
@@ -81,6 +82,11 @@ def refuse_prepare_options(args: argparse.Namespace) -> None:
                    "without --processes or --cluster")
 
 
+# the suffixes of the files a dataset command reads: a URL ending so names a file, not a prefix
+_FILE_SUFFIXES = {".msgpack", ".shards", ".tar", ".parquet", ".arrow", ".feather", ".tfrecord",
+                  ".json", ".jsonl", ".txt"}
+
+
 def is_prepared(location: str) -> bool:
     """Whether ``location`` is a dataset that ``fpipe write --processes`` prepared (or began
     to): a folder, or a URL prefix, with a shard index ``dataset.shards`` or a partition's
@@ -91,8 +97,9 @@ def is_prepared(location: str) -> bool:
     False
     """
     if "://" in location:
-        if location.rstrip("/").endswith(".msgpack"):
-            return False
+        parts = urllib.parse.urlsplit(location)
+        if parts.query or Path(parts.path).suffix in _FILE_SUFFIXES:
+            return False  # one object (a presigned URL names one), never a prefix
         from fpipe.remote.urls import filesystem
 
         try:
