@@ -108,7 +108,7 @@ class Pipeline(torch.utils.data.IterableDataset):
             elif name == "map":
                 made.append(fpipe.stream.map(tokens))
             elif name == "pool":
-                made.append(fpipe.stream.pool(3, 2, seed=5))
+                made.append(fpipe.stream.ExpirationPool(3, 2, seed=5))
             elif name == "pack":
                 made += [] if "map" in self.stages else [fpipe.stream.map(tokens)]
                 made.append(fpipe.pack(8, buffer_size=3))

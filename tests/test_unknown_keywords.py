@@ -310,7 +310,6 @@ ARGUMENTS = {
     "fpipe.pad_batch_equal": lambda f, out: _call([[1], [1, 2]]),
     "fpipe.stream.pad_to_shape": lambda f, out: _call([1], [2]),
     "fpipe.formats.parse_example": lambda f, out: _call(b""),
-    "fpipe.stream.pool": lambda f, out: _call(4, 2),
     "fpipe.prefetch": lambda f, out: _call(2),
     "fpipe.processes": lambda f, out: _call(scale),
     "fpipe.random_apply": lambda f, out: _call(0.5, scale),

@@ -5,7 +5,7 @@ Put it after the expensive stages (loading, preprocessing): each item it reads i
 dropped after its last use, when the pool reads the next item.
 
 >>> from collections import Counter
->>> out = list(pool(pool_size=3, repetitions=2, seed=0)("abcde"))
+>>> out = list(ExpirationPool(pool_size=3, repetitions=2, seed=0)("abcde"))
 >>> len(out), Counter(out) == Counter("aabbccddee")
 (10, True)
 """
@@ -22,15 +22,24 @@ from fpipe.errors import check_integer
 from fpipe.random import Seed, optional_entropy
 from fpipe.stream.core import Stage, Stream, as_stream
 
-__all__ = ["ExpirationPool", "expiration_pool", "pool"]
+__all__ = ["ExpirationPool", "expiration_pool"]
 
 _BLOCK = 1024  # uniform draws are made this many at a time
 _POOL_STREAM = 0x706F6F6C  # keeps the pool's draws apart from the item generators of stages
 
 
 class ExpirationPool(Stage):
-    """The pool as a stage (dpipe's name); see :func:`pool`.
+    """The stage that yields every item ``repetitions`` times, in random order, holding at most
+    ``pool_size`` items: it reads an item, yields ``iterations`` draws from the pool, keeps
+    drawing while the pool is full, and at the end drains the pool. A draw costs O(1). (dpipe's
+    name, and fpipe's one name for the pool as a stage.)
 
+    With ``seed``, the draws are the same in every run (for the same input), and differ from
+    epoch to epoch. The items read ahead by the stream the pool reads from (at most 64 cheap
+    ones, see :class:`fpipe.Stream`) are not in the pool yet.
+
+    >>> list(ExpirationPool(1, 2)("ab"))
+    ['a', 'a', 'b', 'b']
     >>> stage = ExpirationPool(pool_size=2, repetitions=3, seed=1)
     >>> sorted(stage([1, 2, 3]))
     [1, 1, 1, 2, 2, 2, 3, 3, 3]
@@ -55,7 +64,7 @@ class ExpirationPool(Stage):
     def __repr__(self) -> str:
         extra = "" if self.iterations == 1 else f", iterations={self.iterations}"
         seed = "" if self.seed is None else f", seed={self.seed}"
-        return f"pool({self.pool_size}, {self.repetitions}{extra}{seed})"
+        return f"ExpirationPool({self.pool_size}, {self.repetitions}{extra}{seed})"
 
 
 class _Pooled(Stream):
@@ -155,28 +164,12 @@ class _Pooled(Stream):
         return load
 
 
-def pool(pool_size: int, repetitions: int, iterations: int = 1,
-         seed: Seed | None = None) -> ExpirationPool:
-    """The stage that yields every item ``repetitions`` times, in random order, holding at most
-    ``pool_size`` items: it reads an item, yields ``iterations`` draws from the pool, keeps
-    drawing while the pool is full, and at the end drains the pool. A draw costs O(1).
-
-    With ``seed``, the draws are the same in every run (for the same input), and differ from
-    epoch to epoch. The items read ahead by the stream the pool reads from (at most 64 cheap
-    ones, see :class:`fpipe.Stream`) are not in the pool yet.
-
-    >>> list(pool(1, 2)("ab"))
-    ['a', 'a', 'b', 'b']
-    """
-    return ExpirationPool(pool_size, repetitions, iterations, seed)
-
-
 def expiration_pool(iterable: Iterable, pool_size: int, repetitions: int,
                     iterations: int = 1) -> Stream:
-    """dpipe's function form of :func:`pool`: ``pool(pool_size, repetitions, iterations)``
-    applied to ``iterable`` (unseeded, as in dpipe).
+    """dpipe's function form of the pool: ``ExpirationPool(pool_size, repetitions,
+    iterations)`` applied to ``iterable`` (unseeded, as in dpipe).
 
     >>> sorted(expiration_pool("ab", pool_size=2, repetitions=2))
     ['a', 'a', 'b', 'b']
     """
-    return pool(pool_size, repetitions, iterations)(iterable)
+    return ExpirationPool(pool_size, repetitions, iterations)(iterable)

@@ -206,7 +206,7 @@ def test_a_state_carries_on_with_other_worker_counts(name):
 @pytest.mark.parametrize("make, stage", [
     (lambda: build(threads(square, n_workers=2, ordered=False)), "ordered=False"),
     (lambda: build(processes(square, n_workers=2, ordered=False)), "ordered=False"),
-    (lambda: build(ExpirationPool(4, 2)), "pool(4, 2) draws without a seed"),
+    (lambda: build(ExpirationPool(4, 2)), "ExpirationPool(4, 2) draws without a seed"),
 ], ids=["threads", "processes", "pool"])
 def test_pipelines_that_cannot_be_made_again_exactly_have_no_state(make, stage):
     batch_iter = make()

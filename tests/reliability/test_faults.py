@@ -129,7 +129,7 @@ def pipeline(kind: str | None, bad: int) -> fp.Stream:
         fp.threads(work("threads"), n_workers=2, options=fp.ParallelOptions(chunk_size=4)),
         fp.processes(work("processes"), n_workers=2, options=fp.ParallelOptions(chunk_size=4)),
         fp.stream.map(work("pool")),  # the pool's input fails while the pool holds items
-        fp.stream.pool(pool_size=6, repetitions=1, seed=0),
+        fp.stream.ExpirationPool(pool_size=6, repetitions=1, seed=0),
         fp.batch(PredicateFailAt(bad) if kind == "batch predicate" else PredicateFailAt(-1)),
         fp.stream.map(CombineFailAt(bad) if kind == "combiner" else tuple),
     )

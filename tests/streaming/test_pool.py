@@ -9,17 +9,17 @@ import fpipe as fp
 
 
 def test_every_item_comes_out_repetitions_times():
-    out = list(fp.stream.pool(pool_size=5, repetitions=3, seed=0)(range(40)))
+    out = list(fp.stream.ExpirationPool(pool_size=5, repetitions=3, seed=0)(range(40)))
     assert Counter(out) == Counter({i: 3 for i in range(40)})
 
 
 def test_the_first_outputs_come_from_the_first_pool_size_items():
-    out = list(fp.stream.pool(pool_size=10, repetitions=4, seed=1)(range(100)))
+    out = list(fp.stream.ExpirationPool(pool_size=10, repetitions=4, seed=1)(range(100)))
     assert set(out[:10]) <= set(range(10))
 
 
 def test_seeded_pools_repeat_and_epochs_differ():
-    stage = fp.stream.pool(8, 2, seed=4)
+    stage = fp.stream.ExpirationPool(8, 2, seed=4)
     first, second = list(stage(range(50))), list(stage(range(50)))
     assert first != second
     stage.set_epoch(0)
@@ -31,11 +31,11 @@ def test_dpipe_names():
     assert sorted(out) == sorted(list(range(6)) * 2)
     stage = fp.ExpirationPool(3, 2, iterations=2)
     assert sorted(stage("abcd")) == sorted("aabbccdd")
-    assert repr(stage) == "pool(3, 2, iterations=2)"
+    assert repr(stage) == "ExpirationPool(3, 2, iterations=2)"
 
 
 def test_unhashable_items_are_fine():
-    out = list(fp.stream.pool(2, 2, seed=0)([[1], [2]]))
+    out = list(fp.stream.ExpirationPool(2, 2, seed=0)([[1], [2]]))
     assert sorted(out) == [[1], [1], [2], [2]]
 
 
@@ -48,7 +48,8 @@ def test_the_pool_reads_no_further_than_it_must_from_an_expensive_upstream():
         time.sleep(0.001)  # slow enough that the stream reads one item at a time
         return x
 
-    stream = pipe(range(100), fp.stream.map(expensive), fp.stream.pool(pool_size=4, repetitions=2, seed=0))
+    stream = pipe(range(100), fp.stream.map(expensive),
+                  fp.stream.ExpirationPool(pool_size=4, repetitions=2, seed=0))
     for _ in range(6):
         next(stream)
     assert len(read) <= 4 + 2
@@ -61,7 +62,7 @@ def test_the_pool_reads_no_further_than_it_must_from_an_expensive_upstream():
 ])
 def test_bad_arguments(args, message):
     with pytest.raises(ValueError, match=message):
-        fp.stream.pool(*args)
+        fp.stream.ExpirationPool(*args)
 
 
 @pytest.mark.parametrize("seed", [3, None])
@@ -69,7 +70,7 @@ def test_a_pool_stream_resumes_from_its_state_after_any_output(seed):
     import pickle
 
     def make(state=None):
-        stream = fp.stream.pool(4, 3, iterations=2, seed=seed)(range(40))
+        stream = fp.stream.ExpirationPool(4, 3, iterations=2, seed=seed)(range(40))
         if state is not None:
             stream.load_state_dict(state)
         return stream
