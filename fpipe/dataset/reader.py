@@ -259,9 +259,9 @@ class _LegacyIndex:
 
 class DatasetBytes:
     """The byte source of a packed dataset: where the samples' bytes come from, a local data
-    file (read with ``os.pread``) or a URL (through the block cache of :mod:`fpipe.remote`),
+    file (read with ``os.pread``) or a URL (through the block cache of ``fpipe.remote``),
     and what ``len`` and the offsets say of them. :meth:`open` gives the open view that reads
-    them (a :class:`_Handle`, or a :class:`~fpipe.remote.cache.RemoteHandle`), after checking
+    them (a :class:`_Handle`, or a ``RemoteHandle``), after checking
     that the files are still those it found when it was made. It pickles by its settings.
     :class:`MsgpackReader` is this and a :class:`DatasetKeys`.
 
@@ -672,9 +672,9 @@ class MsgpackReader(Reader):
 
 
 class DatasetKeys:
-    """The key lookup of a packed dataset (a :class:`~fpipe.dataset.keyindex.KeyLookup`): its key
+    """The key lookup of a packed dataset (a ``KeyLookup``): its key
     index where it has one (``key_index``: a local dataset that is not legacy), else a
-    :class:`~fpipe.dataset.keyindex.KeyTable` that loads ``.keys`` (or the legacy ``.index``,
+    ``KeyTable`` that loads ``.keys`` (or the legacy ``.index``,
     from ``legacy``) when a key is asked for, and ``.key_hashes`` (recomputed from the keys
     where it is missing) when an index is. A key index that fails a check is left aside with a
     warning, and the question asked again of the table. While no lookup table is open, ``in``

@@ -345,7 +345,7 @@ def write_shard_index(shards: Iterable[PathLike], index: PathLike) -> None:
 def shard_index_text(names: list[str], counts: list[int]) -> str:
     """The JSON of the shard index of shards ``names`` (relative to its folder) holding
     ``counts`` samples (see the module). Not in ``__all__``: for writers of shards that are
-    not local files (:mod:`fpipe.prepare` uploads it).
+    not local files (``fpipe.prepare`` uploads it).
 
     >>> shard_index_text(["a-0.msgpack"], [2])
     '{"format": "fpipe-shards", "version": 1, "shards": ["a-0.msgpack"], "samples": [2]}\\n'

@@ -4,7 +4,7 @@ resumable, with the same bytes on any number of workers.
 :func:`write_dataset` runs the user's transform over the samples of each partition in the
 workers (seeded per sample from ``(seed, partition, index)``), writes each partition's shards
 in an attempt's own staging place and commits the partition in one step (see
-:mod:`fpipe.prepare._store`); the shard index ``OUT/dataset.shards`` is made from the committed
+``fpipe.prepare._store``); the shard index ``OUT/dataset.shards`` is made from the committed
 manifests, in partition order, when every partition is committed. The same call again skips
 the committed partitions. :func:`verify_dataset` checks a prepared dataset against its
 manifests.

@@ -110,7 +110,7 @@ _UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnect
 @dataclass(frozen=True, eq=False)
 class RemoteOptions:
     """How a reader reads a file at a URL: every reader (:class:`~fpipe.dataset.MsgpackReader`,
-    :class:`~fpipe.dataset.ShardedReader`, the readers of :mod:`fpipe.formats`) takes them the
+    :class:`~fpipe.dataset.ShardedReader`, the readers of ``fpipe.formats``) takes them the
     same way, as ``remote=RemoteOptions(...)``. Each option left at None takes its default.
 
     - ``storage_options``: a dict for fsspec (credentials, endpoint); never shown in a message

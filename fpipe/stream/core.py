@@ -433,7 +433,7 @@ class Stream(abc.ABC):
     def shares(self, wall: float) -> tuple[float, float, float]:
         """The shares of ``wall`` seconds that this stream spent working, waiting for its
         input, and waiting for its consumer; estimated from the sampled pulls (see
-        :mod:`fpipe.stream._meter`)."""
+        ``fpipe.stream._meter``)."""
         return self._meter.shares(wall)
 
 

@@ -10,7 +10,7 @@ every rank the same number of batches. This is the only fpipe module that import
 fpipe's options are values, keyword-only after datadings's parameters: ``layout=`` says which
 samples each rank reads in which order (:class:`Shards`, datadings's layout, shuffled or not; or
 :class:`Elastic`, one order that another grid carries on), ``samples=`` how each sample is made
-(:class:`Samples`: the seed, threads, what a failing sample does). See :mod:`fpipe.torch._options`
+(:class:`Samples`: the seed, threads, what a failing sample does). See ``fpipe.torch._options``
 for why.
 
 >>> from fpipe.dataset import ListReader
