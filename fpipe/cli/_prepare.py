@@ -1,7 +1,7 @@
 """``fpipe write SOURCE... OUT --processes N`` or ``--cluster ADDRESS``: prepare a dataset
-from sources in another format, one file a partition, on local processes or a dask cluster,
-each partition exactly once and resumable (:mod:`fpipe.prepare`); and ``fpipe verify`` of such
-a dataset against its manifests.
+from sources in another format, one file a partition (or ``--ranges N`` of its samples), on
+local processes or a dask cluster, each partition exactly once and resumable
+(:mod:`fpipe.prepare`); and ``fpipe verify`` of such a dataset against its manifests.
 
 >>> import argparse
 >>> prepares(argparse.Namespace(processes=None, cluster=None))
@@ -34,6 +34,9 @@ def add_prepare_options(group: argparse._ArgumentGroup) -> None:
     where.add_argument("--cluster", metavar="ADDRESS",
                        help="as --processes, on the dask cluster whose scheduler is at ADDRESS "
                             "(tcp://host:8786)")
+    group.add_argument("--ranges", type=_positive, metavar="N",
+                       help="with --processes or --cluster: cut each source file into N "
+                            "partitions, ranges of its samples (default: one file a partition)")
     group.add_argument("--shard-size", type=_positive, default=10_000, metavar="N",
                        help="samples a shard with --processes or --cluster (default 10000)")
     group.add_argument("--restart", action="store_true",
@@ -67,7 +70,8 @@ def write_prepared(args: argparse.Namespace) -> int:
         raise UsageError("--processes and --cluster prepare datasets from WebDataset, "
                          f"Parquet/Arrow, TFRecord files or packed datasets ({known}), one file "
                          f"a partition; got {' '.join(args.source)}")
-    report = write_dataset(from_sources(args.source), args.out, shard_size=args.shard_size,
+    report = write_dataset(from_sources(args.source, ranges=args.ranges), args.out,
+                           shard_size=args.shard_size,
                            n_workers=args.processes, cluster=args.cluster,
                            restart=args.restart, progress=not args.quiet)
     say(args, str(report))
@@ -75,8 +79,9 @@ def write_prepared(args: argparse.Namespace) -> int:
 
 
 def refuse_prepare_options(args: argparse.Namespace) -> None:
-    """Refuse ``--shard-size`` and ``--restart`` without ``--processes`` or ``--cluster``."""
-    refuse_options({"--restart": args.restart,
+    """Refuse ``--shard-size``, ``--ranges`` and ``--restart`` without ``--processes`` or
+    ``--cluster``."""
+    refuse_options({"--restart": args.restart, "--ranges": args.ranges,
                     "--shard-size": args.shard_size if args.shard_size != 10_000 else None},
                    "without --processes or --cluster")
 

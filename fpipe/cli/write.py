@@ -142,7 +142,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     # how many damaged images to name (None: each); not an option: fpipe demo names a few
     parser.set_defaults(named_images=None)
     add_prepare_options(parser.add_argument_group(
-        "preparing by partitions (sources in another format, one file a partition)"))
+        "preparing by partitions (sources in another format, one file or --ranges of it a partition)"))
     _add_file_options(parser.add_argument_group("files (folders, patterns, list files)"))
     _add_known_options(parser.add_argument_group("well-known datasets"))
 

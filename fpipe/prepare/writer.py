@@ -37,7 +37,7 @@ from typing import Any
 from fpipe.errors import FormatError, FpipeError, WorkerError, check_callable, check_integer
 from fpipe.prepare._manifest import describe_callable, differences, manifest_text, partition_folder
 from fpipe.prepare._store import INDEX, LocalStore, RemoteStore, open_store
-from fpipe.prepare.partitions import Partitions, from_sources
+from fpipe.prepare.partitions import Partitions, from_dask, from_sources
 
 __all__ = ["PrepareReport", "SettingsChanged", "verify_dataset", "write_dataset"]
 
@@ -120,10 +120,12 @@ def write_dataset(partitions: Partitions | Sequence[str] | str, out: str | os.Pa
     once, and return a :class:`PrepareReport`.
 
     ``partitions`` come from :func:`~fpipe.prepare.from_generator` (the user's function, one
-    argument a partition) or :func:`~fpipe.prepare.from_sources`; a path, URL or pattern (or a
-    list of them) is ``from_sources(partitions)``: the files ``fpipe write`` takes in another
-    format, one file a partition. ``transform(sample)`` runs in the workers and returns the
-    sample to write (a dict with its ``"key"``) or None to leave it out; while it runs,
+    argument a partition), :func:`~fpipe.prepare.from_sources` (files, or ranges of their
+    samples) or :func:`~fpipe.prepare.from_dask`; a path, URL or pattern (or a list of them)
+    is ``from_sources(partitions)``: the files ``fpipe write`` takes in another format, one
+    file a partition; a ``dask.bag`` or ``dask.dataframe`` is ``from_dask(partitions)``.
+    ``transform(sample)`` runs in the workers and returns the sample to write (a dict with its
+    ``"key"``) or None to leave it out; while it runs,
     :func:`fpipe.current_rng` is the generator of ``(seed, partition, index)``, so its draws
     do not depend on the workers or on retries.
 
@@ -185,9 +187,12 @@ def _checked_job(partitions: Any, out: Any, transform: Any, shard_size: Any, see
     if isinstance(partitions, str) or (isinstance(partitions, (list, tuple)) and partitions
                                        and all(isinstance(p, str) for p in partitions)):
         partitions = from_sources(partitions)
+    elif type(partitions).__module__.startswith(("dask.bag", "dask.dataframe")):
+        partitions = from_dask(partitions)
     if not isinstance(partitions, Partitions):
-        raise TypeError("partitions must be made by from_generator or from_sources, or be "
-                        f"paths of sources; got {type(partitions).__name__} {partitions!r:.80}")
+        raise TypeError("partitions must be made by from_generator, from_sources or from_dask, "
+                        "or be paths of sources, a dask.bag or a dask.dataframe; got "
+                        f"{type(partitions).__name__} {partitions!r:.80}")
     settings = {"partitions": partitions.origin, "transform": describe_callable(transform),
                 "shard_size": shard_size, "seed": seed}
     return Job(partitions, out, transform, shard_size, seed, storage_options, settings), backend
