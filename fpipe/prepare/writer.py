@@ -36,10 +36,10 @@ from typing import Any
 
 from fpipe.errors import FormatError, FpipeError, WorkerError, check_callable, check_integer
 from fpipe.prepare._manifest import describe_callable, differences, manifest_text, partition_folder
-from fpipe.prepare._store import INDEX, LocalStore, RemoteStore, open_store
+from fpipe.prepare._store import INDEX, JobRunning, LocalStore, RemoteStore, open_store
 from fpipe.prepare.partitions import Partitions, from_dask, from_sources
 
-__all__ = ["PrepareReport", "SettingsChanged", "verify_dataset", "write_dataset"]
+__all__ = ["JobRunning", "PrepareReport", "SettingsChanged", "verify_dataset", "write_dataset"]
 
 #: How many times a partition whose local worker process died is run again.
 RETRIES = 3
@@ -152,13 +152,14 @@ def write_dataset(partitions: Partitions | Sequence[str] | str, out: str | os.Pa
     started = time.monotonic()
     store = job.store()
     store.prepare()
-    committed = _check_committed(store, job, restart)
-    todo = [p for p in range(len(job.partitions)) if p not in committed]
-    bar = _Progress(len(job.partitions), len(committed), progress)
-    backend(job, todo, bar.done)
-    names, counts, sizes = _index_entries(store, len(job.partitions))
-    store.write_index(names, counts)
-    swept = store.sweep()
+    with store.lock():
+        committed = _check_committed(store, job, restart)
+        todo = [p for p in range(len(job.partitions)) if p not in committed]
+        bar = _Progress(len(job.partitions), len(committed), progress)
+        backend(job, todo, bar.done)
+        names, counts, sizes = _index_entries(store, len(job.partitions))
+        store.write_index(names, counts)
+        swept = store.sweep()
     report = PrepareReport(store.location(INDEX), len(job.partitions), len(todo), len(committed),
                            sum(counts), sum(sizes), time.monotonic() - started, swept)
     return report
