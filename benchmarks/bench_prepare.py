@@ -9,7 +9,9 @@ quality 90. Shards of 500 samples.
 - D1f: fpipe on 2 local processes, its samples/s; D1l and D1m: the same against litdata's
   ``optimize(num_workers=2)`` and Mosaic's ``MDSWriter`` fed by a 2-process pool, the same
   transform (the flip drawn from a generator seeded by the position). Neither peer is in the
-  ``bench`` extra: install them beside it, ``pip install litdata mosaicml-streaming``; without
+  ``bench`` extra: install them in an environment of their own (Mosaic's ``streaming`` imports
+  torchvision, which needs the torch it was built with: ``pip install torch==2.14.1
+  torchvision==0.29.1 litdata mosaicml-streaming``, then fpipe and the bench extra); without
   them D1l and D1m are skipped, saying so;
 - D2: D1 on a 2-worker dask ``LocalCluster`` against D1 on local processes;
 - D3: D1 with one worker process SIGKILLed at 30 % and again at 60 % of the partitions

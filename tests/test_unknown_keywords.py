@@ -157,6 +157,7 @@ NOT_CALLED = {
     "fpipe.Stage",
     "fpipe.Stream",
     "fpipe.sets.KnownDataset",
+    "fpipe.prepare.JobRunning",  # Exception's constructor
     "fpipe.prepare.SettingsChanged",  # Exception's constructor
 }
 

@@ -11,15 +11,15 @@ False
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fpipe.cli._common import UsageError, refuse_options, say
 from fpipe.cli._formats import source_format
 
-__all__ = ["ENTRIES_A_PARTITION", "EntryRange", "EntrySamples", "add_prepare_options",
-           "entry_partitions", "is_prepared", "prepares", "refuse_prepare_options",
-           "verify_prepared", "write_prepared"]
+__all__ = ["ENTRIES_A_PARTITION", "add_prepare_options", "is_prepared", "prepares",
+           "refuse_prepare_options", "verify_prepared", "write_prepared"]
 
 _NOT_WITH = ("field", "resize", "encode", "quality", "separator", "include", "exclude",
              "classes", "strict", "check", "skip_bad", "origin", "download", "base_url",
@@ -63,8 +63,12 @@ def prepares(args: argparse.Namespace) -> bool:
     return args.processes is not None or args.cluster is not None
 
 
-def write_prepared(args: argparse.Namespace) -> int:
-    """Prepare OUT from the SOURCE files, one a partition; progress on stderr, a summary line."""
+def write_prepared(args: argparse.Namespace, entry_partitions: Callable[[list[str], int | None], Any]
+                   ) -> int:
+    """Prepare OUT from the SOURCE files, one a partition (or ``--ranges``), or from a folder,
+    pattern, list or JSON-lines file by ranges of entries (``entry_partitions(sources,
+    ranges)``, from ``fpipe write``, which makes the samples); progress on stderr, a summary
+    line."""
     from fpipe.prepare import from_sources, write_dataset
 
     refuse_options({f"--{name.replace('_', '-')}": getattr(args, name, None)
@@ -83,74 +87,6 @@ def write_prepared(args: argparse.Namespace) -> int:
                            restart=args.restart, progress=not args.quiet)
     say(args, str(report))
     return 0
-
-
-def entry_partitions(sources: list[str], ranges: int | None) -> Any:
-    """The partitions of a folder, glob pattern, list file or JSON-lines file: ``ranges``
-    contiguous ranges of its entries, as ``fpipe write`` lists them (default: one range a
-    :data:`ENTRIES_A_PARTITION` entries); each sample as ``fpipe write`` makes it (the file's
-    bytes under ``"image"``, its label numbered in the source's label order). The source is
-    listed here, once; each partition carries its own entries to its worker, so the files must
-    be at the same paths there.
-
-    >>> import os, tempfile
-    >>> folder = tempfile.mkdtemp()
-    >>> for name in "abcde":
-    ...     with open(os.path.join(folder, f"{name}.txt"), "w") as file:
-    ...         _ = file.write(name)
-    >>> partitions = entry_partitions([folder], 2)
-    >>> [p.shown for p in partitions.arguments]
-    ['entries 0:3 of 5', 'entries 3:5 of 5']
-    >>> [s["key"] for s in partitions.samples(1)]
-    ['d.txt', 'e.txt']
-    """
-    import os
-
-    from fpipe.cli._inputs import list_source
-    from fpipe.prepare import from_generator
-    from fpipe.prepare.partitions import _ranges
-
-    if len(sources) > 1:
-        raise UsageError("several SOURCEs are for WebDataset, Parquet/Arrow or TFRecord files; "
-                         "give one folder, glob pattern, list file or JSON-lines file")
-    source = sources[0]
-    if "://" not in source:
-        source = os.path.abspath(source)
-    listing = list_source(source)
-    entries = list(listing.entries)
-    count = ranges or max(1, -(-len(entries) // ENTRIES_A_PARTITION))
-    labels = {name: number for number, name in enumerate(listing.labels)}
-    cut = [EntryRange(entries[start:stop], f"entries {start}:{stop} of {len(entries)}")
-           for start, stop in _ranges(len(entries), count)]
-    return from_generator(EntrySamples(labels), cut)
-
-
-class EntryRange:
-    """A partition of a listed source: its entries, shown (in the fingerprint) by their range
-    and the first and last keys."""
-
-    def __init__(self, entries: list, shown: str) -> None:
-        self.entries, self.shown = entries, shown
-
-    def __repr__(self) -> str:
-        ends = f", {self.entries[0].key} to {self.entries[-1].key}" if self.entries else ""
-        return f"{self.shown}{ends}"
-
-
-class EntrySamples:
-    """The samples of an :class:`EntryRange`, made as ``fpipe write`` makes them."""
-
-    def __init__(self, labels: dict) -> None:
-        self.labels = labels
-
-    def __call__(self, part: EntryRange) -> Any:
-        from fpipe.cli.write import ImageScreen, SampleMaker
-
-        make = SampleMaker("image", self.labels, None, ImageScreen("look"))
-        for entry in part.entries:
-            sample = make(entry)
-            if sample is not None:
-                yield sample
 
 
 def refuse_prepare_options(args: argparse.Namespace) -> None:

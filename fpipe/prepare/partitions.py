@@ -120,11 +120,11 @@ def _sample_count(kind: str | None, path: str) -> int:
         reader.close()
 
 
-def _ranges(count: int, ranges: int) -> list[tuple[int, int]]:
+def even_ranges(count: int, ranges: int) -> list[tuple[int, int]]:
     """``ranges`` contiguous ranges of ``count`` positions whose sizes differ by one at most,
     the longer first.
 
-    >>> _ranges(10, 3), _ranges(1, 2)
+    >>> even_ranges(10, 3), even_ranges(1, 2)
     ([(0, 4), (4, 7), (7, 10)], [(0, 1), (1, 1)])
     """
     size, extra = divmod(count, ranges)
@@ -199,7 +199,7 @@ def from_sources(sources: str | Sequence[str], ranges: int | None = None) -> Par
     if ranges is None:
         return Partitions(files, None, kind)
     cut = [(path, start, stop) for path in files
-           for start, stop in _ranges(_sample_count(kind, path), ranges)]
+           for start, stop in even_ranges(_sample_count(kind, path), ranges)]
     return Partitions(cut, None, kind)
 
 

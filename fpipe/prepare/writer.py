@@ -139,7 +139,9 @@ def write_dataset(partitions: Partitions | Sequence[str] | str, out: str | os.Pa
     is the same bytes; with other settings it raises :class:`SettingsChanged` naming what
     changed, unless ``restart=True``, which deletes the prepared partitions first. The same
     call with the partitions extended appends the new ones (the committed ones are kept).
-    ``progress`` prints the partitions done, samples/s and the time left on stderr.
+    ``progress`` prints the partitions done, samples/s and the time left on stderr. One job
+    at a time prepares ``out``: while another client's job holds it, this call raises
+    :class:`JobRunning`, naming that client.
 
     >>> import tempfile
     >>> write_dataset(["a.tar"], tempfile.mkdtemp(), shard_size=0)
