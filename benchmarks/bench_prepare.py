@@ -390,3 +390,28 @@ def _d6():
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return Value(int(printed.split()[-1]) / 1024, "MiB")
+
+
+def once() -> None:
+    """D1 once each, fpipe, litdata and Mosaic in this order, at ``FPIPE_BENCH_PHOTO_ROUNDS``
+    (the issue's 20,000 photos, where five timed repetitions of each would take half an hour
+    on two cores): ``python -m benchmarks.bench_prepare``. Prints seconds, samples/s and the
+    load average after each run."""
+    photos_path()
+    folder = _fresh("d1-once")
+    runs = (("fpipe", lambda out: _local_run(out, n_workers=2)), ("litdata", _litdata_run),
+            ("Mosaic", _mosaic_run))
+    try:
+        for name, run in runs:
+            started = time.perf_counter()
+            run(folder / name)
+            seconds = time.perf_counter() - started
+            shutil.rmtree(folder / name, ignore_errors=True)
+            print(f"D1 once: {name} {seconds:.1f} s, {ROUNDS * 2000 / seconds:,.0f} samples/s, "
+                  f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    once()
