@@ -9,7 +9,9 @@ quality 90. Shards of 500 samples.
 - D1f: fpipe on 2 local processes, its samples/s; D1l and D1m: the same against litdata's
   ``optimize(num_workers=2)`` and Mosaic's ``MDSWriter`` fed by a 2-process pool, the same
   transform (the flip drawn from a generator seeded by the position). Neither peer is in the
-  ``bench`` extra: install them beside it, ``pip install litdata mosaicml-streaming``; without
+  ``bench`` extra: install them in an environment of their own (Mosaic's ``streaming`` imports
+  torchvision, which needs the torch it was built with: ``pip install torch==2.14.1
+  torchvision==0.29.1 litdata mosaicml-streaming``, then fpipe and the bench extra); without
   them D1l and D1m are skipped, saying so;
 - D2: D1 on a 2-worker dask ``LocalCluster`` against D1 on local processes;
 - D3: D1 with one worker process SIGKILLed at 30 % and again at 60 % of the partitions
@@ -388,3 +390,28 @@ def _d6():
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return Value(int(printed.split()[-1]) / 1024, "MiB")
+
+
+def once() -> None:
+    """D1 once each, fpipe, litdata and Mosaic in this order, at ``FPIPE_BENCH_PHOTO_ROUNDS``
+    (the issue's 20,000 photos, where five timed repetitions of each would take half an hour
+    on two cores): ``python -m benchmarks.bench_prepare``. Prints seconds, samples/s and the
+    load average after each run."""
+    photos_path()
+    folder = _fresh("d1-once")
+    runs = (("fpipe", lambda out: _local_run(out, n_workers=2)), ("litdata", _litdata_run),
+            ("Mosaic", _mosaic_run))
+    try:
+        for name, run in runs:
+            started = time.perf_counter()
+            run(folder / name)
+            seconds = time.perf_counter() - started
+            shutil.rmtree(folder / name, ignore_errors=True)
+            print(f"D1 once: {name} {seconds:.1f} s, {ROUNDS * 2000 / seconds:,.0f} samples/s, "
+                  f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    once()

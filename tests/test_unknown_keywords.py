@@ -157,6 +157,7 @@ NOT_CALLED = {
     "fpipe.Stage",
     "fpipe.Stream",
     "fpipe.sets.KnownDataset",
+    "fpipe.prepare.JobRunning",  # Exception's constructor
     "fpipe.prepare.SettingsChanged",  # Exception's constructor
 }
 
@@ -203,6 +204,12 @@ def _rows(n):
     return ({"key": str(i)} for i in range(n))
 
 
+def _bag():
+    import dask.bag
+
+    return dask.bag.from_sequence([{"key": "0"}], npartitions=1)
+
+
 def _stream():
     return fpipe.as_stream(range(3))
 
@@ -212,6 +219,7 @@ def _stream():
 ARGUMENTS = {
     "fpipe.prepare.Partitions": lambda f, out: _call([1], _rows),
     "fpipe.prepare.PrepareReport": lambda f, out: _call("x.shards", 1, 1, 0, 3, 30, 0.1),
+    "fpipe.prepare.from_dask": lambda f, out: _call(_bag()),
     "fpipe.prepare.from_generator": lambda f, out: _call(_rows, [1, 2]),
     "fpipe.prepare.from_sources": lambda f, out: _call(str(f.tfrecord)),
     "fpipe.prepare.verify_dataset": lambda f, out: _call(out / "prepared"),

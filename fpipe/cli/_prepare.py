@@ -1,7 +1,7 @@
 """``fpipe write SOURCE... OUT --processes N`` or ``--cluster ADDRESS``: prepare a dataset
-from sources in another format, one file a partition, on local processes or a dask cluster,
-each partition exactly once and resumable (:mod:`fpipe.prepare`); and ``fpipe verify`` of such
-a dataset against its manifests.
+from sources in another format, one file a partition (or ``--ranges N`` of its samples), on
+local processes or a dask cluster, each partition exactly once and resumable
+(:mod:`fpipe.prepare`); and ``fpipe verify`` of such a dataset against its manifests.
 
 >>> import argparse
 >>> prepares(argparse.Namespace(processes=None, cluster=None))
@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import argparse
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fpipe.cli._common import UsageError, refuse_options, say
-from fpipe.cli._formats import FORMATS, source_format
+from fpipe.cli._formats import source_format
 
-__all__ = ["add_prepare_options", "is_prepared", "prepares", "refuse_prepare_options",
-           "verify_prepared", "write_prepared"]
+__all__ = ["ENTRIES_A_PARTITION", "add_prepare_options", "is_prepared", "prepares",
+           "refuse_prepare_options", "verify_prepared", "write_prepared"]
 
 _NOT_WITH = ("field", "resize", "encode", "quality", "separator", "include", "exclude",
              "classes", "strict", "check", "skip_bad", "origin", "download", "base_url",
              "splits", "append", "shuffle", "seed", "overwrite")
+
+
+#: Entries a partition of a folder, pattern, list file or JSON-lines file without --ranges.
+ENTRIES_A_PARTITION = 10_000
 
 
 def add_prepare_options(group: argparse._ArgumentGroup) -> None:
@@ -35,6 +41,11 @@ def add_prepare_options(group: argparse._ArgumentGroup) -> None:
     where.add_argument("--cluster", metavar="ADDRESS",
                        help="as --processes, on the dask cluster whose scheduler is at ADDRESS "
                             "(tcp://host:8786)")
+    group.add_argument("--ranges", type=_positive, metavar="N",
+                       help="with --processes or --cluster: cut each source file into N "
+                            "partitions, ranges of its samples (default: one file a "
+                            "partition), or a folder, list or JSON-lines file into N ranges of "
+                            f"its entries (default: one a {ENTRIES_A_PARTITION:,} entries)")
     group.add_argument("--shard-size", type=_positive, default=10_000, metavar="N",
                        help="samples a shard with --processes or --cluster (default 10000)")
     group.add_argument("--restart", action="store_true",
@@ -53,8 +64,12 @@ def prepares(args: argparse.Namespace) -> bool:
     return args.processes is not None or args.cluster is not None
 
 
-def write_prepared(args: argparse.Namespace) -> int:
-    """Prepare OUT from the SOURCE files, one a partition; progress on stderr, a summary line."""
+def write_prepared(args: argparse.Namespace, entry_partitions: Callable[[list[str], int | None], Any]
+                   ) -> int:
+    """Prepare OUT from the SOURCE files, one a partition (or ``--ranges``), or from a folder,
+    pattern, list or JSON-lines file by ranges of entries (``entry_partitions(sources,
+    ranges)``, from ``fpipe write``, which makes the samples); progress on stderr, a summary
+    line."""
     from fpipe.prepare import from_sources, write_dataset
 
     refuse_options({f"--{name.replace('_', '-')}": getattr(args, name, None)
@@ -64,11 +79,11 @@ def write_prepared(args: argparse.Namespace) -> int:
         raise UsageError("--workers has no effect with --processes or --cluster: give the "
                          "number of processes with --processes")
     if source_format(args.source) is None:
-        known = ", ".join(suffix for suffixes in FORMATS.values() for suffix in suffixes)
-        raise UsageError("--processes and --cluster prepare datasets from WebDataset, "
-                         f"Parquet/Arrow, TFRecord files or packed datasets ({known}), one file "
-                         f"a partition; got {' '.join(args.source)}")
-    report = write_dataset(from_sources(args.source), args.out, shard_size=args.shard_size,
+        partitions = entry_partitions(args.source, args.ranges)
+    else:
+        partitions = from_sources(args.source, ranges=args.ranges)
+    report = write_dataset(partitions, args.out,
+                           shard_size=args.shard_size,
                            n_workers=args.processes, cluster=args.cluster,
                            restart=args.restart, progress=not args.quiet)
     say(args, str(report))
@@ -76,8 +91,9 @@ def write_prepared(args: argparse.Namespace) -> int:
 
 
 def refuse_prepare_options(args: argparse.Namespace) -> None:
-    """Refuse ``--shard-size`` and ``--restart`` without ``--processes`` or ``--cluster``."""
-    refuse_options({"--restart": args.restart,
+    """Refuse ``--shard-size``, ``--ranges`` and ``--restart`` without ``--processes`` or
+    ``--cluster``."""
+    refuse_options({"--restart": args.restart, "--ranges": args.ranges,
                     "--shard-size": args.shard_size if args.shard_size != 10_000 else None},
                    "without --processes or --cluster")
 

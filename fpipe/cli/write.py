@@ -41,6 +41,7 @@ from fpipe.cli._inputs import (
 )
 from fpipe.cli._labels import check_matchable, class_file, class_lists
 from fpipe.cli._prepare import (
+    ENTRIES_A_PARTITION,
     add_prepare_options,
     prepares,
     refuse_prepare_options,
@@ -142,7 +143,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     # how many damaged images to name (None: each); not an option: fpipe demo names a few
     parser.set_defaults(named_images=None)
     add_prepare_options(parser.add_argument_group(
-        "preparing by partitions (sources in another format, one file a partition)"))
+        "preparing by partitions (sources in another format, one file or --ranges of it a partition)"))
     _add_file_options(parser.add_argument_group("files (folders, patterns, list files)"))
     _add_known_options(parser.add_argument_group("well-known datasets"))
 
@@ -197,7 +198,7 @@ def _run_write(args: argparse.Namespace) -> int:
     from fpipe import sets
 
     if prepares(args):
-        return write_prepared(args)
+        return write_prepared(args, entry_partitions)
     refuse_prepare_options(args)
     if not args.shuffle:
         refuse_options({"--seed": args.seed}, "without --shuffle")
@@ -626,3 +627,66 @@ class ImageRecoder:
         options = {"quality": self.quality} if encoding in ("JPEG", "WEBP") else {"optimize": True}
         image.save(buffer, encoding, **options)
         return buffer.getvalue()
+
+
+def entry_partitions(sources: list[str], ranges: int | None) -> Any:
+    """The partitions of a folder, glob pattern, list file or JSON-lines file: ``ranges``
+    contiguous ranges of its entries, as ``fpipe write`` lists them (default: one range a
+    :data:`ENTRIES_A_PARTITION` entries); each sample as ``fpipe write`` makes it (the file's
+    bytes under ``"image"``, its label numbered in the source's label order). The source is
+    listed here, once; each partition carries its own entries to its worker, so the files must
+    be at the same paths there.
+
+    >>> import os, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> for name in "abcde":
+    ...     with open(os.path.join(folder, f"{name}.txt"), "w") as file:
+    ...         _ = file.write(name)
+    >>> partitions = entry_partitions([folder], 2)
+    >>> [p.shown for p in partitions.arguments]
+    ['entries 0:3 of 5', 'entries 3:5 of 5']
+    >>> [s["key"] for s in partitions.samples(1)]
+    ['d.txt', 'e.txt']
+    """
+    from fpipe.prepare import from_generator
+    from fpipe.prepare.partitions import even_ranges
+
+    if len(sources) > 1:
+        raise UsageError("several SOURCEs are for WebDataset, Parquet/Arrow or TFRecord files; "
+                         "give one folder, glob pattern, list file or JSON-lines file")
+    source = sources[0]
+    if "://" not in source:
+        source = os.path.abspath(source)
+    listing = list_source(source)
+    entries = list(listing.entries)
+    count = ranges or max(1, -(-len(entries) // ENTRIES_A_PARTITION))
+    labels = {name: number for number, name in enumerate(listing.labels)}
+    cut = [EntryRange(entries[start:stop], f"entries {start}:{stop} of {len(entries)}")
+           for start, stop in even_ranges(len(entries), count)]
+    return from_generator(EntrySamples(labels), cut)
+
+
+class EntryRange:
+    """A partition of a listed source: its entries, shown (in the fingerprint) by their range
+    and the first and last keys."""
+
+    def __init__(self, entries: list, shown: str) -> None:
+        self.entries, self.shown = entries, shown
+
+    def __repr__(self) -> str:
+        ends = f", {self.entries[0].key} to {self.entries[-1].key}" if self.entries else ""
+        return f"{self.shown}{ends}"
+
+
+class EntrySamples:
+    """The samples of an :class:`EntryRange`, made as ``fpipe write`` makes them."""
+
+    def __init__(self, labels: dict) -> None:
+        self.labels = labels
+
+    def __call__(self, part: EntryRange) -> Any:
+        make = SampleMaker("image", self.labels, None, ImageScreen("look"))
+        for entry in part.entries:
+            sample = make(entry)
+            if sample is not None:
+                yield sample

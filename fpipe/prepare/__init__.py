@@ -1,8 +1,9 @@
 """Prepare a packed dataset on many processes or a dask cluster: each partition written
 exactly once (an attempt stages its shards, one atomic step commits them), resumable after any
 failure, with the same bytes on any number of workers. The partitions are the calls of the
-user's generator (``partitions``), or the files of the sources ``fpipe write`` takes;
-``writer`` writes and verifies. Every public name is re-exported here.
+user's generator, the files of the sources ``fpipe write`` takes (or ranges of their
+samples), or the partitions of a dask bag or dataframe (``partitions``); ``writer`` writes
+and verifies. Every public name is re-exported here.
 
 >>> import os, tempfile
 >>> from fpipe.prepare import from_generator, verify_dataset, write_dataset

@@ -14,6 +14,13 @@ own, into a staging place of its own, and committed in one step:
 Whatever a dead attempt left (a staging folder, shards that no manifest names) is swept when
 the job ends, and nothing else.
 
+One job (one client) at a time prepares an ``OUT``: locally it holds an exclusive lock on
+``OUT/.fpipe-prepare.lock`` (``flock``: released by the system when the client dies, so a
+rerun after a kill goes on); at a URL, a lease object ``OUT/.fpipe-prepare.lease`` that the
+client renews while it runs and deletes at its end (a killed client's lease lapses after
+:data:`LEASE` seconds). A second client is refused with :class:`JobRunning`, saying which
+process holds ``OUT``. Both files go when the job ends.
+
 >>> import tempfile
 >>> store = open_store(tempfile.mkdtemp())
 >>> store.committed()
@@ -32,10 +39,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fpipe.errors import FormatError, redacted_url
+from fpipe.errors import FormatError, FpipeError, redacted_url
 from fpipe.prepare._manifest import MANIFEST, parse_manifest, partition_folder
 
-__all__ = ["INDEX", "LocalStore", "RemoteStore", "open_store"]
+__all__ = ["INDEX", "LEASE", "JobRunning", "LocalStore", "RemoteStore", "open_store"]
 
 #: The shard index of a prepared dataset, in its folder.
 INDEX = "dataset.shards"
@@ -44,6 +51,36 @@ _PARTITION = re.compile(r"part-(\d{6})")
 _STAGING = re.compile(r"part-\d{6}\.[0-9a-f]{12}")
 _ATTEMPT = re.compile(r"a-[0-9a-f]{12}")
 _CHUNK = 1 << 20
+
+
+LOCK = ".fpipe-prepare.lock"
+LEASE_OBJECT = ".fpipe-prepare.lease"
+#: Seconds a client's lease on a URL lasts unless renewed (it is renewed every third of it).
+LEASE = 60.0
+
+
+class JobRunning(FpipeError, RuntimeError):
+    """Another job (client) is preparing the same ``OUT``: one at a time.
+
+    >>> issubclass(JobRunning, RuntimeError)
+    True
+    """
+
+
+def _holder() -> dict:
+    import socket
+
+    return {"pid": os.getpid(), "host": socket.gethostname(), "since": round(time.time(), 1)}
+
+
+def _refusal(shown: str, holder: Any, how: str) -> JobRunning:
+    if isinstance(holder, dict):
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("since", 0))))
+        who = f"process {holder.get('pid')} on {holder.get('host')}, since {since}"
+    else:
+        who = "a job whose lock says nothing more"
+    return JobRunning(f"{shown} is being prepared by another job ({who}); run one job at a "
+                      f"time on an OUT: {how}")
 
 
 def open_store(out: str, storage_options: dict | None = None) -> LocalStore | RemoteStore:
@@ -84,6 +121,44 @@ class LocalStore:
     def location(self, name: str) -> str:
         """The path of ``name`` (relative, ``/``-separated) in the dataset."""
         return str(self.root.joinpath(*name.split("/")))
+
+    def lock(self) -> Any:
+        """A context that holds ``OUT``'s lock for one job, or raises :class:`JobRunning`."""
+        import contextlib
+        import fcntl
+        import json
+
+        @contextlib.contextmanager
+        def held() -> Any:
+            path = self.root / LOCK
+            while True:
+                descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    try:
+                        holder = json.loads(os.pread(descriptor, 4096, 0) or b"null")
+                    except ValueError:
+                        holder = None
+                    os.close(descriptor)
+                    raise _refusal(self.shown, holder, "this one starts when that one has "
+                                   "ended (its lock goes with it)") from None
+                try:  # the lock file may have been removed by the job that just ended
+                    same = os.stat(path).st_ino == os.fstat(descriptor).st_ino
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    break
+                os.close(descriptor)
+            try:
+                os.ftruncate(descriptor, 0)
+                os.pwrite(descriptor, json.dumps(_holder()).encode(), 0)
+                yield
+            finally:
+                path.unlink(missing_ok=True)
+                os.close(descriptor)
+
+        return held()
 
     def committed(self) -> list[int]:
         """The committed partitions, in order."""
@@ -267,6 +342,61 @@ class RemoteStore:
 
     def prepare(self) -> None:
         """Nothing to create: objects need no folder."""
+
+    def lock(self) -> Any:
+        """A context that holds a lease on ``OUT`` for one job (renewed every third of
+        :data:`LEASE` while it runs, deleted at its end), or raises :class:`JobRunning` when
+        another client's lease has not lapsed."""
+        import contextlib
+        import json
+        import threading
+
+        path = self._path(LEASE_OBJECT)
+        mine = {**_holder(), "owner": new_token()}
+
+        def found() -> dict | None:
+            try:
+                lease = json.loads(self._retried(self.fs.cat_file, path))
+            except FileNotFoundError:
+                return None
+            except ValueError:
+                return {}
+            return lease if isinstance(lease, dict) else {}
+
+        def write() -> None:
+            lease = json.dumps({**mine, "expires": round(time.time() + LEASE, 1)})
+            self._retried(self.fs.pipe_file, path, lease.encode())
+
+        @contextlib.contextmanager
+        def held() -> Any:
+            lease = found()
+            if lease is not None and float(lease.get("expires", 0)) > time.time():
+                left = float(lease.get("expires", 0)) - time.time()
+                raise _refusal(self.shown, lease, f"its lease ({self.location(LEASE_OBJECT)}) "
+                               f"lapses in {left:.0f} s if that job is dead, and then this one "
+                               "can start")
+            write()
+            stop = threading.Event()
+
+            def renew() -> None:
+                while not stop.wait(LEASE / 3):
+                    try:
+                        write()
+                    except Exception:  # the next renewal tries again; the job goes on
+                        pass
+
+            thread = threading.Thread(target=renew, name="fpipe-prepare-lease", daemon=True)
+            thread.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                thread.join()
+                with contextlib.suppress(Exception):
+                    if (found() or {}).get("owner") == mine["owner"]:
+                        self.fs.rm(path)
+
+        return held()
 
     def location(self, name: str) -> str:
         """The URL of ``name`` (relative, ``/``-separated) in the dataset."""

@@ -1,6 +1,7 @@
 """The partitions of a dataset to prepare: the calls of the user's generator function, one
-argument a partition (:func:`from_generator`), or the files of the sources ``fpipe write``
-takes, one file a partition (:func:`from_sources`).
+argument a partition (:func:`from_generator`), the files of the sources ``fpipe write`` takes,
+one file a partition or each file cut into ranges of samples (:func:`from_sources`), or the
+partitions of a ``dask.bag`` or ``dask.dataframe`` (:func:`from_dask`).
 
 >>> def numbers(start):
 ...     for i in range(start, start + 2):
@@ -16,10 +17,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from fpipe.errors import check_callable
+from fpipe.errors import check_callable, check_integer
 from fpipe.prepare._manifest import describe_callable
 
-__all__ = ["Partitions", "from_generator", "from_sources"]
+__all__ = ["Partitions", "from_dask", "from_generator", "from_sources"]
 
 
 class Partitions(Sequence):
@@ -44,8 +45,7 @@ class Partitions(Sequence):
         return self.arguments[index]
 
     def __repr__(self) -> str:
-        what = f"{self.kind} files" if self.generate is None else describe_callable(self.generate)
-        return f"Partitions({len(self)} partitions of {what})"
+        return f"Partitions({len(self)} partitions of {self.origin})"
 
     def only(self, index: int) -> Partitions:
         """These partitions with the argument of partition ``index`` alone: what a task
@@ -63,6 +63,8 @@ class Partitions(Sequence):
         """What makes the samples, for the fingerprint: the generator, or the sources' format."""
         if self.generate is None:
             return f"{self.kind} files"
+        if isinstance(self.generate, _DaskPartition):
+            return self.generate.origin
         return str(describe_callable(self.generate))
 
     def argument(self, index: int) -> str:
@@ -74,10 +76,16 @@ class Partitions(Sequence):
         if self.generate is not None:
             yield from self.generate(self.arguments[index])
             return
-        yield from _source_samples(self.kind, self.arguments[index])
+        argument = self.arguments[index]
+        if isinstance(argument, tuple):  # a range of samples of one file
+            path, start, stop = argument
+            if stop > start:
+                yield from _source_samples(self.kind, path, start, stop)
+            return
+        yield from _source_samples(self.kind, argument)
 
 
-def _source_samples(kind: str | None, path: str) -> Iterator[dict]:
+def _opened(kind: str | None, path: str) -> Any:
     from fpipe.formats._sources import open_source
 
     reader = open_source(str(kind), [path])
@@ -85,12 +93,45 @@ def _source_samples(kind: str | None, path: str) -> Iterator[dict]:
         from fpipe.formats.tfrecord import packing_reader
 
         reader = packing_reader(reader)
+    return reader
+
+
+def _source_samples(kind: str | None, path: str, start: int | None = None,
+                    stop: int | None = None) -> Iterator[dict]:
+    """The samples of the file ``path``, or those of its positions ``start`` to ``stop``."""
+    reader = _opened(kind, path)
     try:
-        for key, sample in reader.iter(yield_key=True, chunk_size=256):
+        for key, sample in reader.iter(start, stop, yield_key=True, chunk_size=256):
             sample["key"] = key
             yield sample
     finally:
         reader.close()
+
+
+def _sample_count(kind: str | None, path: str) -> int:
+    """How many samples the file ``path`` holds (a packed or Parquet file says; the others
+    are read through once)."""
+    reader = _opened(kind, path)
+    try:
+        if kind in ("packed", "parquet"):
+            return len(reader)
+        return sum(1 for _ in reader.iter(yield_key=True, chunk_size=256))
+    finally:
+        reader.close()
+
+
+def even_ranges(count: int, ranges: int) -> list[tuple[int, int]]:
+    """``ranges`` contiguous ranges of ``count`` positions whose sizes differ by one at most,
+    the longer first.
+
+    >>> even_ranges(10, 3), even_ranges(1, 2)
+    ([(0, 4), (4, 7), (7, 10)], [(0, 1), (1, 1)])
+    """
+    size, extra = divmod(count, ranges)
+    bounds = [0]
+    for number in range(ranges):
+        bounds.append(bounds[-1] + size + (number < extra))
+    return list(zip(bounds, bounds[1:]))
 
 
 def from_generator(generate: Callable[[Any], Iterable[dict]], arguments: Iterable[Any]) -> Partitions:
@@ -111,10 +152,14 @@ def from_generator(generate: Callable[[Any], Iterable[dict]], arguments: Iterabl
     return Partitions(arguments, generate)
 
 
-def from_sources(sources: str | Sequence[str]) -> Partitions:
+def from_sources(sources: str | Sequence[str], ranges: int | None = None) -> Partitions:
     """Partitions of the sources ``fpipe write`` takes in another format (WebDataset shards,
     Parquet/Arrow files or a Hugging Face folder, TFRecord files, packed fpipe datasets),
-    split by file: one file a partition, in sorted order within each pattern or folder.
+    split by file: one file a partition, in sorted order within each pattern or folder; with
+    ``ranges=N``, each file is cut into ``N`` partitions, contiguous ranges of its samples
+    whose sizes differ by one at most (the files are counted here: a packed or Parquet file
+    says its count, the others are read through once). The same files give the same
+    partitions, and each partition's range is in the job's fingerprint.
 
     >>> import os, tempfile
     >>> from fpipe.formats import TFRecordWriter
@@ -125,8 +170,17 @@ def from_sources(sources: str | Sequence[str]) -> Partitions:
     >>> partitions = from_sources(os.path.join(folder, "*.tfrecord"))
     >>> len(partitions), partitions.kind
     (2, 'tfrecord')
+    >>> len(from_sources(os.path.join(folder, "*.tfrecord"), ranges=3))
+    6
+    >>> from_sources(os.path.join(folder, "*.tfrecord"), ranges=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: ranges must be >= 1; got ranges=0
     """
     from fpipe.formats._sources import split_by_file
+
+    if ranges is not None:
+        ranges = check_integer("ranges", ranges, 1)
 
     if isinstance(sources, str):
         sources = [sources]
@@ -142,4 +196,79 @@ def from_sources(sources: str | Sequence[str]) -> Partitions:
             raise ValueError(f"{path} is partition {seen[real]} and partition {number}: a "
                              "file's samples would be written twice; give each file once")
         seen[real] = number
-    return Partitions(files, None, kind)
+    if ranges is None:
+        return Partitions(files, None, kind)
+    cut = [(path, start, stop) for path in files
+           for start, stop in even_ranges(_sample_count(kind, path), ranges)]
+    return Partitions(cut, None, kind)
+
+
+class _DaskPartition:
+    """Partition ``i`` of a dask bag or dataframe, computed in the worker that writes it (its
+    own part of the graph, on dask's synchronous scheduler); a sample without a ``"key"``
+    gets ``PPPPPP-NNNNNNNNN`` (its partition and position)."""
+
+    def __init__(self, kind: str, count: int, columns: list[str] | None) -> None:
+        self.kind, self.count, self.columns = kind, count, columns
+
+    @property
+    def origin(self) -> str:
+        columns = "" if self.columns is None else f", columns {self.columns!r:.200}"
+        return f"a dask.{self.kind} of {self.count} partitions{columns}"
+
+    def __call__(self, argument: tuple[int, Any]) -> Iterator[dict]:
+        partition, part = argument
+        computed = part.compute(scheduler="sync")
+        if self.kind == "dataframe":
+            rows = (row for start in range(0, len(computed), 1024)
+                    for row in computed.iloc[start:start + 1024].to_dict("records"))
+        else:
+            rows = iter(computed)
+        for index, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise TypeError(f"partition {partition} of the dask.bag: its items must be dict "
+                                f"samples; item {index} is {type(row).__name__} {row!r:.80}")
+            if "key" not in row:
+                row = {"key": f"{partition:06d}-{index:09d}", **row}
+            yield row
+
+
+class _Part(tuple):
+    """A dask partition's argument: shown as its number in the fingerprint (a dask name's
+    token may differ between runs of the same job)."""
+
+    def __repr__(self) -> str:
+        return f"partition {self[0]}"
+
+
+def from_dask(collection: Any) -> Partitions:
+    """Partitions of a ``dask.bag`` (one a bag partition; its items are dict samples) or a
+    ``dask.dataframe`` (one a dataframe partition; each row a sample, a dict of its columns),
+    in the collection's order. Each partition is computed in the worker that writes it. A
+    sample without a ``"key"`` gets one from its partition and position
+    (``"000003-000000017"``). The job's fingerprint holds the kind, the number of partitions
+    (and a dataframe's columns): a rerun on another partitioning is refused.
+
+    >>> import dask.bag
+    >>> bag = dask.bag.from_sequence([{"key": str(i), "x": i} for i in range(5)], npartitions=2)
+    >>> partitions = from_dask(bag)
+    >>> len(partitions), [s["x"] for s in partitions.samples(1)]
+    (2, [3, 4])
+    >>> from_dask([1, 2])
+    Traceback (most recent call last):
+    ...
+    TypeError: collection must be a dask.bag or a dask.dataframe; got list [1, 2]
+    """
+    module = type(collection).__module__
+    if module.startswith("dask.bag"):
+        kind, columns = "bag", None
+    elif module.startswith("dask.dataframe") and hasattr(collection, "columns"):
+        kind, columns = "dataframe", [str(column) for column in collection.columns]
+    else:
+        raise TypeError("collection must be a dask.bag or a dask.dataframe; got "
+                        f"{type(collection).__name__} {collection!r:.80}")
+    parts = collection.to_delayed()
+    if not parts:
+        raise ValueError(f"collection must have partitions; the dask.{kind} has none")
+    return Partitions([_Part((number, part)) for number, part in enumerate(parts)],
+                      _DaskPartition(kind, len(parts), columns), kind)

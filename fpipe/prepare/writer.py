@@ -36,10 +36,10 @@ from typing import Any
 
 from fpipe.errors import FormatError, FpipeError, WorkerError, check_callable, check_integer
 from fpipe.prepare._manifest import describe_callable, differences, manifest_text, partition_folder
-from fpipe.prepare._store import INDEX, LocalStore, RemoteStore, open_store
-from fpipe.prepare.partitions import Partitions, from_sources
+from fpipe.prepare._store import INDEX, JobRunning, LocalStore, RemoteStore, open_store
+from fpipe.prepare.partitions import Partitions, from_dask, from_sources
 
-__all__ = ["PrepareReport", "SettingsChanged", "verify_dataset", "write_dataset"]
+__all__ = ["JobRunning", "PrepareReport", "SettingsChanged", "verify_dataset", "write_dataset"]
 
 #: How many times a partition whose local worker process died is run again.
 RETRIES = 3
@@ -120,10 +120,12 @@ def write_dataset(partitions: Partitions | Sequence[str] | str, out: str | os.Pa
     once, and return a :class:`PrepareReport`.
 
     ``partitions`` come from :func:`~fpipe.prepare.from_generator` (the user's function, one
-    argument a partition) or :func:`~fpipe.prepare.from_sources`; a path, URL or pattern (or a
-    list of them) is ``from_sources(partitions)``: the files ``fpipe write`` takes in another
-    format, one file a partition. ``transform(sample)`` runs in the workers and returns the
-    sample to write (a dict with its ``"key"``) or None to leave it out; while it runs,
+    argument a partition), :func:`~fpipe.prepare.from_sources` (files, or ranges of their
+    samples) or :func:`~fpipe.prepare.from_dask`; a path, URL or pattern (or a list of them)
+    is ``from_sources(partitions)``: the files ``fpipe write`` takes in another format, one
+    file a partition; a ``dask.bag`` or ``dask.dataframe`` is ``from_dask(partitions)``.
+    ``transform(sample)`` runs in the workers and returns the sample to write (a dict with its
+    ``"key"``) or None to leave it out; while it runs,
     :func:`fpipe.current_rng` is the generator of ``(seed, partition, index)``, so its draws
     do not depend on the workers or on retries.
 
@@ -137,7 +139,9 @@ def write_dataset(partitions: Partitions | Sequence[str] | str, out: str | os.Pa
     is the same bytes; with other settings it raises :class:`SettingsChanged` naming what
     changed, unless ``restart=True``, which deletes the prepared partitions first. The same
     call with the partitions extended appends the new ones (the committed ones are kept).
-    ``progress`` prints the partitions done, samples/s and the time left on stderr.
+    ``progress`` prints the partitions done, samples/s and the time left on stderr. One job
+    at a time prepares ``out``: while another client's job holds it, this call raises
+    :class:`JobRunning`, naming that client.
 
     >>> import tempfile
     >>> write_dataset(["a.tar"], tempfile.mkdtemp(), shard_size=0)
@@ -150,13 +154,14 @@ def write_dataset(partitions: Partitions | Sequence[str] | str, out: str | os.Pa
     started = time.monotonic()
     store = job.store()
     store.prepare()
-    committed = _check_committed(store, job, restart)
-    todo = [p for p in range(len(job.partitions)) if p not in committed]
-    bar = _JobProgress(len(job.partitions), len(committed), progress)
-    backend(job, todo, bar.done)
-    names, counts, sizes = _index_entries(store, len(job.partitions))
-    store.write_index(names, counts)
-    swept = store.sweep()
+    with store.lock():
+        committed = _check_committed(store, job, restart)
+        todo = [p for p in range(len(job.partitions)) if p not in committed]
+        bar = _JobProgress(len(job.partitions), len(committed), progress)
+        backend(job, todo, bar.done)
+        names, counts, sizes = _index_entries(store, len(job.partitions))
+        store.write_index(names, counts)
+        swept = store.sweep()
     report = PrepareReport(store.location(INDEX), len(job.partitions), len(todo), len(committed),
                            sum(counts), sum(sizes), time.monotonic() - started, swept)
     return report
@@ -185,9 +190,12 @@ def _checked_job(partitions: Any, out: Any, transform: Any, shard_size: Any, see
     if isinstance(partitions, str) or (isinstance(partitions, (list, tuple)) and partitions
                                        and all(isinstance(p, str) for p in partitions)):
         partitions = from_sources(partitions)
+    elif type(partitions).__module__.startswith(("dask.bag", "dask.dataframe")):
+        partitions = from_dask(partitions)
     if not isinstance(partitions, Partitions):
-        raise TypeError("partitions must be made by from_generator or from_sources, or be "
-                        f"paths of sources; got {type(partitions).__name__} {partitions!r:.80}")
+        raise TypeError("partitions must be made by from_generator, from_sources or from_dask, "
+                        "or be paths of sources, a dask.bag or a dask.dataframe; got "
+                        f"{type(partitions).__name__} {partitions!r:.80}")
     settings = {"partitions": partitions.origin, "transform": describe_callable(transform),
                 "shard_size": shard_size, "seed": seed}
     return Job(partitions, out, transform, shard_size, seed, storage_options, settings), backend

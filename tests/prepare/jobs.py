@@ -86,11 +86,13 @@ def identities(folder: Path) -> dict[str, tuple[int, int]]:
             for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
-def run_stopping_job(out: str, folder: str, at: int, partitions: int) -> None:
+def run_stopping_job(out: str, folder: str, at: int, partitions: int,
+                     cluster: str | None = None) -> None:
     """The job a client process runs (and is killed in): in this process, partition by
-    partition, stopping at partition ``at``."""
+    partition, stopping at partition ``at``; or on the dask scheduler at ``cluster``."""
     from fpipe.prepare import from_generator, write_dataset
 
+    where = {"n_workers": 1} if cluster is None else {"cluster": cluster}
     write_dataset(from_generator(Stopping(folder, at), range(partitions)), out, noisy,
-                  shard_size=15, n_workers=1)
+                  shard_size=15, **where)
 

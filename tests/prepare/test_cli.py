@@ -79,12 +79,59 @@ def test_processes_and_cluster_together_are_a_usage_error(records, capsys):
     assert "not allowed with argument" in capsys.readouterr().err
 
 
-def test_processes_with_files_that_cannot_be_split_is_a_usage_error(tmp_path, capsys, monkeypatch):
+def _class_folders(root) -> None:
+    import io
+
+    from PIL import Image
+
+    for number, label in enumerate(("cat", "dog")):
+        (root / label).mkdir(parents=True)
+        for i in range(5):
+            encoded = io.BytesIO()
+            Image.new("RGB", (4, 4), (number * 100, i * 40, 0)).save(encoded, "JPEG")
+            (root / label / f"{i}.jpg").write_bytes(encoded.getvalue())
+
+
+def _samples(out) -> list[dict]:
+    return list(ShardedReader(str(out / "dataset.shards")))
+
+
+@pytest.mark.parametrize("kind", ["folder", "list", "jsonl"])
+def test_folders_list_and_json_lines_files_by_ranges_of_entries(kind, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "photos").mkdir()
-    (tmp_path / "photos" / "a.jpg").write_bytes(b"\xff\xd8")
-    status, _, err = _run(capsys, "write", "photos", "out", "--processes", "2")
-    assert status == 2 and "prepare datasets from WebDataset, Parquet/Arrow, TFRecord" in err
+    _class_folders(tmp_path / "photos")
+    source = {"folder": "photos", "list": "files.tsv", "jsonl": "rows.jsonl"}[kind]
+    if kind == "list":
+        (tmp_path / source).write_text("".join(f"photos/dog/{i}.jpg\t{i % 2}\n" for i in range(5)))
+    elif kind == "jsonl":
+        (tmp_path / source).write_text("".join(f'{{"key": "r{i}", "x": {i}}}\n' for i in range(7)))
+    assert _run(capsys, "write", source, "whole.msgpack", "-q")[0] == 0
+    status, out, err = _run(capsys, "write", source, "out", "--processes", "2", "--ranges", "3")
+    assert status == 0, err
+    assert "3 partitions (3 written, 0 already committed)" in out
+    whole = list(MsgpackReader("whole.msgpack"))
+    assert _samples(tmp_path / "out") == whole
+    status, _, err = _run(capsys, "write", source, "out", "--processes", "2", "--ranges", "4")
+    assert status != 0 and "prepared with other settings" in err
+
+
+def test_entries_default_to_one_partition_a_block_of_entries(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _class_folders(tmp_path / "photos")
+    status, out, err = _run(capsys, "write", "photos", "out", "--processes", "1")
+    assert status == 0, err
+    assert "1 partitions (1 written" in out
+    assert [s["label"] for s in _samples(tmp_path / "out")] == [0] * 5 + [1] * 5
+
+
+def test_listing_options_and_several_folders_are_refused_when_preparing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _class_folders(tmp_path / "photos")
+    status, _, err = _run(capsys, "write", "photos", "out", "--processes", "2", "--include", "*.jpg")
+    assert status == 2 and "--include" in err
+    _class_folders(tmp_path / "more")
+    status, _, err = _run(capsys, "write", "photos", "more", "out", "--processes", "2")
+    assert status == 2 and "give one folder, glob pattern, list file or JSON-lines file" in err
 
 
 @pytest.mark.slow

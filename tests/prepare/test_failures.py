@@ -139,3 +139,63 @@ def test_ctrl_c_in_the_client_abandons_its_attempt_and_the_same_call_finishes(tm
                            out, jobs.noisy, shard_size=15, n_workers=1)
     assert (report.written, report.skipped, report.swept) == (PARTITIONS - AT, AT, 0)
     assert tree(out) == _uninterrupted(tmp_path, tmp_path / "one")
+
+
+def _client(out: Path, folder: Path, cluster: str | None = None) -> subprocess.Popen:
+    """A client process running the stopping job into ``out``."""
+    root = str(Path(__file__).resolve().parents[2])
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    call = (f"from tests.prepare.jobs import run_stopping_job; "
+            f"run_stopping_job({str(out)!r}, {str(folder)!r}, {AT}, {PARTITIONS}, {cluster!r})")
+    return subprocess.Popen([sys.executable, "-c", call], env=environment, cwd=root)
+
+
+@pytest.mark.slow
+def test_a_second_client_on_the_same_out_is_refused_while_the_first_runs(tmp_path):
+    from fpipe.prepare.writer import JobRunning
+
+    out = tmp_path / "out"
+    client = _client(out, tmp_path)
+    try:
+        assert jobs.wait_for_stop(tmp_path, AT) == client.pid
+        before = identities(out)
+        with pytest.raises(JobRunning, match=rf"{out} is being prepared by another job "
+                                             rf"\(process {client.pid} on .*run one job at a time"):
+            write_dataset(from_generator(jobs.Stopping(str(tmp_path), AT), range(PARTITIONS)),
+                          out, jobs.noisy, shard_size=15, n_workers=1)
+        assert identities(out) == before  # the refused client touched nothing
+    finally:
+        client.kill()
+        client.wait(60)
+    report = write_dataset(from_generator(jobs.Stopping(str(tmp_path), AT), range(PARTITIONS)),
+                           out, jobs.noisy, shard_size=15, n_workers=1)  # the lock died with it
+    assert (report.written, report.skipped) == (PARTITIONS - AT, AT)
+    assert not (out / ".fpipe-prepare.lock").exists()
+    assert tree(out) == _uninterrupted(tmp_path, tmp_path / "one")
+
+
+@pytest.mark.slow
+def test_a_dask_client_killed_mid_job_then_the_same_call_finishes(tmp_path):
+    from distributed import Client, LocalCluster
+
+    out = tmp_path / "out"
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                      dashboard_address=None) as cluster:
+        client = _client(out, tmp_path, cluster.scheduler_address)
+        try:
+            stopped = jobs.wait_for_stop(tmp_path, AT)  # a worker, in partition AT's task
+        finally:
+            client.kill()
+            client.wait(60)
+        assert client.returncode == -signal.SIGKILL
+        with Client(cluster) as rerun:
+            assert stopped in set(rerun.run(os.getpid).values())
+            os.kill(stopped, signal.SIGKILL)  # the orphaned task would wait out its minutes
+            report = write_dataset(from_generator(jobs.Stopping(str(tmp_path), AT),
+                                                  range(PARTITIONS)),
+                                   out, jobs.noisy, shard_size=15, cluster=rerun)
+    assert report.written + report.skipped == PARTITIONS and report.skipped >= 1
+    assert _keys(out) == _expected_keys()
+    assert tree(out) == _uninterrupted(tmp_path, tmp_path / "one")
+    verify_dataset(out)

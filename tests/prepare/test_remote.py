@@ -116,3 +116,25 @@ def test_secrets_stay_out_of_the_messages(s3):
         _fs(s3).pipe("prep/secret/part-000000/manifest.json", b"{}")
         write_dataset(from_generator(jobs.rows, [0]), url, n_workers=1, storage_options=options)
     assert s3.SECRET not in str(raised.value)
+
+
+def test_a_live_lease_of_another_client_is_refused_and_a_lapsed_one_taken_over(s3):
+    import time
+
+    from fpipe.prepare import JobRunning
+
+    url, fs = "s3://prep/leased", _fs(s3)
+    partitions = from_generator(jobs.rows, range(2))
+    lease = {"pid": 4242, "host": "elsewhere", "since": time.time(), "owner": "0" * 12}
+    fs.pipe_file("prep/leased/.fpipe-prepare.lease",
+                 json.dumps({**lease, "expires": time.time() + 60}).encode())
+    with pytest.raises(JobRunning, match=r"prep/leased is being prepared by another job "
+                                         r"\(process 4242 on elsewhere.*lapses in \d+ s"):
+        write_dataset(partitions, url, shard_size=15, n_workers=1, storage_options=s3.storage_options)
+    assert not fs.exists("prep/leased/part-000000")
+    fs.pipe_file("prep/leased/.fpipe-prepare.lease",
+                 json.dumps({**lease, "expires": time.time() - 1}).encode())
+    report = write_dataset(partitions, url, shard_size=15, n_workers=1,
+                           storage_options=s3.storage_options)
+    assert report.written == 2
+    assert not _fs(s3).exists("prep/leased/.fpipe-prepare.lease")  # gone with the job
