@@ -120,6 +120,31 @@ def _environment() -> dict[str, str]:
     return env
 
 
+def _descendants(root: int) -> list[int]:
+    """The processes below ``root`` (children, their children ...), read from ``/proc``."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue  # not a process, or one that just ended
+        pid = int(entry.name)
+        parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended on its own
+
+
 def _bash(script: str, folder: Path, env: dict[str, str], where: str) -> str:
     """Run ``script`` with ``bash -e`` in ``folder``; its stdout. A hang kills the whole
     process group (torchrun, its ranks and their workers) and fails the test."""
@@ -129,8 +154,13 @@ def _bash(script: str, folder: Path, env: dict[str, str], where: str) -> str:
     try:
         stdout, stderr = process.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
+        # torchrun starts each rank in a session of its own, out of reach of killpg: every
+        # descendant is found first (they hold the output pipes open) and killed by its pid
+        stuck = _descendants(process.pid)
         os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+        for pid in stuck:
+            _kill(pid)
+        process.communicate(timeout=60)
         pytest.fail(f"the bash block at {where} did not finish in {TIMEOUT} s:\n{script}")
     assert process.returncode == 0, (f"the bash block at {where} failed with status "
                                      f"{process.returncode}:\n{script}\nstdout:\n{stdout}\nstderr:\n{stderr}")
