@@ -124,6 +124,8 @@ def _descendants(root: int) -> list[int]:
     """The processes below ``root`` (children, their children ...), read from ``/proc``."""
     parents = {}
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue  # /proc/self, /proc/sys ...
         try:
             stat = (entry / "stat").read_text()
         except (OSError, ValueError):
