@@ -325,3 +325,22 @@ def test_a_source_file_given_twice_is_refused(tmp_path):
         writer.write({"x": [1]})
     with pytest.raises(ValueError, match=r"a.tfrecord is partition 0 and partition 1"):
         from_sources([str(tmp_path / "a.tfrecord"), str(tmp_path / "." / "a.tfrecord")])
+
+
+def test_files_beside_the_output_survive_a_job_a_rerun_and_a_restart(tmp_path):
+    # the user's files in OUT and beside it, named like what a job writes: only the job's own
+    # names (part-NNNNNN, dataset.shards, attempts in .attempts) are ever the job's to remove
+    out = tmp_path / "out"
+    (out / ".attempts" / "mine").mkdir(parents=True)
+    (out / ".attempts" / "mine" / "keep.txt").write_text("keep")
+    (out / "part-notes").mkdir()
+    (out / "part-notes" / "keep.txt").write_text("keep")
+    (out / "dataset.shards.bak").write_text("keep")
+    (out / "README").write_text("keep")
+    (tmp_path / "out.msgpack").write_text("keep")
+    ours = {path.relative_to(tmp_path): path.read_text() for path in tmp_path.rglob("*")
+            if path.is_file()}
+    for restart in (False, False, True):
+        write_dataset(from_generator(jobs.rows, range(2)), out, n_workers=1, restart=restart)
+        assert {path: (tmp_path / path).read_text() for path in ours} == ours
+    assert len(list(ShardedReader(str(out / "dataset.shards")))) == 2 * SAMPLES
