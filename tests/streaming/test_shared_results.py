@@ -161,6 +161,48 @@ def test_a_killed_consumers_workers_exit_within_seconds_and_leave_no_segment(rec
     assert _shm.names(process.pid) == []
 
 
+IDLE_WORKERS = """
+import os, sys
+import fpipe as fp
+from fpipe.stream.parallel import _joblib
+from tests.streaming.helpers import doubled_here
+
+assert list(fp.processes(doubled_here, n_workers=3)(range(1)))  # one task for three workers
+print(" ".join(str(pid) for pid in _joblib._loky["executor"]._processes), flush=True)
+if sys.argv[1] == "early":  # ends while the idle workers may still be starting
+    os._exit(0)
+sys.stdin.readline()  # killed here, once each worker has started
+"""
+
+
+@pytest.mark.parametrize("when", ["early", "started"])
+def test_workers_that_ran_no_task_exit_with_their_consumer(when):
+    # joblib's idle workers wait five minutes for a task that cannot come; these watch their
+    # consumer from their start (or exit at once if it died while they started)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(IDLE_WORKERS), when],
+                               cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    workers = [int(pid) for pid in process.stdout.readline().split()]
+    assert len(workers) == 3
+    if when == "started":
+        wait_until(lambda: all(_watching(pid) for pid in workers))
+        process.send_signal(signal.SIGKILL)
+    process.wait()
+    process.stdin.close()
+    process.stdout.close()
+    wait_until(lambda: not any(alive(pid) for pid in workers), deadline=120)  # not 300 s
+
+
+def _watching(pid: int) -> bool:
+    """Whether the worker ``pid`` has started a thread besides its main one: an idle loky
+    worker runs none until it sends a result, so this is fpipe's thread watching the consumer."""
+    try:
+        return psutil.Process(pid).num_threads() >= 2
+    except psutil.NoSuchProcess:
+        return True  # exited: nothing left to watch for
+
+
 def test_dpipe_style_loky_and_infinite_get_shared_memory_with_no_change():
     images = list(pipe(range(8), fp.Loky(picture, n_workers=2)))
     assert all(_shm.is_shared(image) for image, _ in images)

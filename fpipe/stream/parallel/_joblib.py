@@ -167,7 +167,33 @@ def _loky_executor(n_workers: int) -> Any:
     with parallel_config(backend="loky", n_jobs=n_workers):
         parallel = Parallel()
     parallel._initialize_backend()  # joblib's own configuration of the executor
-    return getattr(parallel._backend, "_workers", None)
+    executor = getattr(parallel._backend, "_workers", None)
+    if executor is not None:
+        _watch_from_the_start(executor)
+    return executor
+
+
+def _watch_from_the_start(executor: Any) -> None:
+    """Each worker that loky starts for ``executor`` from now on watches this process from
+    its start (:func:`~fpipe.stream.parallel._shm.watch_owner`), not from its first task: a
+    worker that never ran one (it may still have been starting) would idle for joblib's
+    ``idle_worker_timeout`` (five minutes) after this process ended without shutting the
+    executor down (killed, or a forked child's ``os._exit``), holding what it inherited, the
+    terminal's pipes among them. Set on the
+    executor itself, not through joblib's arguments, which would make the user's own
+    ``Parallel`` calls replace it."""
+    initializer = executor._initializer
+    if isinstance(initializer, functools.partial) and initializer.func is _start_worker:
+        return
+    executor._initializer = functools.partial(_start_worker, os.getpid(), initializer)
+
+
+def _start_worker(owner: int, initializer: Callable | None, *initargs: Any) -> None:
+    if os.getppid() != owner:  # the consumer ended while this worker started: no task comes
+        os._exit(0)
+    watch_owner(owner)
+    if initializer is not None:
+        initializer(*initargs)
 
 
 def shared_executor(n_workers: int) -> Any:
