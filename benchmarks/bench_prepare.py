@@ -13,6 +13,9 @@ quality 90. Shards of 500 samples.
   torchvision, which needs the torch it was built with: ``pip install torch==2.14.1
   torchvision==0.29.1 litdata mosaicml-streaming``, then fpipe and the bench extra); without
   them D1l and D1m are skipped, saying so;
+- D1c: D1f against its floor, the same reads and transform on two processes with nothing
+  written or sent back: how close fpipe comes to the transform's own cost, which bounds any
+  writer's speed on two cores;
 - D2: D1 on a 2-worker dask ``LocalCluster`` against D1 on local processes;
 - D3: D1 with one worker process SIGKILLed at 30 % and again at 60 % of the partitions
   committed, against D1 uninterrupted (a time ratio; the output is checked to be the same bytes);
@@ -188,6 +191,30 @@ def _d1_litdata():
           reference="Mosaic MDSWriter fed by a 2-process pool", target=">= 1.3")
 def _d1_mosaic():
     return _against("streaming", _mosaic_run)
+
+
+def _transformed_only(half: int) -> int:
+    """Half ``half`` of D1's photos read and transformed, the results dropped: no writer."""
+    total = ROUNDS * 2000
+    for position in range(half * total // 2, (half + 1) * total // 2):
+        _peer_sample(position)
+    return total // 2
+
+
+def _floor_run() -> None:
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        assert sum(pool.map(_transformed_only, range(2))) == ROUNDS * 2000
+
+
+@workload("D1c", description="D1f against its floor: the same reads and transform on 2 "
+          "processes, nothing written or sent back (no writer on 2 cores can beat it)",
+          reference="the transform alone, 2 processes", target="-")
+def _d1_floor():
+    folder = _fresh("d1c")
+    return Pair(fpipe=lambda: _local_run(folder / "fpipe", n_workers=2), reference=_floor_run,
+                items=ROUNDS * 2000, teardown=lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 # --- D2 ---------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ from fpipe.cli._formats import source_format
 __all__ = ["ENTRIES_A_PARTITION", "add_prepare_options", "is_prepared", "prepares",
            "refuse_prepare_options", "verify_prepared", "write_prepared"]
 
-_NOT_WITH = ("field", "resize", "encode", "quality", "separator", "include", "exclude",
-             "classes", "strict", "check", "skip_bad", "origin", "download", "base_url",
-             "splits", "append", "shuffle", "seed", "overwrite")
+_NOT_WITH = ("field", "separator", "include", "exclude", "classes", "strict", "origin",
+             "download", "base_url", "splits", "append", "shuffle", "seed", "overwrite")
+_IMAGE_OPTIONS = ("resize", "encode", "quality", "check", "skip_bad")
 
 
 #: Entries a partition of a folder, pattern, list file or JSON-lines file without --ranges.
@@ -64,12 +64,14 @@ def prepares(args: argparse.Namespace) -> bool:
     return args.processes is not None or args.cluster is not None
 
 
-def write_prepared(args: argparse.Namespace, entry_partitions: Callable[[list[str], int | None], Any]
-                   ) -> int:
+def write_prepared(args: argparse.Namespace,
+                   entry_partitions: Callable[[list[str], int | None, bool], Any],
+                   images: Callable[[dict], dict | None] | None) -> int:
     """Prepare OUT from the SOURCE files, one a partition (or ``--ranges``), or from a folder,
     pattern, list or JSON-lines file by ranges of entries (``entry_partitions(sources,
-    ranges)``, from ``fpipe write``, which makes the samples); progress on stderr, a summary
-    line."""
+    ranges, recoded)``, from ``fpipe write``, which makes the samples); ``images`` is the
+    transform that --resize, --encode, --check and --skip-bad ask for, run in the workers.
+    Progress on stderr, a summary line."""
     from fpipe.prepare import from_sources, write_dataset
 
     refuse_options({f"--{name.replace('_', '-')}": getattr(args, name, None)
@@ -79,10 +81,14 @@ def write_prepared(args: argparse.Namespace, entry_partitions: Callable[[list[st
         raise UsageError("--workers has no effect with --processes or --cluster: give the "
                          "number of processes with --processes")
     if source_format(args.source) is None:
-        partitions = entry_partitions(args.source, args.ranges)
+        partitions = entry_partitions(args.source, args.ranges, images is not None)
     else:
+        refuse_options({f"--{name.replace('_', '-')}": getattr(args, name, None)
+                        for name in _IMAGE_OPTIONS}, "on WebDataset, Parquet/Arrow or TFRecord "
+                       "files, whose samples are prepared as they are (a transform of your own "
+                       "does more: fpipe.prepare.write_dataset)")
         partitions = from_sources(args.source, ranges=args.ranges)
-    report = write_dataset(partitions, args.out,
+    report = write_dataset(partitions, args.out, images,
                            shard_size=args.shard_size,
                            n_workers=args.processes, cluster=args.cluster,
                            restart=args.restart, progress=not args.quiet)

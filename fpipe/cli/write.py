@@ -109,6 +109,7 @@ _EXAMPLE = """\
   fpipe write 'shards-{000..099}.tar' train.msgpack
   fpipe write data/*.parquet train.msgpack
   fpipe write 'shards-{000..999}.tar' prepared/ --processes 8
+  fpipe write photos/ prepared/ --processes 8 --ranges 64 --resize 256 --encode jpeg
   fpipe write 'shards-{000..999}.tar' s3://bucket/train --cluster tcp://scheduler:8786"""
 
 _FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
@@ -198,7 +199,7 @@ def _run_write(args: argparse.Namespace) -> int:
     from fpipe import sets
 
     if prepares(args):
-        return write_prepared(args, entry_partitions)
+        return write_prepared(args, entry_partitions, _prepared_images(args))
     refuse_prepare_options(args)
     if not args.shuffle:
         refuse_options({"--seed": args.seed}, "without --shuffle")
@@ -319,6 +320,10 @@ def _check_file_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--separator must be one character; got {args.separator!r}")
     if args.append:
         _check_append(args)
+    _check_quality(args)
+
+
+def _check_quality(args: argparse.Namespace) -> None:
     if args.quality is not None:
         if args.resize is None and args.encode is None:
             refuse_options({"--quality": args.quality}, "without --encode or --resize: the "
@@ -599,6 +604,9 @@ class ImageRecoder:
     def __init__(self, size: int | None, encoding: str | None, quality: int) -> None:
         self.size, self.encoding, self.quality = size, encoding, quality
 
+    def __repr__(self) -> str:  # in a prepared dataset's fingerprint: the same each run
+        return f"ImageRecoder(size={self.size}, encoding={self.encoding!r}, quality={self.quality})"
+
     def __call__(self, data: bytes) -> bytes:
         from PIL import Image, UnidentifiedImageError
 
@@ -629,13 +637,57 @@ class ImageRecoder:
         return buffer.getvalue()
 
 
-def entry_partitions(sources: list[str], ranges: int | None) -> Any:
+def _prepared_images(args: argparse.Namespace) -> Any:
+    """The transform of ``fpipe write --processes`` (or ``--cluster``) that --resize, --encode,
+    --quality, --check and --skip-bad ask for (see :func:`screened_image`); None without them."""
+    import functools
+
+    _check_quality(args)
+    mode = "skip" if args.skip_bad else "stop" if args.check else "look"
+    recode = _recoder(args)
+    if recode is None and mode == "look":
+        return None
+    return functools.partial(screened_image, recode=recode, mode=mode)
+
+
+def screened_image(sample: dict, *, recode: ImageRecoder | None, mode: str) -> dict | None:
+    """``sample`` with its image re-encoded by ``recode`` (or only decoded, to check it), in a
+    worker of ``fpipe write --processes``; None to leave out a damaged image, named on the
+    worker's stderr (``mode="skip"``, --skip-bad), while one that stops the job is named in
+    the error. ``mode`` is :class:`ImageScreen`'s.
+
+    >>> import functools, io
+    >>> from PIL import Image
+    >>> encoded = io.BytesIO()
+    >>> Image.new("RGB", (40, 20)).save(encoded, "PNG")
+    >>> halved = functools.partial(screened_image, recode=ImageRecoder(10, "JPEG", 90), mode="look")
+    >>> Image.open(io.BytesIO(halved({"key": "a.png", "image": encoded.getvalue()})["image"])).size
+    (20, 10)
+    >>> screened_image({"key": "b.jpg", "image": b"no image"}, recode=None, mode="skip") is None
+    True
+    """
+    screen = ImageScreen(mode)
+    key, data = sample["key"], sample["image"]
+    if recode is None:
+        keep = screen.passes(data, key)
+    else:
+        try:
+            data, keep = recode(data), True
+        except NotAnImage as error:
+            keep = screen.failed(key, f"cannot re-encode as an image ({error})", packable=False)
+    for path, reason in screen.found:
+        print(f"fpipe write: left out {path}: {reason}", file=sys.stderr)
+    return {**sample, "image": data} if keep else None
+
+
+def entry_partitions(sources: list[str], ranges: int | None, recoded: bool = False) -> Any:
     """The partitions of a folder, glob pattern, list file or JSON-lines file: ``ranges``
     contiguous ranges of its entries, as ``fpipe write`` lists them (default: one range a
     :data:`ENTRIES_A_PARTITION` entries); each sample as ``fpipe write`` makes it (the file's
     bytes under ``"image"``, its label numbered in the source's label order). The source is
     listed here, once; each partition carries its own entries to its worker, so the files must
-    be at the same paths there.
+    be at the same paths there. ``recoded``: the images are to be re-encoded or checked, which
+    JSON lines refuse (their samples have no files).
 
     >>> import os, tempfile
     >>> folder = tempfile.mkdtemp()
@@ -658,6 +710,9 @@ def entry_partitions(sources: list[str], ranges: int | None) -> Any:
     if "://" not in source:
         source = os.path.abspath(source)
     listing = list_source(source)
+    if recoded and listing.kind == JSON_LINES:
+        raise UsageError("--resize, --encode, --quality, --check and --skip-bad have no effect "
+                         "on JSON lines: their samples are written as they are, with no files")
     entries = list(listing.entries)
     count = ranges or max(1, -(-len(entries) // ENTRIES_A_PARTITION))
     labels = {name: number for number, name in enumerate(listing.labels)}

@@ -148,3 +148,68 @@ def test_write_on_a_cluster_by_its_address(records, tmp_path, capsys):
     from .jobs import tree
 
     assert tree(tmp_path / "out") == tree(tmp_path / "local")
+
+
+def _photos(root, *, damaged: bool = False) -> None:
+    import io
+
+    from PIL import Image
+
+    (root / "cat").mkdir(parents=True)
+    for i in range(6):
+        encoded = io.BytesIO()
+        Image.new("RGB", (8 + 2 * i, 12), (i * 40, 0, 0)).save(encoded, "PNG")
+        (root / "cat" / f"{i}.png").write_bytes(encoded.getvalue())
+    if damaged:
+        (root / "cat" / "3.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
+
+
+def test_resize_and_encode_run_in_the_workers_as_they_do_in_one_process(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _photos(tmp_path / "photos")
+    recode = ["--resize", "4", "--encode", "jpeg", "--quality", "80"]
+    assert _run(capsys, "write", "photos", "whole.msgpack", *recode, "-q")[0] == 0
+    status, out, err = _run(capsys, "write", "photos", "out", "--processes", "2", "--ranges", "3",
+                            *recode)
+    assert status == 0, err
+    assert _samples(tmp_path / "out") == list(MsgpackReader("whole.msgpack"))
+    assert all(image.startswith(b"\xff\xd8") for image in
+               (s["image"] for s in _samples(tmp_path / "out")))
+    status, out, err = _run(capsys, "write", "photos", "out", "--processes", "2", "--ranges", "3",
+                            "--resize", "5", "--encode", "jpeg", "--quality", "80")
+    assert status == 1 and "transform (was" in err and "size=4" in err and "size=5" in err, err
+
+
+def test_a_damaged_image_stops_the_job_by_name_unless_skip_bad_leaves_it_out(tmp_path, capsys,
+                                                                            monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _photos(tmp_path / "photos", damaged=True)
+    status, _, err = _run(capsys, "write", "photos", "out", "--processes", "1", "--resize", "4")
+    assert status == 1 and "cat/3.png: cannot re-encode" in err and "--skip-bad" in err, err
+    status, _, err = _run(capsys, "write", "photos", "out", "--processes", "1", "--check",
+                          "--restart")
+    assert status == 1 and "cat/3.png" in err and "(--check)" in err, err
+    status, out, err = _run(capsys, "write", "photos", "out", "--processes", "1", "--skip-bad",
+                            "--restart")
+    assert status == 0 and "5 samples" in out, (out, err)
+    assert "fpipe write: left out cat/3.png" in err
+    assert [s["key"] for s in _samples(tmp_path / "out")] == [f"cat/{i}.png" for i in (0, 1, 2, 4, 5)]
+    status, out, err = _run(capsys, "write", "photos", "out2", "--processes", "2", "--ranges", "2",
+                            "--resize", "4", "--skip-bad")
+    assert status == 0 and "5 samples" in out, (out, err)
+
+
+@pytest.mark.parametrize("source, option, says", [
+    ("records", ["--resize", "4"], "--resize has no effect on WebDataset, Parquet/Arrow or TFRecord"),
+    ("records", ["--skip-bad"], "--skip-bad has no effect on WebDataset"),
+    ("rows.jsonl", ["--encode", "png"], "no effect on JSON lines"),
+    ("photos", ["--quality", "80"], "--quality has no effect without --encode or --resize"),
+])
+def test_image_options_where_they_mean_nothing_are_usage_errors(records, tmp_path, capsys, source,
+                                                                option, says):
+    _photos(tmp_path / "photos")
+    (tmp_path / "rows.jsonl").write_text('{"key": "r0", "x": 0}\n')
+    source = records if source == "records" else source
+    status, _, err = _run(capsys, "write", source, "out", "--processes", "1", *option)
+    assert status == 2 and says in err, err
+    assert not (tmp_path / "out").exists()
