@@ -41,6 +41,7 @@ from typing import Any
 
 from fpipe.errors import FormatError, FpipeError, redacted_url
 from fpipe.prepare._manifest import MANIFEST, parse_manifest, partition_folder
+from fpipe.remote.urls import DEFAULT_RETRIES
 
 __all__ = ["INDEX", "LEASE", "JobRunning", "LocalStore", "RemoteStore", "open_store"]
 
@@ -302,9 +303,9 @@ class LocalAttempt:
             pass
 
 
-#: Tries of a manifest's or the index's request at a URL, and the first pause between them
-#: (then four times longer each time): throttling (429, 503, SlowDown) and 5xx answers heal.
-TRIES, BACKOFF = 4, 0.1
+#: Tries of a manifest's or the index's request at a URL, with the readers' pauses between
+#: them (:func:`fpipe.remote.urls.backoff`): throttling (429, 503, SlowDown) and 5xx heal.
+TRIES = DEFAULT_RETRIES + 1
 
 
 class RemoteStore:
@@ -325,7 +326,7 @@ class RemoteStore:
         """``call(*args, **kwargs)``, tried again (:data:`TRIES` in all) after a failure that
         may heal; a :class:`~fpipe.remote.RemoteError` that shows no secret when it does not.
         A missing object is no failure: FileNotFoundError passes."""
-        from fpipe.remote.urls import Refused, RemoteError, failure
+        from fpipe.remote.urls import Refused, RemoteError, backoff, failure
 
         for tried in range(TRIES):
             try:
@@ -337,7 +338,7 @@ class RemoteStore:
                 if isinstance(meaning, Refused) or tried + 1 == TRIES:
                     after = "" if isinstance(meaning, Refused) else f" after {TRIES} attempts"
                     raise RemoteError(self.url, None, None, f"{meaning}{after}") from None
-                time.sleep(BACKOFF * 4 ** tried)
+                time.sleep(backoff(tried))
         raise AssertionError("unreachable")
 
     def prepare(self) -> None:

@@ -639,6 +639,16 @@ def _fetcher(url: str, options: dict, timeout: float, secrets: Secrets) -> Any:
     return _FsspecFetcher(url, options, timeout, secrets)
 
 
+def backoff(tried: int) -> float:
+    """Seconds to wait after failed attempt ``tried`` (from 0) of a request that may heal:
+    doubling from 50 ms up to 5 s, with jitter, so that many clients do not retry in step.
+
+    >>> 0.025 <= backoff(0) <= 0.075 and 2.5 <= backoff(20) <= 7.5
+    True
+    """
+    return min(_BACKOFF_CAP, _BACKOFF * 2 ** tried) * (0.5 + random.random())
+
+
 class Retrying:
     """A fetcher behind retries with exponential backoff and jitter, and a length check.
     ``url`` has the credentials the requests need; ``shown`` is what messages show."""
@@ -697,8 +707,7 @@ class Retrying:
                 if not tried:
                     _LOG.warning("%s: %s; retrying, at most %d more times (each within %g s)",
                                  self.shown, error, self.retries, self.timeout)
-                delay = min(_BACKOFF_CAP, _BACKOFF * 2 ** tried)
-                time.sleep(delay * (0.5 + random.random()))  # jitter spreads the retries
+                time.sleep(backoff(tried))
         raise AssertionError("unreachable")
 
 

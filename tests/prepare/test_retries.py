@@ -10,7 +10,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from fpipe.prepare import _store, from_generator, verify_dataset, write_dataset
-from fpipe.remote import RemoteError
+from fpipe.remote import RemoteError, urls
 
 from . import jobs
 
@@ -23,7 +23,7 @@ class SlowDown(OSError):
 
 @pytest.fixture
 def url(monkeypatch):
-    monkeypatch.setattr(_store, "BACKOFF", 0.0)
+    monkeypatch.setattr(urls, "_BACKOFF", 0.0)
     return f"memory://prep-{uuid.uuid4().hex}/out"
 
 
