@@ -266,13 +266,16 @@ def write_partition(job: Job, partition: int) -> dict:
     """Write and commit ``partition`` of ``job`` (the task a worker runs), unless it is
     committed already; what was done: ``partition``, ``samples``, ``written`` (False when an
     earlier attempt had committed it)."""
+    from fpipe.stream.parallel._joblib import freed_memory_kept
+
     store = job.store()
     found = store.read_manifest(partition)
     if found is not None:
         return {"partition": partition, "samples": found["samples"], "written": False}
     attempt = store.begin(partition)
     try:
-        shards = _write_shards(job, partition, attempt)
+        with freed_memory_kept():  # a dask worker's settings cost image work half as long again
+            shards = _write_shards(job, partition, attempt)
         text = manifest_text(partition, attempt.recorded, shards, job.fingerprint(partition))
         written = attempt.commit(text)
     except BaseException:

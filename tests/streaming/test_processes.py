@@ -6,6 +6,8 @@ import functools
 import gc
 import itertools
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -31,6 +33,7 @@ from .helpers import (
     pid,
     slow_double,
 )
+from .test_shm import ROOT
 
 
 def loky(func, **options):
@@ -278,3 +281,37 @@ def test_workers_keep_freed_memory_for_the_next_task():
     # glibc hands freed arrays back to the system by default, and a worker that makes the
     # same arrays task after task page-faults them in anew each time
     assert all(loky(freed_memory_kept)(range(4)))
+
+
+KEPT_FOR_A_BLOCK = """
+import os, tempfile
+import numpy as np
+from fpipe.prepare import from_generator, write_dataset
+from fpipe.stream.parallel._joblib import freed_memory_kept
+from tests.streaming.test_processes import freed_memory_kept as kept_here
+
+def checked(sample):
+    return {**sample, "kept": kept_here(None)}
+
+before = kept_here(None)
+with freed_memory_kept():
+    inside = kept_here(None)
+after = kept_here(None)
+out = os.path.join(tempfile.mkdtemp(dir=os.environ["SCRATCH"]), "out")
+write_dataset(from_generator(lambda n: ({"key": str(i)} for i in range(n)), [2]), out, checked,
+              n_workers=1, progress=False)
+from fpipe.dataset import ShardedReader
+print(before, inside, after, [s["kept"] for s in ShardedReader(os.path.join(out, "dataset.shards"))])
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc")
+def test_a_process_of_a_dask_nanny_keeps_freed_memory_while_it_prepares_a_partition(tmp_path):
+    # a dask worker's nanny sets MALLOC_TRIM_THRESHOLD_=65536: every freed buffer goes back to
+    # the system, and a partition of image work page-faulted them in again (half as long again)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_TRIM_THRESHOLD_": "65536",
+           "SCRATCH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", KEPT_FOR_A_BLOCK], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "False True False [True, True]\n", result.stdout

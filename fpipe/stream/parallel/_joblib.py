@@ -27,6 +27,7 @@ from __future__ import annotations
 import abc
 import collections
 import concurrent.futures
+import contextlib
 import ctypes
 import functools
 import io
@@ -192,6 +193,7 @@ def _start_worker(owner: int, initializer: Callable | None, *initargs: Any) -> N
     if os.getppid() != owner:  # the consumer ended while this worker started: no task comes
         os._exit(0)
     watch_owner(owner)
+    _keep_freed_memory()  # also for coarse tasks outside any stage (fpipe.prepare's)
     if initializer is not None:
         initializer(*initargs)
 
@@ -461,6 +463,40 @@ def _keep_freed_memory() -> None:
         return
     for option, value in _MALLOPT.items():
         mallopt(option, value)
+
+
+#: glibc's settings of the options in :data:`_MALLOPT` when its environment sets none
+_GLIBC_DEFAULTS = {-1: ("MALLOC_TRIM_THRESHOLD_", 128 << 10), -2: ("MALLOC_TOP_PAD_", 128 << 10),
+                   -3: ("MALLOC_MMAP_THRESHOLD_", 128 << 10)}
+
+
+@contextlib.contextmanager
+def freed_memory_kept() -> Iterator[None]:
+    """While the block runs, keep freed memory for reuse as fpipe's own workers do
+    (:func:`_keep_freed_memory`), in a process that is not one of them: a dask worker, whose
+    nanny makes glibc hand back every 64 KiB (``MALLOC_TRIM_THRESHOLD_``), so that a task that
+    decodes and encodes images spent half as long again page-faulting its buffers in anew.
+    After the block, the process's own settings come back (from its environment, else
+    glibc's defaults). Nothing to do in fpipe's workers, or without glibc.
+
+    >>> with freed_memory_kept():
+    ...     buffers = [bytearray(1 << 20) for _ in range(4)]
+    """
+    try:
+        mallopt = None if _kept else ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        mallopt = None
+    if mallopt is None:
+        yield
+        return
+    for option, value in _MALLOPT.items():
+        mallopt(option, value)
+    try:
+        yield
+    finally:
+        for option, (variable, default) in _GLIBC_DEFAULTS.items():
+            given = os.environ.get(variable, "")
+            mallopt(option, int(given) if given.isdigit() else default)
 
 
 def _idle(seconds: float) -> None:
