@@ -315,3 +315,24 @@ def test_a_process_of_a_dask_nanny_keeps_freed_memory_while_it_prepares_a_partit
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "False True False [True, True]\n", result.stdout
+
+
+def test_a_process_whose_environment_sets_no_malloc_option_keeps_glibcs_own(monkeypatch):
+    # glibc adapts its thresholds to the program unless an option is set; once set, they stay
+    calls = []
+
+    class Glibc:
+        def mallopt(self, option, value):
+            calls.append((option, value))
+
+    monkeypatch.setattr(_joblib.ctypes, "CDLL", lambda _: Glibc())
+    monkeypatch.setattr(_joblib, "_kept", [])
+    for variable in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_"):
+        monkeypatch.delenv(variable, raising=False)
+    with _joblib.freed_memory_kept():
+        pass
+    assert calls == []
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    with _joblib.freed_memory_kept():
+        assert calls == list(_joblib._MALLOPT.items())
+    assert calls[3:] == [(-1, 65536), (-2, 128 << 10), (-3, 128 << 10)]

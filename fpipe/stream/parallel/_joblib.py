@@ -465,25 +465,29 @@ def _keep_freed_memory() -> None:
         mallopt(option, value)
 
 
-#: glibc's settings of the options in :data:`_MALLOPT` when its environment sets none
-_GLIBC_DEFAULTS = {-1: ("MALLOC_TRIM_THRESHOLD_", 128 << 10), -2: ("MALLOC_TOP_PAD_", 128 << 10),
-                   -3: ("MALLOC_MMAP_THRESHOLD_", 128 << 10)}
+#: The environment's names of the options in :data:`_MALLOPT`, and glibc's own settings of them
+_MALLOC_VARIABLES = {-1: ("MALLOC_TRIM_THRESHOLD_", 128 << 10),
+                     -2: ("MALLOC_TOP_PAD_", 128 << 10), -3: ("MALLOC_MMAP_THRESHOLD_", 128 << 10)}
 
 
 @contextlib.contextmanager
 def freed_memory_kept() -> Iterator[None]:
     """While the block runs, keep freed memory for reuse as fpipe's own workers do
-    (:func:`_keep_freed_memory`), in a process that is not one of them: a dask worker, whose
-    nanny makes glibc hand back every 64 KiB (``MALLOC_TRIM_THRESHOLD_``), so that a task that
+    (:func:`_keep_freed_memory`), in a process whose environment told glibc to hand it back:
+    a dask worker, whose nanny sets ``MALLOC_TRIM_THRESHOLD_=65536``, so that a task that
     decodes and encodes images spent half as long again page-faulting its buffers in anew.
-    After the block, the process's own settings come back (from its environment, else
-    glibc's defaults). Nothing to do in fpipe's workers, or without glibc.
+    After the block, the environment's settings come back (glibc's own for the options it
+    leaves out: any one of them set turns off glibc's adaptive thresholds). A process whose
+    environment sets none keeps glibc's adaptive behaviour, untouched, and fpipe's workers
+    keep theirs; so does a system without glibc.
 
     >>> with freed_memory_kept():
     ...     buffers = [bytearray(1 << 20) for _ in range(4)]
     """
+    given = {option: os.environ.get(variable, "") for option, (variable, _) in
+             _MALLOC_VARIABLES.items()}
     try:
-        mallopt = None if _kept else ctypes.CDLL(None).mallopt
+        mallopt = None if _kept or not any(given.values()) else ctypes.CDLL(None).mallopt
     except (AttributeError, OSError):
         mallopt = None
     if mallopt is None:
@@ -494,9 +498,8 @@ def freed_memory_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        for option, (variable, default) in _GLIBC_DEFAULTS.items():
-            given = os.environ.get(variable, "")
-            mallopt(option, int(given) if given.isdigit() else default)
+        for option, (_, default) in _MALLOC_VARIABLES.items():
+            mallopt(option, int(given[option]) if given[option].isdigit() else default)
 
 
 def _idle(seconds: float) -> None:
