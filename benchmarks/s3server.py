@@ -73,7 +73,8 @@ class SeaweedS3:
         data = self.folder / "data"
         data.mkdir(exist_ok=True)
         # glog's files go to the server's folder, not the system's temporary one
-        command = [self.weed, f"-logdir={self.folder}", "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        command = [self.weed, f"-logdir={self.folder}", "server", f"-dir={data}",
+                   "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                    f"-master.port={self.master}", f"-volume.port={self.volume}",
                    f"-filer.port={self.filer}", "-s3", f"-s3.port={self.port}",
                    f"-s3.config={self.config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
