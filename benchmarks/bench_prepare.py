@@ -333,8 +333,21 @@ def _half_done(out: Path) -> None:
                 raise RuntimeError(f"D4: the client ended with {client.returncode} before half-way")
             time.sleep(0.01)
     finally:
-        os.killpg(client.pid, signal.SIGKILL)  # the client and its worker processes
-        client.wait()
+        _crash(client)
+
+
+def _crash(client: subprocess.Popen) -> None:
+    """SIGKILL the client alone, as a crash would, and wait until its loky workers have seen
+    it and exited (they do within a second); its resource trackers then remove what it held
+    in ``/dev/shm``. (Killing its whole process group took the trackers too, and left that.)"""
+    import psutil
+
+    workers = psutil.Process(client.pid).children(recursive=True)
+    client.kill()
+    client.wait()
+    _, alive = psutil.wait_procs(workers, timeout=60)
+    for process in alive:  # not expected: a worker that missed its consumer's death
+        process.kill()
 
 
 @workload("D4", description="D1's client killed at 50 %, then the same call again (the resume timed)",

@@ -186,7 +186,7 @@ def test_workers_that_ran_no_task_exit_with_their_consumer(when):
     workers = [int(pid) for pid in process.stdout.readline().split()]
     assert len(workers) == 3
     if when == "started":
-        wait_until(lambda: all(_watching(pid) for pid in workers))
+        wait_until(lambda: all(_watching(pid) for pid in workers), deadline=120)
         process.send_signal(signal.SIGKILL)
     process.wait()
     process.stdin.close()
