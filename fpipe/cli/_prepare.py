@@ -22,9 +22,10 @@ from fpipe.cli._formats import source_format
 __all__ = ["ENTRIES_A_PARTITION", "add_prepare_options", "is_prepared", "prepares",
            "refuse_prepare_options", "verify_prepared", "write_prepared"]
 
-_NOT_WITH = ("field", "separator", "include", "exclude", "classes", "strict", "origin",
-             "download", "base_url", "splits", "append", "shuffle", "seed", "overwrite")
-_IMAGE_OPTIONS = ("resize", "encode", "quality", "check", "skip_bad")
+_NOT_WITH = ("field", "classes", "origin", "download", "base_url", "splits", "append",
+             "shuffle", "seed", "overwrite")
+_ENTRY_OPTIONS = ("separator", "include", "exclude", "strict", "resize", "encode", "quality",
+                  "check", "skip_bad")
 
 
 #: Entries a partition of a folder, pattern, list file or JSON-lines file without --ranges.
@@ -84,7 +85,7 @@ def write_prepared(args: argparse.Namespace,
         partitions = entry_partitions(args.source, args.ranges, images is not None)
     else:
         refuse_options({f"--{name.replace('_', '-')}": getattr(args, name, None)
-                        for name in _IMAGE_OPTIONS}, "on WebDataset, Parquet/Arrow or TFRecord "
+                        for name in _ENTRY_OPTIONS}, "on WebDataset, Parquet/Arrow or TFRecord "
                        "files, whose samples are prepared as they are (a transform of your own "
                        "does more: fpipe.prepare.write_dataset)")
         partitions = from_sources(args.source, ranges=args.ranges)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
+import hashlib
 import io
 import json
 import os
@@ -199,7 +201,8 @@ def _run_write(args: argparse.Namespace) -> int:
     from fpipe import sets
 
     if prepares(args):
-        return write_prepared(args, entry_partitions, _prepared_images(args))
+        return write_prepared(args, functools.partial(_listed_partitions, args),
+                              _prepared_images(args))
     refuse_prepare_options(args)
     if not args.shuffle:
         refuse_options({"--seed": args.seed}, "without --shuffle")
@@ -700,16 +703,39 @@ def entry_partitions(sources: list[str], ranges: int | None, recoded: bool = Fal
     >>> [s["key"] for s in partitions.samples(1)]
     ['d.txt', 'e.txt']
     """
-    from fpipe.prepare import from_generator
-    from fpipe.prepare.partitions import even_ranges
+    return _partitions(_listing(sources), ranges, recoded)
 
+
+def _listed_partitions(args: argparse.Namespace, sources: list[str], ranges: int | None,
+                       recoded: bool) -> Any:
+    """:func:`entry_partitions` of the files that --include, --exclude, --strict and
+    --separator choose, with the notes of the listing on stderr."""
+    if len(args.separator or ",") != 1:
+        raise UsageError(f"--separator must be one character; got {args.separator!r}")
+    listing = _listing(sources, args.separator, args.include or (), args.exclude or (),
+                       args.strict)
+    if listing.kind != LIST_FILE:
+        refuse_options({"--separator": args.separator}, f"on a {listing.kind}: it is for list "
+                       "files")
+    for note in _notes(listing, args):
+        print(f"fpipe write: note: {note}", file=sys.stderr)
+    return _partitions(listing, ranges, recoded)
+
+
+def _listing(sources: list[str], *options: Any) -> Listing:
     if len(sources) > 1:
         raise UsageError("several SOURCEs are for WebDataset, Parquet/Arrow or TFRecord files; "
                          "give one folder, glob pattern, list file or JSON-lines file")
     source = sources[0]
     if "://" not in source:
         source = os.path.abspath(source)
-    listing = list_source(source)
+    return list_source(source, *options)
+
+
+def _partitions(listing: Listing, ranges: int | None, recoded: bool) -> Any:
+    from fpipe.prepare import from_generator
+    from fpipe.prepare.partitions import even_ranges
+
     if recoded and listing.kind == JSON_LINES:
         raise UsageError("--resize, --encode, --quality, --check and --skip-bad have no effect "
                          "on JSON lines: their samples are written as they are, with no files")
@@ -722,15 +748,19 @@ def entry_partitions(sources: list[str], ranges: int | None, recoded: bool = Fal
 
 
 class EntryRange:
-    """A partition of a listed source: its entries, shown (in the fingerprint) by their range
-    and the first and last keys."""
+    """A partition of a listed source: its entries, shown (in the fingerprint) by their range,
+    the first and last keys and a digest of all of them, so that a rerun that lists other
+    files (another --exclude, a file added) is told from a resume."""
 
     def __init__(self, entries: list, shown: str) -> None:
         self.entries, self.shown = entries, shown
 
     def __repr__(self) -> str:
-        ends = f", {self.entries[0].key} to {self.entries[-1].key}" if self.entries else ""
-        return f"{self.shown}{ends}"
+        if not self.entries:
+            return self.shown
+        keys = hashlib.sha256("\n".join(entry.key for entry in self.entries).encode())
+        return (f"{self.shown}, {self.entries[0].key} to {self.entries[-1].key} "
+                f"#{keys.hexdigest()[:12]}")
 
 
 class EntrySamples:

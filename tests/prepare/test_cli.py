@@ -124,11 +124,35 @@ def test_entries_default_to_one_partition_a_block_of_entries(tmp_path, capsys, m
     assert [s["label"] for s in _samples(tmp_path / "out")] == [0] * 5 + [1] * 5
 
 
-def test_listing_options_and_several_folders_are_refused_when_preparing(tmp_path, capsys, monkeypatch):
+def test_the_files_that_include_and_exclude_choose_are_prepared_and_a_changed_choice_refused(
+        tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _class_folders(tmp_path / "photos")
-    status, _, err = _run(capsys, "write", "photos", "out", "--processes", "2", "--include", "*.jpg")
-    assert status == 2 and "--include" in err
+    (tmp_path / "photos" / "dog" / "3.txt").write_text("not an image")
+    choice = ["--include", "*/[0-3].*", "--exclude", "cat/1.jpg"]
+    assert _run(capsys, "write", "photos", "whole.msgpack", *choice, "-q")[0] == 0
+    status, out, err = _run(capsys, "write", "photos", "out", "--processes", "2", "--ranges", "2",
+                            *choice)
+    assert status == 0, err
+    assert "fpipe write: note: " in err and "dog/3.txt" in err, err
+    whole = list(MsgpackReader("whole.msgpack"))
+    assert len(whole) == 7 and _samples(tmp_path / "out") == whole
+    status, out, _ = _run(capsys, "write", "photos", "out", "--processes", "2", "--ranges", "2",
+                          *choice)
+    assert status == 0 and "(0 written, 2 already committed)" in out
+    status, _, err = _run(capsys, "write", "photos", "out", "--processes", "2", "--ranges", "2",
+                          "--include", "*/[0-3].*", "--exclude", "cat/2.jpg")
+    assert status == 1 and "prepared with other settings" in err, err
+    status, _, err = _run(capsys, "write", "photos", "strict", "--processes", "1", "--strict")
+    assert status != 0 and "3.txt" in err, err
+
+
+def test_class_lists_and_several_folders_are_refused_when_preparing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _class_folders(tmp_path / "photos")
+    status, _, err = _run(capsys, "write", "photos", "out", "--processes", "2", "--classes",
+                          "photos")
+    assert status == 2 and "--classes" in err
     _class_folders(tmp_path / "more")
     status, _, err = _run(capsys, "write", "photos", "more", "out", "--processes", "2")
     assert status == 2 and "give one folder, glob pattern, list file or JSON-lines file" in err
@@ -202,6 +226,8 @@ def test_a_damaged_image_stops_the_job_by_name_unless_skip_bad_leaves_it_out(tmp
 @pytest.mark.parametrize("source, option, says", [
     ("records", ["--resize", "4"], "--resize has no effect on WebDataset, Parquet/Arrow or TFRecord"),
     ("records", ["--skip-bad"], "--skip-bad has no effect on WebDataset"),
+    ("records", ["--include", "*"], "--include has no effect on WebDataset"),
+    ("photos", ["--separator", ";"], "--separator has no effect on a folder"),
     ("rows.jsonl", ["--encode", "png"], "no effect on JSON lines"),
     ("photos", ["--quality", "80"], "--quality has no effect without --encode or --resize"),
 ])
