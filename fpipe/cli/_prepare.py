@@ -66,11 +66,11 @@ def prepares(args: argparse.Namespace) -> bool:
 
 
 def write_prepared(args: argparse.Namespace,
-                   entry_partitions: Callable[[list[str], int | None, bool], Any],
+                   entry_partitions: Callable[[list[str], int | None], Any],
                    images: Callable[[dict], dict | None] | None) -> int:
     """Prepare OUT from the SOURCE files, one a partition (or ``--ranges``), or from a folder,
     pattern, list or JSON-lines file by ranges of entries (``entry_partitions(sources,
-    ranges, recoded)``, from ``fpipe write``, which makes the samples); ``images`` is the
+    ranges)``, from ``fpipe write``, which lists them and makes the samples); ``images`` is the
     transform that --resize, --encode, --check and --skip-bad ask for, run in the workers.
     Progress on stderr, a summary line."""
     from fpipe.prepare import from_sources, write_dataset
@@ -82,7 +82,7 @@ def write_prepared(args: argparse.Namespace,
         raise UsageError("--workers has no effect with --processes or --cluster: give the "
                          "number of processes with --processes")
     if source_format(args.source) is None:
-        partitions = entry_partitions(args.source, args.ranges, images is not None)
+        partitions = entry_partitions(args.source, args.ranges)
     else:
         refuse_options({f"--{name.replace('_', '-')}": getattr(args, name, None)
                         for name in _ENTRY_OPTIONS}, "on WebDataset, Parquet/Arrow or TFRecord "

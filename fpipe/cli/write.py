@@ -319,14 +319,15 @@ def _check_file_options(args: argparse.Namespace) -> None:
     refuse_options({"--from": args.origin, "--download": args.download,
                     "--base-url": args.base_url, "--no-verify": not args.verify,
                     "--split": args.splits}, "with files (only with a well-known dataset)")
-    if len(args.separator or ",") != 1:
-        raise UsageError(f"--separator must be one character; got {args.separator!r}")
     if args.append:
         _check_append(args)
-    _check_quality(args)
+    _check_entry_options(args)
 
 
-def _check_quality(args: argparse.Namespace) -> None:
+def _check_entry_options(args: argparse.Namespace) -> None:
+    """The checks of --separator and --quality that need no listing (with --processes too)."""
+    if len(args.separator or ",") != 1:
+        raise UsageError(f"--separator must be one character; got {args.separator!r}")
     if args.quality is not None:
         if args.resize is None and args.encode is None:
             refuse_options({"--quality": args.quality}, "without --encode or --resize: the "
@@ -645,7 +646,7 @@ def _prepared_images(args: argparse.Namespace) -> Any:
     --quality, --check and --skip-bad ask for (see :func:`screened_image`); None without them."""
     import functools
 
-    _check_quality(args)
+    _check_entry_options(args)
     mode = "skip" if args.skip_bad else "stop" if args.check else "look"
     recode = _recoder(args)
     if recode is None and mode == "look":
@@ -683,14 +684,13 @@ def screened_image(sample: dict, *, recode: ImageRecoder | None, mode: str) -> d
     return {**sample, "image": data} if keep else None
 
 
-def entry_partitions(sources: list[str], ranges: int | None, recoded: bool = False) -> Any:
+def entry_partitions(sources: list[str], ranges: int | None) -> Any:
     """The partitions of a folder, glob pattern, list file or JSON-lines file: ``ranges``
     contiguous ranges of its entries, as ``fpipe write`` lists them (default: one range a
     :data:`ENTRIES_A_PARTITION` entries); each sample as ``fpipe write`` makes it (the file's
     bytes under ``"image"``, its label numbered in the source's label order). The source is
     listed here, once; each partition carries its own entries to its worker, so the files must
-    be at the same paths there. ``recoded``: the images are to be re-encoded or checked, which
-    JSON lines refuse (their samples have no files).
+    be at the same paths there.
 
     >>> import os, tempfile
     >>> folder = tempfile.mkdtemp()
@@ -703,23 +703,18 @@ def entry_partitions(sources: list[str], ranges: int | None, recoded: bool = Fal
     >>> [s["key"] for s in partitions.samples(1)]
     ['d.txt', 'e.txt']
     """
-    return _partitions(_listing(sources), ranges, recoded)
+    return _partitions(_listing(sources), ranges)
 
 
-def _listed_partitions(args: argparse.Namespace, sources: list[str], ranges: int | None,
-                       recoded: bool) -> Any:
+def _listed_partitions(args: argparse.Namespace, sources: list[str], ranges: int | None) -> Any:
     """:func:`entry_partitions` of the files that --include, --exclude, --strict and
-    --separator choose, with the notes of the listing on stderr."""
-    if len(args.separator or ",") != 1:
-        raise UsageError(f"--separator must be one character; got {args.separator!r}")
+    --separator choose, checked and noted on stderr as without --processes."""
     listing = _listing(sources, args.separator, args.include or (), args.exclude or (),
                        args.strict)
-    if listing.kind != LIST_FILE:
-        refuse_options({"--separator": args.separator}, f"on a {listing.kind}: it is for list "
-                       "files")
+    _check_source_options(listing, args)
     for note in _notes(listing, args):
         print(f"fpipe write: note: {note}", file=sys.stderr)
-    return _partitions(listing, ranges, recoded)
+    return _partitions(listing, ranges)
 
 
 def _listing(sources: list[str], *options: Any) -> Listing:
@@ -732,13 +727,10 @@ def _listing(sources: list[str], *options: Any) -> Listing:
     return list_source(source, *options)
 
 
-def _partitions(listing: Listing, ranges: int | None, recoded: bool) -> Any:
+def _partitions(listing: Listing, ranges: int | None) -> Any:
     from fpipe.prepare import from_generator
     from fpipe.prepare.partitions import even_ranges
 
-    if recoded and listing.kind == JSON_LINES:
-        raise UsageError("--resize, --encode, --quality, --check and --skip-bad have no effect "
-                         "on JSON lines: their samples are written as they are, with no files")
     entries = list(listing.entries)
     count = ranges or max(1, -(-len(entries) // ENTRIES_A_PARTITION))
     labels = {name: number for number, name in enumerate(listing.labels)}

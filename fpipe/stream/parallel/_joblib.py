@@ -457,12 +457,19 @@ def _keep_freed_memory() -> None:
     if _kept:
         return
     _kept.append(True)
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):  # not glibc: nothing to tune
+    mallopt = _glibc_mallopt()
+    if mallopt is None:
         return
     for option, value in _MALLOPT.items():
         mallopt(option, value)
+
+
+def _glibc_mallopt() -> Callable | None:
+    """glibc's ``mallopt``; None where the C library has none (nothing to tune there)."""
+    try:
+        return ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return None
 
 
 #: The environment's names of the options in :data:`_MALLOPT`, and glibc's own settings of them
@@ -486,10 +493,7 @@ def freed_memory_kept() -> Iterator[None]:
     """
     given = {option: os.environ.get(variable, "") for option, (variable, _) in
              _MALLOC_VARIABLES.items()}
-    try:
-        mallopt = None if _kept or not any(given.values()) else ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
-        mallopt = None
+    mallopt = None if _kept or not any(given.values()) else _glibc_mallopt()
     if mallopt is None:
         yield
         return
